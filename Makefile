@@ -1,0 +1,50 @@
+# txnguard: `make run` starts a local real Kafka with the proxy in front; `make test` runs everything.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars
+
+setup: $(STAMP) jars kcat
+
+# The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+# Kafka servers and tools from Maven Central into ~/.cache/txnguard (Maven's ~/.m2 underneath).
+jars: $(STAMP)
+	$(BIN)/txnguard kafka fetch > /dev/null
+
+# kcat (librdkafka's CLI) from Debian, one of the real clients the tests drive.
+kcat:
+	@command -v kcat > /dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+fmt: $(STAMP)
+	$(BIN)/ruff check --fix src tests bench
+
+test-unit: $(STAMP)
+	$(BIN)/pytest tests/unit tests/property -q
+
+test-integration: setup
+	$(BIN)/pytest tests/integration -q
+
+test: setup lint
+	$(BIN)/pytest tests -q -p no:cacheprovider
+
+run: setup
+	$(BIN)/txnguard kafka run --version 3.5.2 --dir .run/kafka
+
+clean:
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,74 @@
+"""pytest fixtures over the Kafka harness: one cluster per (version, nodes) per test session.
+
+Clusters are expensive (5-20 s each), so a session shares them and every test
+takes a fresh topic and fresh transactional ids instead. A test that kills or
+stops a node restarts it before it returns (see `Cluster.restart_node`), or asks
+for a private cluster with `kafka_factory`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from txnguard.testing import kafka, raw
+
+_counter = itertools.count()
+
+
+class ClusterPool:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._clusters: dict[tuple[str, int, tuple[tuple[str, str], ...]], kafka.Cluster] = {}
+
+    def get(self, version: str, nodes: int = 1, config: dict[str, str] | None = None) -> kafka.Cluster:
+        key = (version, nodes, tuple(sorted((config or {}).items())))
+        cluster = self._clusters.get(key)
+        if cluster is None:
+            directory = self.root / f"kafka-{version}-{nodes}n-{next(_counter)}"
+            cluster = kafka.up(version, nodes, directory, config)
+            self._clusters[key] = cluster
+        else:
+            # A test may have stopped a node and failed before restarting it.
+            for n in cluster.nodes:
+                if not kafka._alive(n.pid):
+                    cluster.start_node(n.id)
+            cluster.wait_ready()
+        return cluster
+
+    def close(self) -> None:
+        for cluster in self._clusters.values():
+            cluster.down()
+
+
+@pytest.fixture(scope="session")
+def kafka_pool() -> Iterator[ClusterPool]:
+    root = Path(os.environ.get("TXNGUARD_TEST_DIR") or tempfile.mkdtemp(prefix="txnguard-kafka-"))
+    pool = ClusterPool(root)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """`unique_name("topic")` -> a name no other test (or rerun) uses."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("/", "-")[:60]
+
+    def make(kind: str) -> str:
+        return f"{kind}-{base}-{uuid.uuid4().hex[:8]}"
+
+    return make
+
+
+def fresh_topic(cluster: kafka.Cluster, name: str, partitions: int = 1, replication_factor: int = -1,
+                configs: dict[str, str] | None = None) -> str:
+    raw.create_topic(cluster.live_bootstrap(), name, partitions, replication_factor, configs)
+    return name

@@ -1,0 +1,121 @@
+"""Resolve Apache Kafka jars from Maven Central into a local cache with Maven.
+
+Each (artifact, version) gets its own folder of jars under the cache root; a
+second call finds the folder complete (a marker file) and downloads nothing.
+Maven's own local repository (~/.m2) is the download cache underneath.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# The versions the project tests against. 4.4.0 of kafka_2.13 exists on Maven
+# Central but its kafka-tools does not, so the newest complete 4.x is 4.3.1.
+KAFKA_VERSIONS = ("3.5.2", "3.9.2", "4.3.1")
+JAVA_CLIENT_VERSIONS = ("2.8.2", "3.5.2")
+
+_POM = """<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>txnguard.cache</groupId>
+  <artifactId>{artifact}-{version}</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>{extra}
+  </dependencies>
+</project>
+"""
+
+# Kafka logs through slf4j 1.7 but the Maven artifacts do not all carry a
+# binding (the distribution tarball adds one); without it a broker that fails
+# says nothing. 3.x servers get reload4j, 4.x servers and tools the log4j2 bridge.
+_DEPENDENCY = """
+    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>"""
+
+
+def _log_binding(artifact: str, version: str) -> str:
+    major = int(version.split(".")[0])
+    if major >= 4:
+        return _DEPENDENCY.format(group="org.apache.logging.log4j", artifact="log4j-slf4j-impl", version="2.25.4")
+    if artifact == "kafka_2.13":
+        return _DEPENDENCY.format(group="org.slf4j", artifact="slf4j-reload4j", version="1.7.36")
+    return ""
+
+
+class JarResolutionError(RuntimeError):
+    """Maven is missing or could not resolve an artifact."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TXNGUARD_CACHE", Path.home() / ".cache" / "txnguard"))
+
+
+def resolve(artifact: str, version: str) -> Path:
+    """Return a folder holding `org.apache.kafka:artifact:version` and its runtime deps."""
+    target = cache_root() / "jars" / f"{artifact}-{version}"
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarResolutionError(
+            "Maven (mvn) is not on PATH: install it (apt-get install maven) to fetch Kafka jars"
+        )
+    if shutil.which("java") is None:
+        raise JarResolutionError("Java is not on PATH: Kafka needs Java 17 (apt-get install openjdk-17-jre-headless)")
+    work = cache_root() / "poms" / f"{artifact}-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    extra = _log_binding(artifact, version)
+    (work / "pom.xml").write_text(_POM.format(artifact=artifact, version=version, extra=extra))
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    proc = subprocess.run(
+        [mvn, "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+         "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        raise JarResolutionError(
+            f"mvn could not resolve org.apache.kafka:{artifact}:{version} "
+            f"(is Maven Central reachable?):\n{tail}"
+        )
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    marker.write_text("ok\n")
+    return target
+
+
+def classpath(*folders: Path) -> str:
+    jars: list[str] = []
+    for folder in folders:
+        jars.extend(sorted(str(p) for p in folder.glob("*.jar")))
+    return os.pathsep.join(jars)
+
+
+def resolve_all() -> list[Path]:
+    """Everything the test-suite needs: servers, tools and old Java clients."""
+    out = []
+    for v in KAFKA_VERSIONS:
+        out.append(resolve("kafka_2.13", v))
+        out.append(resolve("kafka-tools", v))
+    for v in JAVA_CLIENT_VERSIONS:
+        out.append(resolve("kafka-tools", v))
+    return out
+
+
+if __name__ == "__main__":
+    for folder in resolve_all():
+        print(folder)
