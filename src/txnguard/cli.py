@@ -1,4 +1,9 @@
-"""`txnguard` command line: `txnguard kafka up|down|status` (the test harness)."""
+"""`txnguard` command line.
+
+* `txnguard run --config FILE [--upstream ...] [--listen ...] [--mode ...] [--admin ...]`: the proxy.
+* `txnguard check-config FILE`: validate a configuration and print it resolved.
+* `txnguard kafka up|down|status|run|fetch`: real Kafka clusters for tests and demos.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from txnguard.testing import jars, kafka
 
@@ -29,6 +35,29 @@ def _kafka_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--nodes", type=int, default=1)
     run.add_argument("--dir", default=".run/kafka")
     run.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+
+
+def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser("run", help="run the proxy")
+    run.add_argument("--config", help="YAML configuration file")
+    run.add_argument("--upstream", help="bootstrap host:port[,host:port...] of the real cluster")
+    run.add_argument("--listen", help="host:port of the bootstrap listener")
+    run.add_argument("--mode", choices=("gateway", "sidecar"))
+    run.add_argument("--admin", help="host:port of the admin HTTP endpoint (/metrics, /livez, /readyz)")
+    run.add_argument("--advertised-host", help="host name clients should use for the proxy's listeners")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    check = sub.add_parser("check-config", help="validate a configuration file")
+    check.add_argument("config")
+
+
+def _proxy_config(args: argparse.Namespace) -> Any:
+    from txnguard.proxy import config
+
+    overrides = {
+        "upstream": args.upstream, "listen": args.listen, "mode": args.mode, "admin": args.admin,
+        "advertised_host": args.advertised_host, "log_level": args.log_level,
+    }
+    return config.load(args.config, overrides)
 
 
 def _run_kafka(args: argparse.Namespace) -> int:
@@ -72,11 +101,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="txnguard")
     sub = parser.add_subparsers(dest="command", required=True)
     _kafka_parser(sub)
+    _proxy_parsers(sub)
     args = parser.parse_args(argv)
+    from txnguard.proxy.config import ConfigError
+
     try:
         if args.command == "kafka":
             return _run_kafka(args)
+        if args.command == "check-config":
+            from txnguard.proxy import config
+
+            cfg = config.load(args.config)
+            print(f"{args.config}: ok ({cfg.mode} mode, listen {cfg.listen}, "
+                  f"upstream {','.join(str(u) for u in cfg.upstream)})")
+            return 0
+        if args.command == "run":
+            from txnguard.proxy.main import run
+
+            run(_proxy_config(args))
+            return 0
+    except ConfigError as e:
+        print(f"txnguard: configuration error: {e}", file=sys.stderr)
+        return 2
     except (kafka.HarnessError, jars.JarResolutionError) as e:
+        print(f"txnguard: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
         print(f"txnguard: {e}", file=sys.stderr)
         return 1
     return 2

@@ -1,0 +1,111 @@
+"""Peek at request and response headers without decoding bodies.
+
+Every request header starts api_key:int16, api_version:int16, correlation_id:int32
+and (header v1+) client_id: a nullable int16-length string, even in flexible
+headers. Flexible (v2) headers add tagged fields after it. That is all the
+proxy needs to route, count and order a frame it does not inspect.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from txnguard.codecs.errors import TruncatedFrame, UnsupportedApiVersion
+from txnguard.codecs.schemas import request_header_version
+
+_KEY_VERSION_CORRELATION = struct.Struct(">hhi")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    api_key: int
+    api_version: int
+    correlation_id: int
+
+
+def peek_request(frame: bytes | memoryview) -> RequestHead:
+    if len(frame) < 8:
+        raise TruncatedFrame(f"request frame of {len(frame)} bytes has no header")
+    return RequestHead(*_KEY_VERSION_CORRELATION.unpack_from(frame, 0))
+
+
+def peek_correlation_id(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise TruncatedFrame(f"response frame of {len(frame)} bytes has no correlation id")
+    return int(_INT32.unpack_from(frame, 0)[0])
+
+
+def peek_client_id(frame: bytes | memoryview) -> str | None:
+    """The client id of a v1+ request header (None when null or absent)."""
+    if len(frame) < 10:
+        return None
+    (n,) = _INT16.unpack_from(frame, 8)
+    if n < 0 or len(frame) < 10 + n:
+        return None
+    return bytes(frame[10:10 + n]).decode("utf-8", "replace")
+
+
+def _skip_uvarint(frame: bytes | memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(frame):
+            raise TruncatedFrame("tagged fields run past the end of the frame")
+        b = frame[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 35:
+            raise TruncatedFrame("unsigned varint longer than 5 bytes")
+
+
+def request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
+    """Where the request body starts. Raises UnsupportedApiVersion for what kio cannot name."""
+    version = request_header_version(head.api_key, head.api_version)
+    if version == 0:
+        return 8
+    (n,) = _INT16.unpack_from(frame, 8)
+    pos = 10 + max(n, 0)
+    if version >= 2:
+        count, pos = _skip_uvarint(frame, pos)
+        for _ in range(count):
+            _, pos = _skip_uvarint(frame, pos)
+            size, pos = _skip_uvarint(frame, pos)
+            pos += size
+    if pos > len(frame):
+        raise TruncatedFrame("request header runs past the end of the frame")
+    return pos
+
+
+def produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -> tuple[int, bool]:
+    """(acks, transactional_id_is_null) of a Produce request, read in place.
+
+    Produce v3+ starts with TransactionalId (int16-length string, or compact
+    uvarint length+1 from v9), then Acks. v0-2 start with Acks and cannot be
+    transactional. acks=0 means no response will come.
+    """
+    try:
+        pos = request_body_offset(frame, head)
+    except UnsupportedApiVersion:
+        if head.api_version < 3:
+            # kio dropped Produce v0-2; their body starts right after a v1 header.
+            (n,) = _INT16.unpack_from(frame, 8)
+            return _INT16.unpack_from(frame, 10 + max(n, 0))[0], True
+        raise
+    if head.api_version < 3:
+        return _INT16.unpack_from(frame, pos)[0], True
+    if head.api_version >= 9:
+        length_plus_one, pos = _skip_uvarint(frame, pos)
+        is_null = length_plus_one == 0
+        pos += max(length_plus_one - 1, 0)
+    else:
+        (n,) = _INT16.unpack_from(frame, pos)
+        is_null = n < 0
+        pos += 2 + max(n, 0)
+    if pos + 2 > len(frame):
+        raise TruncatedFrame("Produce request ends before acks")
+    return _INT16.unpack_from(frame, pos)[0], is_null

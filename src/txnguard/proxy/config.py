@@ -1,0 +1,287 @@
+"""Configuration: a YAML file, then TXNGUARD_* environment variables, then command-line flags.
+
+Validation happens once, at load, and an error names the key, the value and what
+is wrong with it: `limits.max_in_flight: -3 is not a positive integer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or invalid."""
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS terminated at the proxy's listeners."""
+
+    certfile: str
+    keyfile: str
+    cafile: str | None = None          # set to verify client certificates
+    require_client_cert: bool = False
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    """TLS (optionally mTLS) from the proxy to the brokers."""
+
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame_bytes: int = 100 * 1024 * 1024
+    pre_auth_max_frame_bytes: int = 512 * 1024
+    max_in_flight: int = 1000                # per client connection
+    max_connections: int = 10000
+    idle_timeout_s: float = 600.0            # the broker's connections.max.idle.ms default
+    partial_frame_timeout_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    high_water_bytes: int = 4 * 1024 * 1024  # pause the other side above this write buffer
+    low_water_bytes: int = 1 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    mode: str = "gateway"                               # gateway | sidecar
+    listen: HostPort = HostPort("127.0.0.1", 9192)      # the bootstrap listener
+    upstream: tuple[HostPort, ...] = ()
+    advertised_host: str | None = None                  # default: listen.host
+    broker_port_base: int | None = None                 # gateway: port = base + node id (default listen.port + 1)
+    broker_ports: Mapping[int, int] = field(default_factory=dict)  # explicit node id -> port
+    admin: HostPort | None = None
+    client_auth: str = "none"                           # none | sasl (frame limit until SASL completes)
+    tls: ServerTls | None = None
+    upstream_tls: UpstreamTls | None = None
+    unknown_api_keys: str = "pass"                      # pass | strip
+    api_max_versions: Mapping[int, int] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    metadata_refresh_s: float = 10.0
+    ready_max_metadata_age_s: float = 30.0
+    log_level: str = "info"
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.listen.host
+
+    def broker_port(self, node_id: int) -> int:
+        if node_id in self.broker_ports:
+            return self.broker_ports[node_id]
+        if self.broker_port_base is not None:
+            return self.broker_port_base + node_id
+        if self.listen.port == 0:
+            return 0  # an ephemeral bootstrap port: ephemeral broker ports too
+        return self.listen.port + 1 + node_id
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+
+def parse_host_port(key: str, value: Any) -> HostPort:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{key}: {value!r} is not host:port")
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: {value!r} is not host:port with a port from 0 to 65535")
+    return HostPort(host, int(port))
+
+
+def _host_ports(key: str, value: Any) -> tuple[HostPort, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise ConfigError(f"{key}: {value!r} is not a list of host:port")
+    return tuple(parse_host_port(key, v.strip() if isinstance(v, str) else v) for v in items)
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+    return str(value)
+
+
+def _positive_number(key: str, value: Any, *, integer: bool) -> Any:
+    ok = isinstance(value, int) and not isinstance(value, bool) if integer else \
+        isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or value <= 0:
+        raise ConfigError(f"{key}: {value!r} is not a positive {'integer' if integer else 'number'}")
+    return value
+
+
+def _int_map(key: str, value: Any) -> dict[int, int]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: {value!r} is not a mapping of integers")
+    out: dict[int, int] = {}
+    for k, v in value.items():
+        try:
+            out[int(k)] = int(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}.{k}: {v!r} is not an integer") from None
+    return out
+
+
+def _check_file(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not Path(value).is_file():
+        raise ConfigError(f"{key}: {value!r} is not a readable file")
+    return value
+
+
+def _dataclass_from(key: str, cls: type[Any], raw: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{key}: {raw!r} is not a mapping")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(raw) - set(names)
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(names))})")
+    values: dict[str, Any] = {}
+    for name, v in raw.items():
+        f = names[name]
+        sub = f"{key}.{name}"
+        if f.type in ("bool",):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{sub}: {v!r} is not true or false")
+        elif f.type in ("int",):
+            v = _positive_number(sub, v, integer=True)
+        elif f.type in ("float",):
+            v = float(_positive_number(sub, v, integer=False))
+        elif name in ("certfile", "keyfile", "cafile") and v is not None:
+            v = _check_file(sub, v)
+        values[name] = v
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+_TOP_LEVEL = {f.name for f in dataclasses.fields(ProxyConfig)}
+
+
+def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one branch per setting
+    unknown = set(raw) - _TOP_LEVEL
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(_TOP_LEVEL))})")
+    kw: dict[str, Any] = {}
+    for key, v in raw.items():
+        if key == "mode":
+            kw[key] = _choice(key, v, ("gateway", "sidecar"))
+        elif key in ("listen", "admin"):
+            kw[key] = None if v is None and key == "admin" else parse_host_port(key, v)
+        elif key == "upstream":
+            kw[key] = _host_ports(key, v)
+        elif key == "advertised_host":
+            if not isinstance(v, str) or not v:
+                raise ConfigError(f"{key}: {v!r} is not a host name")
+            kw[key] = v
+        elif key == "broker_port_base":
+            kw[key] = _positive_number(key, v, integer=True)
+        elif key in ("broker_ports", "api_max_versions"):
+            kw[key] = _int_map(key, v)
+        elif key == "client_auth":
+            kw[key] = _choice(key, v, ("none", "sasl"))
+        elif key == "unknown_api_keys":
+            kw[key] = _choice(key, v, ("pass", "strip"))
+        elif key == "log_level":
+            kw[key] = _choice(key, v, ("debug", "info", "warning", "error"))
+        elif key in ("metadata_refresh_s", "ready_max_metadata_age_s"):
+            kw[key] = float(_positive_number(key, v, integer=False))
+        elif key == "tls":
+            kw[key] = None if v is None else _dataclass_from(key, ServerTls, v)
+        elif key == "upstream_tls":
+            kw[key] = None if v is None else _dataclass_from(key, UpstreamTls, v if v is not True else {})
+        elif key == "limits":
+            kw[key] = _dataclass_from(key, Limits, v)
+    cfg = ProxyConfig(**kw)
+    return validate(cfg)
+
+
+def validate(cfg: ProxyConfig) -> ProxyConfig:
+    if not cfg.upstream:
+        raise ConfigError("upstream: required (the bootstrap host:port list of the real cluster)")
+    if cfg.mode == "sidecar" and len(cfg.upstream) != 1:
+        raise ConfigError(f"upstream: sidecar mode forwards to exactly one broker, got {len(cfg.upstream)}")
+    lim = cfg.limits
+    if lim.low_water_bytes > lim.high_water_bytes:
+        raise ConfigError(f"limits.low_water_bytes: {lim.low_water_bytes} is above limits.high_water_bytes")
+    if lim.pre_auth_max_frame_bytes > lim.max_frame_bytes:
+        raise ConfigError("limits.pre_auth_max_frame_bytes: must not exceed limits.max_frame_bytes")
+    return cfg
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    return raw
+
+
+ENV_PREFIX = "TXNGUARD_"
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """TXNGUARD_MODE=sidecar, TXNGUARD_UPSTREAM=a:1,b:2, TXNGUARD_LIMITS__MAX_IN_FLIGHT=50, ...
+
+    Values are parsed as YAML scalars, so numbers and booleans keep their types.
+    """
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name in ("TXNGUARD_CACHE", "TXNGUARD_TEST_DIR"):
+            continue
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        parsed = yaml.safe_load(value) if value else value
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = parsed
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProxyConfig:
+    raw: dict[str, Any] = load_file(path) if path else {}
+    raw = _merge(raw, env_overrides(os.environ if environ is None else environ))
+    raw = _merge(raw, {k: v for k, v in (overrides or {}).items() if v is not None})
+    return from_mapping(raw)

@@ -1,0 +1,123 @@
+"""The proxy's own Kafka connections: Metadata refreshes now, coordinator queries next.
+
+Never a client's connection: the proxy's requests use their own sockets, their
+own correlation ids and (when configured) their own TLS, so nothing the proxy
+asks can ever interleave with a client's in-flight requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import ssl
+import struct
+from collections import deque
+from dataclasses import fields
+from typing import Any, cast
+
+from kio.static.primitive import i16, i32
+
+from txnguard.codecs import schemas
+from txnguard.codecs.errors import CodecError
+from txnguard.codecs.framing import FrameSplitter
+
+CLIENT_ID = "txnguard-proxy"
+
+
+class UpstreamError(ConnectionError):
+    """A broker could not be reached or broke the connection."""
+
+
+class BrokerConnection(asyncio.Protocol):
+    """One pipelined connection; responses are matched to requests in order."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._splitter = FrameSplitter()
+        self._waiting: deque[tuple[int, int, int, asyncio.Future[Any]]] = deque()
+        self._ids = itertools.count(1)
+        self.closed = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def open(
+        cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None, timeout: float = 10.0
+    ) -> BrokerConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(cls, host, port, ssl=ssl_context,
+                                       server_hostname=host if ssl_context else None),
+                timeout,
+            )
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+            raise UpstreamError(f"cannot connect to {host}:{port}: {e!r}") from e
+        return proto
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._splitter.feed(data)
+        except CodecError as e:
+            self._fail(UpstreamError(f"bad frame from broker: {e}"))
+            return
+        for frame in frames:
+            body = frame[4:]
+            (correlation_id,) = struct.unpack_from(">i", body, 0)
+            if not self._waiting:
+                self._fail(UpstreamError(f"unexpected response {correlation_id}"))
+                return
+            want, api_key, api_version, fut = self._waiting.popleft()
+            if want != correlation_id:
+                self._fail(UpstreamError(f"response {correlation_id} arrived for request {want}"))
+                return
+            if fut.done():
+                continue
+            try:
+                fut.set_result(schemas.decode_response(body, api_key, api_version)[1])
+            except CodecError as e:
+                fut.set_exception(e)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(UpstreamError(f"broker closed the connection: {exc!r}"))
+
+    def _fail(self, error: Exception) -> None:
+        while self._waiting:
+            fut = self._waiting.popleft()[3]
+            if not fut.done():
+                fut.set_exception(error)
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self._transport is not None:
+            self._transport.close()
+
+    def close(self) -> None:
+        self._fail(UpstreamError("closed by the proxy"))
+
+    @property
+    def is_open(self) -> bool:
+        return not self.closed.done()
+
+    async def request(self, payload: Any, timeout: float = 10.0) -> Any:
+        if not self.is_open or self._transport is None:
+            raise UpstreamError("connection is closed")
+        correlation_id = next(self._ids)
+        header_cls = payload.__header_schema__
+        args: dict[str, Any] = {
+            "request_api_key": i16(payload.__api_key__),
+            "request_api_version": i16(payload.__version__),
+            "correlation_id": i32(correlation_id),
+        }
+        if "client_id" in {f.name for f in fields(header_cls)}:
+            args["client_id"] = CLIENT_ID
+        frame = schemas.encode(header_cls(**args), payload)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((correlation_id, int(payload.__api_key__), int(payload.__version__), fut))
+        self._transport.write(frame)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            # A late answer would desynchronise the pipeline: drop the connection.
+            self._fail(UpstreamError(f"no response within {timeout}s"))
+            raise UpstreamError(f"no response within {timeout}s") from None

@@ -1,0 +1,72 @@
+"""Prometheus metrics of one proxy instance (its own registry, so tests can run several).
+
+Per-frame counters are looked up once per (api, direction) and kept: a
+prometheus_client `labels()` call costs more than the counting itself.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from txnguard.codecs.schemas import api_name
+
+_RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+CLIENT_TO_BROKER = "client_to_broker"
+BROKER_TO_CLIENT = "broker_to_client"
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.connections_active = Gauge(
+            "txnguard_connections_active", "Client connections open now", ["listener"], registry=r)
+        self.connections_total = Counter(
+            "txnguard_connections", "Client connections accepted", ["listener"], registry=r)
+        self.connection_closes = Counter(
+            "txnguard_connection_closes", "Client connections closed, by reason", ["reason"], registry=r)
+        self.frame_errors = Counter(
+            "txnguard_frame_errors", "Frames refused (bad length, too large, undecodable), by reason",
+            ["reason", "direction"], registry=r)
+        self.frames = Counter(
+            "txnguard_frames", "Kafka frames forwarded or answered, per API and direction",
+            ["api", "direction"], registry=r)
+        self.bytes = Counter(
+            "txnguard_bytes", "Bytes of Kafka frames per API and direction", ["api", "direction"], registry=r)
+        self.upstream_rtt = Histogram(
+            "txnguard_upstream_rtt_seconds", "From forwarding a request to its broker response, per API",
+            ["api"], buckets=_RTT_BUCKETS, registry=r)
+        self.paused_seconds = Counter(
+            "txnguard_backpressure_paused_seconds", "Time a side's reading was paused by backpressure",
+            ["side"], registry=r)
+        self.rewrites = Counter(
+            "txnguard_response_rewrites", "Responses re-encoded by the proxy, per API and kind",
+            ["api", "kind"], registry=r)
+        self.local_responses = Counter(
+            "txnguard_local_responses", "Responses the proxy answered itself, per API and reason",
+            ["api", "reason"], registry=r)
+        self.upstream_connect_failures = Counter(
+            "txnguard_upstream_connect_failures", "Failed connections to brokers", ["broker"], registry=r)
+        self.listeners = Gauge(
+            "txnguard_listeners", "Listeners open (bootstrap plus one per broker in gateway mode)", registry=r)
+        self.metadata_age = Gauge(
+            "txnguard_metadata_age_seconds", "Seconds since the proxy's own Metadata request last succeeded",
+            registry=r)
+        self._frames: dict[tuple[int, str], tuple[Counter, Counter]] = {}
+        self._rtt: dict[int, Histogram] = {}
+
+    def count_frame(self, api_key: int, direction: str, size: int) -> None:
+        pair = self._frames.get((api_key, direction))
+        if pair is None:
+            name = api_name(api_key)
+            pair = (self.frames.labels(name, direction), self.bytes.labels(name, direction))
+            self._frames[(api_key, direction)] = pair
+        pair[0].inc()
+        pair[1].inc(size)
+
+    def observe_rtt(self, api_key: int, seconds: float) -> None:
+        h = self._rtt.get(api_key)
+        if h is None:
+            h = self._rtt[api_key] = self.upstream_rtt.labels(api_name(api_key))
+        h.observe(seconds)

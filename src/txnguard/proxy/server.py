@@ -1,0 +1,334 @@
+"""The proxy process: listeners, the cluster's layout, background upkeep, draining.
+
+Gateway mode: a bootstrap listener plus one listener per broker (port base +
+node id, or an explicit mapping), opened as soon as any response names a new
+broker, so the client's next connection finds it. Every address a client can
+learn is rewritten to one of these listeners.
+
+Sidecar mode: one listener in front of one broker, which advertises the
+sidecar's address itself (see deploy/sidecar/README.md); responses keep the
+addresses the broker wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.metadata.v9.request import MetadataRequest
+
+from txnguard.codecs import addresses
+from txnguard.codecs.api_versions import VersionPolicy, advertised_range
+from txnguard.proxy import logs
+from txnguard.proxy.config import HostPort, ProxyConfig
+from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.proxy.session import ClientProtocol, Session
+
+TLS_HANDSHAKE = 0x16
+
+
+@dataclass
+class Listener:
+    name: str
+    address: HostPort
+    node_id: int | None           # None: the bootstrap listener
+    sock: socket.socket
+    task: asyncio.Task[None] | None = None
+    sessions: set[Session] = field(default_factory=set)
+
+
+def server_ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
+    if cfg.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cfg.tls.certfile, cfg.tls.keyfile)
+    if cfg.tls.cafile:
+        ctx.load_verify_locations(cfg.tls.cafile)
+        ctx.verify_mode = ssl.CERT_REQUIRED if cfg.tls.require_client_cert else ssl.CERT_OPTIONAL
+    return ctx
+
+
+def upstream_ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
+    t = cfg.upstream_tls
+    if t is None:
+        return None
+    ctx = ssl.create_default_context(cafile=t.cafile)
+    ctx.check_hostname = t.check_hostname
+    if t.certfile:
+        ctx.load_cert_chain(t.certfile, t.keyfile)
+    return ctx
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or ProxyMetrics()
+        self.log = logs.get(component="proxy", mode=config.mode)
+        self.debug = config.log_level == "debug"
+        self.version_policy = VersionPolicy(unknown_keys=config.unknown_api_keys,
+                                            max_version=dict(config.api_max_versions))
+        self.server_ssl = server_ssl_context(config)
+        self.upstream_ssl = upstream_ssl_context(config)
+        self.listeners: dict[int | None, Listener] = {}
+        self.sessions: set[Session] = set()
+        self.brokers: dict[int, HostPort] = {}          # node id -> the broker's real address
+        self._broker_api_versions: dict[int, tuple[int, int]] = {}
+        self.last_metadata_ok: float | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._bootstrap_rr = 0
+        self.stopping = False
+
+    # -- start and stop -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._open_listener(None, self.config.listen)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._metadata_loop()))
+        self._tasks.append(loop.create_task(self._timer_loop()))
+        self.log.info("proxy_started", listen=str(self.config.listen),
+                      upstream=[str(u) for u in self.config.upstream])
+
+    @property
+    def bootstrap_address(self) -> HostPort:
+        return self.listeners[None].address
+
+    async def drain_and_stop(self, deadline_s: float | None = None) -> None:
+        """SIGTERM: stop accepting, let in-flight requests finish (up to a deadline), close."""
+        deadline_s = self.config.limits.drain_timeout_s if deadline_s is None else deadline_s
+        self.stopping = True
+        for listener in list(self.listeners.values()):
+            self._close_listener(listener)
+        for s in list(self.sessions):
+            s.drain()
+        end = time.monotonic() + deadline_s
+        while self.sessions and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        for s in list(self.sessions):
+            s.close("drain_deadline", f"still in flight after {deadline_s}s")
+        await self.stop()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for listener in list(self.listeners.values()):
+            self._close_listener(listener)
+        for s in list(self.sessions):
+            s.close("proxy_stopped", "proxy stopped")
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self.log.info("proxy_stopped")
+
+    # -- listeners --------------------------------------------------------------------------------
+
+    def _open_listener(self, node_id: int | None, address: HostPort) -> Listener:
+        sock = socket.socket(socket.AF_INET6 if ":" in address.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address.host, address.port))
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot listen on {address}: {e.strerror}") from None
+        sock.listen(1024)
+        sock.setblocking(False)
+        bound = HostPort(address.host, sock.getsockname()[1])
+        name = "bootstrap" if node_id is None else f"broker-{node_id}"
+        listener = Listener(name, bound, node_id, sock)
+        listener.task = asyncio.get_running_loop().create_task(self._accept_loop(listener))
+        self.listeners[node_id] = listener
+        self.metrics.listeners.set(len(self.listeners))
+        self.log.info("listener_opened", listener=name, address=str(bound))
+        return listener
+
+    def _close_listener(self, listener: Listener) -> None:
+        if listener.task is not None:
+            listener.task.cancel()
+        listener.sock.close()
+        self.listeners.pop(listener.node_id, None)
+
+    def ensure_broker_listener(self, node_id: int) -> HostPort:
+        listener = self.listeners.get(node_id)
+        if listener is None:
+            if self.stopping:
+                return HostPort(self.config.advertised, self.config.broker_port(node_id))
+            listener = self._open_listener(node_id, HostPort(self.config.listen.host, self.config.broker_port(node_id)))
+        return listener.address
+
+    async def _accept_loop(self, listener: Listener) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(listener.sock)
+            except asyncio.CancelledError:
+                raise
+            except OSError as e:
+                self.log.warning("accept_failed", listener=listener.name, error=repr(e))
+                await asyncio.sleep(0.1)
+                continue
+            if len(self.sessions) >= self.config.limits.max_connections:
+                self.metrics.connection_closes.labels("max_connections").inc()
+                self.log.warning("connection_refused", reason="max_connections", client=f"{peer[0]}:{peer[1]}")
+                conn.close()
+                continue
+            loop.create_task(self._serve(listener, conn, f"{peer[0]}:{peer[1]}"))
+
+    async def _serve(self, listener: Listener, conn: socket.socket, peer: str) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        session = Session(self, listener, peer)
+        if self.server_ssl is not None and not await self._looks_like_tls(conn, session):
+            return
+        self.sessions.add(session)
+        self.metrics.connections_total.labels(listener.name).inc()
+        self.metrics.connections_active.labels(listener.name).inc()
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: ClientProtocol(session), conn, ssl=self.server_ssl,
+                ssl_handshake_timeout=self.config.limits.connect_timeout_s if self.server_ssl else None,
+            )
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+            session.close("tls_handshake_failed", repr(e), level="warning")
+            conn.close()
+
+    async def _looks_like_tls(self, conn: socket.socket, session: Session) -> bool:
+        """Peek the first byte: a plaintext Kafka client on a TLS listener gets a clear log line."""
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, self.config.limits.connect_timeout_s)
+            first = conn.recv(1, socket.MSG_PEEK)
+        except (asyncio.TimeoutError, OSError):
+            first = b""
+        finally:
+            loop.remove_reader(conn.fileno())
+        if first and first[0] == TLS_HANDSHAKE:
+            return True
+        reason = "plaintext_on_tls" if first else "no_tls_handshake"
+        self.metrics.connection_closes.labels(reason).inc()
+        session.log.warning("connection_closed", reason=reason,
+                            detail="the client did not start a TLS handshake on a TLS listener: "
+                                   "is it configured with security.protocol=PLAINTEXT?")
+        conn.close()
+        return False
+
+    def session_closed(self, session: Session) -> None:
+        if session in self.sessions:
+            self.sessions.discard(session)
+            self.metrics.connections_active.labels(session.listener.name).dec()
+
+    # -- upstream ----------------------------------------------------------------------------------
+
+    async def upstream_for(self, listener: Listener) -> HostPort:
+        if self.config.mode == "sidecar" or listener.node_id is None:
+            ups = self.config.upstream
+            self._bootstrap_rr = (self._bootstrap_rr + 1) % len(ups)
+            return ups[self._bootstrap_rr]
+        address = self.brokers.get(listener.node_id)
+        if address is None:
+            await self.refresh_metadata()
+            address = self.brokers.get(listener.node_id)
+        if address is None:
+            raise UpstreamError(f"broker {listener.node_id} is not in the cluster's metadata")
+        return address
+
+    async def connect_upstream(self, target: HostPort, factory: Callable[[], asyncio.Protocol]) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(
+                loop.create_connection(factory, target.host, target.port, ssl=self.upstream_ssl,
+                                       server_hostname=target.host if self.upstream_ssl else None),
+                self.config.limits.connect_timeout_s,
+            )
+        except ssl.SSLError as e:
+            self.metrics.upstream_connect_failures.labels(str(target)).inc()
+            raise ConnectionError(f"TLS handshake with broker {target} failed ({e.reason}): "
+                                  "is the broker listener plaintext, or the CA wrong?") from e
+        except (OSError, asyncio.TimeoutError):
+            self.metrics.upstream_connect_failures.labels(str(target)).inc()
+            raise
+
+    # -- cluster layout ---------------------------------------------------------------------------
+
+    def learn_brokers(self, found: list[tuple[int, str, int]]) -> None:
+        if self.config.mode != "gateway":
+            return
+        for node_id, host, port in found:
+            address = HostPort(host, port)
+            if self.brokers.get(node_id) != address:
+                self.brokers[node_id] = address
+                self.log.info("broker_learned", node_id=node_id, address=str(address))
+            self.ensure_broker_listener(node_id)
+
+    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """The address a client must use for a broker: our listener in gateway mode."""
+        if self.config.mode != "gateway":
+            return host, port
+        return self.config.advertised, self.ensure_broker_listener(node_id).port
+
+    def remember_broker_api_versions(self, body: Any) -> None:
+        self._broker_api_versions = {
+            int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys
+        }
+
+    def advertised_api_versions(self) -> list[tuple[int, int, int]]:
+        out = []
+        for key, (lo, hi) in self._broker_api_versions.items():
+            r = advertised_range(key, lo, hi, self.version_policy)
+            if r is not None:
+                out.append((key, r[0], r[1]))
+        return out
+
+    async def refresh_metadata(self) -> bool:
+        for target in self.config.upstream:
+            conn = None
+            try:
+                conn = await BrokerConnection.open(target.host, target.port, ssl_context=self.upstream_ssl,
+                                                   timeout=self.config.limits.connect_timeout_s)
+                body = await conn.request(MetadataRequest(
+                    topics=(), allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
+                    include_topic_authorized_operations=False), timeout=self.config.limits.connect_timeout_s)
+            except (UpstreamError, OSError) as e:
+                self.log.warning("metadata_refresh_failed", broker=str(target), error=str(e))
+                continue
+            finally:
+                if conn is not None:
+                    conn.close()
+            if self.config.mode == "gateway":
+                self.learn_brokers(addresses.broker_addresses(addresses.METADATA, body))
+            self.last_metadata_ok = time.monotonic()
+            return True
+        return False
+
+    def ready(self) -> tuple[bool, str]:
+        if self.stopping:
+            return False, "draining"
+        if self.last_metadata_ok is None:
+            return False, "no successful Metadata request to the cluster yet"
+        age = time.monotonic() - self.last_metadata_ok
+        if age > self.config.ready_max_metadata_age_s:
+            return False, f"last successful Metadata request {age:.0f}s ago"
+        return True, "ok"
+
+    async def _metadata_loop(self) -> None:
+        while True:
+            await self.refresh_metadata()
+            await asyncio.sleep(self.config.metadata_refresh_s)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            if self.last_metadata_ok is not None:
+                self.metrics.metadata_age.set(now - self.last_metadata_ok)
+            for s in list(self.sessions):
+                s.check_timers(now)
+
