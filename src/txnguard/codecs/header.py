@@ -65,6 +65,13 @@ def _skip_uvarint(frame: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 def request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
     """Where the request body starts. Raises UnsupportedApiVersion for what kio cannot name."""
+    try:
+        return _request_body_offset(frame, head)
+    except struct.error as e:
+        raise TruncatedFrame(f"request header: {e}") from None
+
+
+def _request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
     version = request_header_version(head.api_key, head.api_version)
     if version == 0:
         return 8
@@ -89,15 +96,22 @@ def produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -
     transactional. acks=0 means no response will come.
     """
     try:
+        return _produce_acks_and_txn_id_null(frame, head)
+    except struct.error as e:
+        raise TruncatedFrame(f"Produce request: {e}") from None
+
+
+def _produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -> tuple[int, bool]:
+    try:
         pos = request_body_offset(frame, head)
     except UnsupportedApiVersion:
         if head.api_version < 3:
             # kio dropped Produce v0-2; their body starts right after a v1 header.
             (n,) = _INT16.unpack_from(frame, 8)
-            return _INT16.unpack_from(frame, 10 + max(n, 0))[0], True
+            return int(_INT16.unpack_from(frame, 10 + max(n, 0))[0]), True
         raise
     if head.api_version < 3:
-        return _INT16.unpack_from(frame, pos)[0], True
+        return int(_INT16.unpack_from(frame, pos)[0]), True
     if head.api_version >= 9:
         length_plus_one, pos = _skip_uvarint(frame, pos)
         is_null = length_plus_one == 0
@@ -108,4 +122,4 @@ def produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -
         pos += 2 + max(n, 0)
     if pos + 2 > len(frame):
         raise TruncatedFrame("Produce request ends before acks")
-    return _INT16.unpack_from(frame, pos)[0], is_null
+    return int(_INT16.unpack_from(frame, pos)[0]), is_null

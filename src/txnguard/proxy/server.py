@@ -84,6 +84,8 @@ class Proxy:
         self._tasks: list[asyncio.Task[Any]] = []
         self._bootstrap_rr = 0
         self.stopping = False
+        # Sees every batch of bytes written to clients; tests use it to prove no broker address leaks.
+        self.response_observer: Callable[[list[bytes | memoryview]], None] | None = None
 
     # -- start and stop -------------------------------------------------------------------------
 

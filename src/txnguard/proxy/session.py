@@ -371,6 +371,8 @@ class Session:
             out.append(order.popleft().response)  # type: ignore[arg-type]
         if out:
             self.client.write(out[0] if len(out) == 1 else b"".join(out))
+            if self.proxy.response_observer is not None:
+                self.proxy.response_observer(out)
         if self._raw_mode_after_flush and not order:
             self._enter_raw_mode()
         if len(order) < self.limits.max_in_flight:

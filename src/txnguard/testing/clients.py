@@ -220,7 +220,7 @@ class KafkaPythonClient:
             max_block_ms=int(timeout_s * 1000), request_timeout_ms=30000,
         )
         try:
-            _bounded(producer.init_transactions, timeout_s, "kafka-python init_transactions")
+            producer.init_transactions()  # bounded by max_block_ms
             producer.begin_transaction()
             futures = [producer.send(topic, value=v, partition=partition) for v in values]
             producer.flush(timeout=timeout_s)
@@ -242,22 +242,22 @@ class KafkaPythonClient:
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
         )
+        got: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in tps}
+        deadline = time.monotonic() + timeout_s
         try:
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
             # Under read_committed the client's own end offsets are the last stable offsets.
             ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
-            got: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in tps}
-            _bounded(lambda: self._drain(consumer, tps, ends, got), timeout_s, "kafka-python consume_committed")
+            while behind := [tp for tp in tps if consumer.position(tp, timeout_ms=5000) < ends[tp]]:
+                if time.monotonic() > deadline:
+                    raise ClientError(f"kafka-python: {[str(tp) for tp in behind]} did not reach {ends} "
+                                      f"within {timeout_s:.0f}s")
+                for tp, records in consumer.poll(timeout_ms=200).items():
+                    got[tp.partition].extend((r.offset, r.value) for r in records)
         finally:
             consumer.close(autocommit=False)
         return [v for p in sorted(got) for _, v in sorted(got[p])]
-
-    @staticmethod
-    def _drain(consumer: Any, tps: list[Any], ends: dict[Any, int], got: dict[int, list[tuple[int, bytes]]]) -> None:
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for tp, records in consumer.poll(timeout_ms=200).items():
-                got[tp.partition].extend((r.offset, r.value) for r in records)
 
 
 # -- confluent-kafka (librdkafka) -----------------------------------------------------------------

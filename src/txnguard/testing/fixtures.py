@@ -25,14 +25,15 @@ _counter = itertools.count()
 class ClusterPool:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._clusters: dict[tuple[str, int, tuple[tuple[str, str], ...]], kafka.Cluster] = {}
+        self._clusters: dict[tuple[str, int, bool, tuple[tuple[str, str], ...]], kafka.Cluster] = {}
 
-    def get(self, version: str, nodes: int = 1, config: dict[str, str] | None = None) -> kafka.Cluster:
-        key = (version, nodes, tuple(sorted((config or {}).items())))
+    def get(self, version: str, nodes: int = 1, config: dict[str, str] | None = None,
+            sidecars: bool = False) -> kafka.Cluster:
+        key = (version, nodes, sidecars, tuple(sorted((config or {}).items())))
         cluster = self._clusters.get(key)
         if cluster is None:
-            directory = self.root / f"kafka-{version}-{nodes}n-{next(_counter)}"
-            cluster = kafka.up(version, nodes, directory, config)
+            directory = self.root / f"kafka-{version}-{nodes}n{'-sidecar' if sidecars else ''}-{next(_counter)}"
+            cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars)
             self._clusters[key] = cluster
         else:
             # A test may have stopped a node and failed before restarting it.

@@ -74,6 +74,10 @@ class Node:
     port: int
     controller_port: int
     pid: int | None = None
+    # Sidecar layout: clients are told to use sidecar_port (where a txnguard sidecar listens and
+    # forwards to `port`); brokers talk to each other on broker_port.
+    sidecar_port: int | None = None
+    broker_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -98,6 +102,17 @@ class Cluster:
             if n.id == node_id:
                 return n
         raise HarnessError(f"no node {node_id} in {self.dir}")
+
+    @property
+    def sidecar_bootstrap(self) -> str:
+        return ",".join(f"{n.host}:{n.sidecar_port}" for n in self.nodes)
+
+    def real_address(self, host: str, port: int) -> tuple[str, int]:
+        """Where an advertised address really listens (a sidecar port maps to its broker)."""
+        for n in self.nodes:
+            if n.sidecar_port == port:
+                return n.host, n.port
+        return host, port
 
     def live_bootstrap(self) -> str:
         return ",".join(n.address for n in self.nodes if _alive(n.pid)) or self.bootstrap_servers
@@ -240,7 +255,8 @@ class Cluster:
             fc = c.find_coordinator("txnguard-harness-probe", key_type=1)
             if fc.error_code != ErrorCode.none:
                 return False
-        with RawClient(str(fc.host), int(fc.port), timeout=10) as c:
+        host, port = self.real_address(str(fc.host), int(fc.port))
+        with RawClient(host, port, timeout=10) as c:
             r = c.init_producer_id("txnguard-harness-probe", 10000)
             return bool(r.error_code == ErrorCode.none)
 
@@ -307,8 +323,13 @@ def create(
     directory: str | os.PathLike[str],
     config: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
+    sidecars: bool = False,
 ) -> Cluster:
-    """Write the configuration of a fresh cluster and format its storage (nothing runs yet)."""
+    """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
+
+    With `sidecars`, every broker advertises a sidecar port for clients (see
+    deploy/sidecar/README.md): the layout a txnguard sidecar deployment uses.
+    """
     if nodes < 1:
         raise HarnessError("a cluster needs at least one node")
     path = Path(directory).absolute()
@@ -318,7 +339,9 @@ def create(
             raise HarnessError(f"a cluster is already running in {path}: run `txnguard kafka down --dir {path}`")
     path.mkdir(parents=True, exist_ok=True)
     taken: set[int] = set()
-    members = [Node(id=i, host=host, port=_free_port(host, taken), controller_port=_free_port(host, taken))
+    members = [Node(id=i, host=host, port=_free_port(host, taken), controller_port=_free_port(host, taken),
+                    sidecar_port=_free_port(host, taken) if sidecars else None,
+                    broker_port=_free_port(host, taken) if sidecars else None)
                for i in range(1, nodes + 1)]
     settings = {**_base_config(nodes), **(config or {})}
     cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings)
@@ -344,6 +367,15 @@ def create(
             "log.dirs": str(nd / "data"),
             **settings,
         }
+        if sidecars:
+            # Clients learn the sidecar's address; brokers replicate over their own listener.
+            props.update({
+                "listeners": f"PLAINTEXT://{host}:{n.port},BROKER://{host}:{n.broker_port},"
+                             f"CONTROLLER://{host}:{n.controller_port}",
+                "advertised.listeners": f"PLAINTEXT://{host}:{n.sidecar_port},BROKER://{host}:{n.broker_port}",
+                "inter.broker.listener.name": "BROKER",
+                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            })
         (nd / "server.properties").write_text(_properties(props))
         fmt = subprocess.run(
             ["java", "-Xmx256m", f"-Dlog4j.configuration=file:{nd / 'log4j.properties'}",
@@ -364,9 +396,10 @@ def up(
     directory: str | os.PathLike[str],
     config: Mapping[str, str] | None = None,
     timeout_s: float = READY_TIMEOUT_S,
+    sidecars: bool = False,
 ) -> Cluster:
     """Create, start and wait until every broker is registered and transactions work."""
-    cluster = create(version, nodes, directory, config)
+    cluster = create(version, nodes, directory, config, sidecars=sidecars)
     try:
         for n in cluster.nodes:
             cluster.start_node(n.id)
