@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from txnguard.proxy import logs
+from txnguard.testing.kafka import Cluster
 from txnguard.proxy.admin import AdminServer
 from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.config import load as load_config
@@ -206,3 +207,14 @@ class ProxyProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(10)
+
+
+def gateway_for(cluster: Cluster, start_proxy: Any, **settings: Any) -> ProxyThread:
+    return start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", **settings)
+
+
+def broker_addresses(cluster: Cluster) -> list[tuple[str, int]]:
+    """Every address at which a broker really listens: what must never reach a proxied client."""
+    out = [(n.host, n.port) for n in cluster.nodes]
+    out += [(n.host, n.broker_port) for n in cluster.nodes if n.broker_port]
+    return out
