@@ -18,9 +18,8 @@ from kio.schema.errors import ErrorCode
 from txnguard.codecs.api_versions import INSPECTED_FROM
 from txnguard.codecs.schemas import kio_version_range
 from txnguard.testing.fixtures import fresh_topic
-from txnguard.testing.raw import RawClient, RawProtocolError, build_batch
-
 from txnguard.testing.proxy import broker_addresses, gateway_for
+from txnguard.testing.raw import RawClient, RawProtocolError, build_batch
 
 pytestmark = pytest.mark.integration
 

@@ -7,11 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.index import api_key_map, schema_name_map
+from kio.static.primitive import Records
 
 from txnguard.codecs import addresses, schemas
 from txnguard.codecs.addresses import ADDRESS_BEARING, broker_addresses, carries_addresses, rewrite_addresses
-
-from kio.static.primitive import Records
 
 PROXY_HOST = "proxy.example"
 

@@ -1,5 +1,6 @@
 """Random and mutated bytes never raise anything but the codec's own error type, and buffers stay bounded."""
 
+import contextlib
 import struct
 import tracemalloc
 
@@ -50,10 +51,8 @@ def _inspect_request(body: bytes) -> None:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_random_request_bodies_raise_only_codec_errors(body):
-    try:
+    with contextlib.suppress(CodecError):
         _inspect_request(body)
-    except CodecError:
-        pass
 
 
 @settings(max_examples=400, deadline=None)
@@ -65,19 +64,15 @@ def test_mutated_produce_requests_raise_only_codec_errors(frame, data):
         body[i] = data.draw(st.integers(0, 255))
     if data.draw(st.booleans()):
         body = body[: data.draw(st.integers(0, len(body)))]
-    try:
+    with contextlib.suppress(CodecError):
         _inspect_request(bytes(body))
-    except CodecError:
-        pass
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(INSPECTED_RESPONSES), st.binary(max_size=1024))
 def test_random_response_bodies_raise_only_codec_errors(key_version, body):
-    try:
+    with contextlib.suppress(CodecError):
         schemas.decode_response(body, *key_version)
-    except CodecError:
-        pass
 
 
 @settings(max_examples=200, deadline=None)
@@ -102,10 +97,8 @@ def test_splitter_memory_stays_within_twice_the_input(chunks, limit):
 def test_a_huge_declared_length_is_refused_without_allocating_it():
     tracemalloc.start()
     try:
-        try:
+        with contextlib.suppress(CodecError):
             FrameSplitter().feed(struct.pack(">i", 2**31 - 1) + b"x" * 100)
-        except CodecError:
-            pass
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

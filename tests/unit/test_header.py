@@ -29,7 +29,6 @@ def _produce_frame(version: int, transactional_id: str | None, acks: int) -> byt
 
     m = sys.modules[load_request_schema(0, version).__module__]
     import datetime
-
     import uuid
 
     topic = {"topic_id": uuid.uuid4()} if version >= 13 else {"name": "t"}  # KIP-516 topic ids from v13

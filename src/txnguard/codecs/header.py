@@ -75,8 +75,8 @@ def _request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
     version = request_header_version(head.api_key, head.api_version)
     if version == 0:
         return 8
-    (n,) = _INT16.unpack_from(frame, 8)
-    pos = 10 + max(n, 0)
+    n: int = _INT16.unpack_from(frame, 8)[0]
+    pos: int = 10 + max(n, 0)
     if version >= 2:
         count, pos = _skip_uvarint(frame, pos)
         for _ in range(count):
@@ -85,7 +85,7 @@ def _request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
             pos += size
     if pos > len(frame):
         raise TruncatedFrame("request header runs past the end of the frame")
-    return pos
+    return int(pos)
 
 
 def produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -> tuple[int, bool]:

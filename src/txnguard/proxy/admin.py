@@ -44,7 +44,7 @@ class AdminServer:
             parts = line.split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             status, ctype, body = self._route(parts[0] if parts else "", path)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             writer.close()
             return
         writer.write(

@@ -49,7 +49,7 @@ class BrokerConnection(asyncio.Protocol):
                                        server_hostname=host if ssl_context else None),
                 timeout,
             )
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+        except (TimeoutError, OSError, ssl.SSLError) as e:
             raise UpstreamError(f"cannot connect to {host}:{port}: {e!r}") from e
         return proto
 
@@ -117,7 +117,7 @@ class BrokerConnection(asyncio.Protocol):
         self._transport.write(frame)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # A late answer would desynchronise the pipeline: drop the connection.
             self._fail(UpstreamError(f"no response within {timeout}s"))
             raise UpstreamError(f"no response within {timeout}s") from None

@@ -82,6 +82,7 @@ class Proxy:
         self._broker_api_versions: dict[int, tuple[int, int]] = {}
         self.last_metadata_ok: float | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._serving: set[asyncio.Task[None]] = set()
         self._bootstrap_rr = 0
         self.stopping = False
         # Sees every batch of bytes written to clients; tests use it to prove no broker address leaks.
@@ -181,7 +182,10 @@ class Proxy:
                 self.log.warning("connection_refused", reason="max_connections", client=f"{peer[0]}:{peer[1]}")
                 conn.close()
                 continue
-            loop.create_task(self._serve(listener, conn, f"{peer[0]}:{peer[1]}"))
+            # Keep a reference: the loop holds tasks only weakly.
+            task = loop.create_task(self._serve(listener, conn, f"{peer[0]}:{peer[1]}"))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
 
     async def _serve(self, listener: Listener, conn: socket.socket, peer: str) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -196,19 +200,24 @@ class Proxy:
                 lambda: ClientProtocol(session), conn, ssl=self.server_ssl,
                 ssl_handshake_timeout=self.config.limits.connect_timeout_s if self.server_ssl else None,
             )
-        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError, ssl.SSLError) as e:
             session.close("tls_handshake_failed", repr(e), level="warning")
             conn.close()
 
     async def _looks_like_tls(self, conn: socket.socket, session: Session) -> bool:
         """Peek the first byte: a plaintext Kafka client on a TLS listener gets a clear log line."""
         loop = asyncio.get_running_loop()
-        ready = loop.create_future()
-        loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(conn.fileno(), readable)
         try:
             await asyncio.wait_for(ready, self.config.limits.connect_timeout_s)
             first = conn.recv(1, socket.MSG_PEEK)
-        except (asyncio.TimeoutError, OSError):
+        except (TimeoutError, OSError):
             first = b""
         finally:
             loop.remove_reader(conn.fileno())
@@ -254,7 +263,7 @@ class Proxy:
             self.metrics.upstream_connect_failures.labels(str(target)).inc()
             raise ConnectionError(f"TLS handshake with broker {target} failed ({e.reason}): "
                                   "is the broker listener plaintext, or the CA wrong?") from e
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             self.metrics.upstream_connect_failures.labels(str(target)).inc()
             raise
 

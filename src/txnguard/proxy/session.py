@@ -132,7 +132,7 @@ class Session:
         try:
             target = await self.proxy.upstream_for(self.listener)
             transport, _ = await self.proxy.connect_upstream(target, lambda: UpstreamProtocol(self))
-        except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+        except (TimeoutError, OSError, ConnectionError) as e:
             self.close("upstream_unreachable", f"cannot reach the broker for listener {self.listener.name}: {e}")
             return
         if self.closed:

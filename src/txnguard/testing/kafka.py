@@ -12,6 +12,7 @@ so the cluster survives the loss of any one node.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -437,10 +438,8 @@ def _alive(pid: int | None) -> bool:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _terminate(pid: int | None, grace_s: float) -> None:
@@ -456,10 +455,8 @@ def _terminate(pid: int | None, grace_s: float) -> None:
         _reap(pid)
         time.sleep(0.1)
     if _alive(pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         end = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < end:
             _reap(pid)

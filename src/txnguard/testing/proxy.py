@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from txnguard.proxy import logs
-from txnguard.testing.kafka import Cluster
 from txnguard.proxy.admin import AdminServer
 from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.config import load as load_config
 from txnguard.proxy.server import Proxy
+from txnguard.testing.kafka import Cluster
 
 
 class WireRecorder:
@@ -210,7 +210,8 @@ class ProxyProcess:
 
 
 def gateway_for(cluster: Cluster, start_proxy: Any, **settings: Any) -> ProxyThread:
-    return start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", **settings)
+    proxy: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", **settings)
+    return proxy
 
 
 def broker_addresses(cluster: Cluster) -> list[tuple[str, int]]:

@@ -26,7 +26,7 @@ from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 # Attribute bits of a v2 record batch (DefaultRecordBatch.java).
 TRANSACTIONAL_BIT = 0x10
@@ -47,12 +47,12 @@ def build_batch(
     keys: Sequence[bytes | None] | None = None,
 ) -> bytes:
     """Encode one uncompressed v2 record batch with kio's own batch writer."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     keys = keys if keys is not None else [None] * len(values)
     records = tuple(
         Record(
             attributes=i8(0),
-            timestamp=TZAwareMicros(now),
+            timestamp=now,  # type: ignore[arg-type]  # kio's phantom type of a tz-aware datetime
             offset=i64(i),
             key=k,
             value=v,
@@ -367,7 +367,9 @@ def any_broker(bootstrap_servers: str) -> tuple[str, int]:
     return _split(bootstrap_servers.split(",")[0])
 
 
-def coordinator_for(bootstrap_servers: str, key: str, key_type: int = 1, deadline_s: float = 30.0) -> tuple[int, str, int]:
+def coordinator_for(
+    bootstrap_servers: str, key: str, key_type: int = 1, deadline_s: float = 30.0
+) -> tuple[int, str, int]:
     """(node id, host, port) of the coordinator of a transactional id (key_type 1) or group (0).
 
     Retries while the coordinator is loading or its internal topic is being created.
