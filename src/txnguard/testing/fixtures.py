@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,12 +51,15 @@ class ClusterPool:
 
 @pytest.fixture(scope="session")
 def kafka_pool() -> Iterator[ClusterPool]:
-    root = Path(os.environ.get("TXNGUARD_TEST_DIR") or tempfile.mkdtemp(prefix="txnguard-kafka-"))
+    keep = os.environ.get("TXNGUARD_TEST_DIR")
+    root = Path(keep or tempfile.mkdtemp(prefix="txnguard-kafka-"))
     pool = ClusterPool(root)
     try:
         yield pool
     finally:
         pool.close()
+        if not keep:  # a named directory is kept for post-mortems; a temporary one is not
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -293,6 +293,15 @@ def _free_port(host: str, taken: set[int]) -> int:
     raise HarnessError("no free loopback port found")
 
 
+def _cluster_id() -> str:
+    # URL-safe base64 of a UUID, as Kafka's Uuid.randomUuid; like it, never one starting
+    # with "-", which StorageTool would read as an option.
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _properties(values: Mapping[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
@@ -347,7 +356,7 @@ def create(
     settings = {**_base_config(nodes), **(config or {})}
     cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings)
     voters = ",".join(f"{n.id}@{n.host}:{n.controller_port}" for n in members)
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = _cluster_id()
     server_jars = jars.resolve("kafka_2.13", version)
     for n in members:
         nd = cluster.node_dir(n.id)

@@ -45,9 +45,14 @@ def build_batch(
     base_sequence: int = -1,
     transactional: bool = False,
     keys: Sequence[bytes | None] | None = None,
+    timestamp: datetime.datetime | None = None,
 ) -> bytes:
-    """Encode one uncompressed v2 record batch with kio's own batch writer."""
-    now = datetime.datetime.now(datetime.UTC)
+    """Encode one uncompressed v2 record batch with kio's own batch writer.
+
+    `timestamp` (default now) is what the broker keeps as the producer's last
+    timestamp; find-hanging compares it with its --max-transaction-timeout.
+    """
+    now = timestamp or datetime.datetime.now(datetime.UTC)
     keys = keys if keys is not None else [None] * len(values)
     records = tuple(
         Record(
