@@ -1,0 +1,41 @@
+"""Enforcement modes: enforce (reject), monitor (decide, log, count, audit, but forward), off.
+
+A global mode plus rules by transactional-id and topic glob; the first matching
+rule wins. `off` skips verification entirely for what it matches.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from dataclasses import dataclass
+
+
+class Mode(enum.Enum):
+    ENFORCE = "enforce"
+    MONITOR = "monitor"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class ModeRule:
+    mode: Mode
+    transactional_id: str | None = None
+    topic: str | None = None
+
+    def matches(self, transactional_id: str, topic: str | None) -> bool:
+        if self.transactional_id is not None and not fnmatch.fnmatchcase(transactional_id, self.transactional_id):
+            return False
+        return self.topic is None or (topic is not None and fnmatch.fnmatchcase(topic, self.topic))
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    default: Mode = Mode.ENFORCE
+    rules: tuple[ModeRule, ...] = ()
+
+    def mode_for(self, transactional_id: str, topic: str | None = None) -> Mode:
+        for rule in self.rules:
+            if rule.matches(transactional_id, topic):
+                return rule.mode
+        return self.default

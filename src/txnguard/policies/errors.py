@@ -1,0 +1,79 @@
+"""Which Kafka error each client family gets for each verification outcome.
+
+The default is the broker's own mapping (Kafka 3.7-3.9, KIP-890 "Old Clients"):
+Produce gets INVALID_TXN_STATE for a partition not in the transaction and
+NOT_ENOUGH_REPLICAS ("does not trigger a metadata refresh") when the
+coordinator cannot answer; TxnOffsetCommit gets COORDINATOR_NOT_AVAILABLE for
+the latter. Families override single cells; see ../shared/notes/client-error-handling.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
+
+from txnguard.policies.families import KAFKA_PYTHON
+from txnguard.policies.outcomes import Outcome
+
+PRODUCE, TXN_OFFSET_COMMIT = "produce", "txn_offset_commit"
+
+NOT_ADDED_MESSAGE = "Partition was not added to the transaction"
+UNVERIFIED_MESSAGE = "Unable to verify the partition has been added to the transaction. Underlying error: {underlying}"
+
+
+@dataclass(frozen=True)
+class ErrorChoice:
+    code: int
+    message: str | None = None
+
+    def render(self, underlying: str | None) -> str | None:
+        if self.message is None:
+            return None
+        return self.message.format(underlying=underlying or "UNKNOWN")
+
+    @property
+    def name(self) -> str:
+        try:
+            return ErrorCode(self.code).name.upper()
+        except ValueError:
+            return f"ERROR_{self.code}"
+
+
+ErrorTable = Mapping[str, Mapping[Outcome, ErrorChoice]]
+
+BROKER_PARITY: ErrorTable = {
+    PRODUCE: {
+        Outcome.NOT_IN_TRANSACTION: ErrorChoice(ErrorCode.invalid_txn_state, NOT_ADDED_MESSAGE),
+        Outcome.LATE_WRITE: ErrorChoice(ErrorCode.invalid_txn_state, NOT_ADDED_MESSAGE),
+        Outcome.COORDINATOR_RETRIABLE: ErrorChoice(ErrorCode.not_enough_replicas, UNVERIFIED_MESSAGE),
+        Outcome.FENCED: ErrorChoice(ErrorCode.invalid_producer_epoch),
+        Outcome.PRODUCER_ID_MAPPING: ErrorChoice(ErrorCode.invalid_producer_id_mapping),
+    },
+    TXN_OFFSET_COMMIT: {
+        Outcome.NOT_IN_TRANSACTION: ErrorChoice(ErrorCode.invalid_txn_state),
+        Outcome.LATE_WRITE: ErrorChoice(ErrorCode.invalid_txn_state),
+        Outcome.COORDINATOR_RETRIABLE: ErrorChoice(ErrorCode.coordinator_not_available),
+        Outcome.FENCED: ErrorChoice(ErrorCode.invalid_producer_epoch),
+        Outcome.PRODUCER_ID_MAPPING: ErrorChoice(ErrorCode.invalid_producer_id_mapping),
+    },
+}
+
+# Per-family cells that differ from broker parity.
+FAMILY_OVERRIDES: Mapping[str, ErrorTable] = {
+    # kafka-python raises INVALID_TXN_STATE on Produce as a fatal error; TRANSACTION_ABORTABLE
+    # (120) makes it abort the transaction, which is what KIP-890 intends.
+    KAFKA_PYTHON: {
+        PRODUCE: {
+            Outcome.NOT_IN_TRANSACTION: ErrorChoice(ErrorCode.transaction_abortable, NOT_ADDED_MESSAGE),
+            Outcome.LATE_WRITE: ErrorChoice(ErrorCode.transaction_abortable, NOT_ADDED_MESSAGE),
+        },
+    },
+}
+
+
+def choose(api: str, outcome: Outcome, family: str,
+           overrides: Mapping[str, ErrorTable] = FAMILY_OVERRIDES) -> ErrorChoice:
+    family_cells = overrides.get(family, {}).get(api, {})
+    return family_cells.get(outcome) or BROKER_PARITY[api][outcome]

@@ -1,0 +1,87 @@
+"""Turn a coordinator's or a leader's answer into a verdict, with the coordinator's own rules.
+
+The transaction coordinator's VerifyOnly check (TransactionCoordinator.
+handleVerifyPartitionsInTransaction) is: unknown id or other producer id ->
+INVALID_PRODUCER_ID_MAPPING; other epoch -> PRODUCER_FENCED; PrepareCommit or
+PrepareAbort -> CONCURRENT_TRANSACTIONS; otherwise each partition passes only
+if it is in the transaction. DescribeTransactions gives the same facts to a
+principal with DESCRIBE on the transactional id, and we apply the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+
+TopicPartition = tuple[str, int]
+
+COORDINATOR_RETRIABLE_ERRORS = frozenset({
+    ErrorCode.not_coordinator, ErrorCode.coordinator_not_available, ErrorCode.coordinator_load_in_progress,
+    ErrorCode.network_exception, ErrorCode.request_timed_out,
+})
+PREPARING = frozenset({"PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+
+
+def error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return f"ERROR_{code}"
+
+
+def coordinator_unreachable(why: str) -> Verdict:
+    """No answer at all (network error, timeout): retriable, as NETWORK_EXCEPTION is for the broker."""
+    return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR, why, "NETWORK_EXCEPTION")
+
+
+def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, tp: TopicPartition) -> Verdict:
+    code = desc.error_code
+    if code != ErrorCode.none:
+        if code in COORDINATOR_RETRIABLE_ERRORS:
+            return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+                           f"coordinator answered {error_name(code)}", error_name(code))
+        if code == ErrorCode.transactional_id_not_found:
+            return Verdict(Outcome.PRODUCER_ID_MAPPING, Evidence.COORDINATOR, "the coordinator knows no such id")
+        if code == ErrorCode.transactional_id_authorization_failed:
+            # The broker maps its own CLUSTER_AUTHORIZATION_FAILED to INVALID_TXN_STATE: fail closed.
+            return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
+                           "the proxy may not DESCRIBE this transactional id")
+        return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+                       f"coordinator answered {error_name(code)}", error_name(code))
+    if desc.producer_id != producer_id:
+        return Verdict(Outcome.PRODUCER_ID_MAPPING, Evidence.COORDINATOR,
+                       f"the coordinator maps the id to producer {desc.producer_id}")
+    if desc.producer_epoch != epoch:
+        return Verdict(Outcome.FENCED, Evidence.COORDINATOR,
+                       f"the coordinator has epoch {desc.producer_epoch}, the write {epoch}")
+    if desc.state in PREPARING:
+        return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+                       f"transaction is in {desc.state}", "CONCURRENT_TRANSACTIONS")
+    if desc.state == "Ongoing" and tp in desc.partitions:
+        return passed(Evidence.COORDINATOR, f"Ongoing since {desc.start_time_ms}")
+    return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
+                   f"transaction is {desc.state} and {tp[0]}-{tp[1]} is not in it")
+
+
+def leader_has_open_transaction(partition_answer: Any, producer_id: int, epoch: int) -> bool:
+    """DescribeProducers on the leader: does this producer have an open transaction on the partition?
+
+    That is the broker's own test for "verified already in this transaction"
+    (UnifiedLog.hasOngoingTransaction: currentTxnFirstOffset is set, cleared by
+    the commit/abort marker).
+    """
+    if partition_answer.error_code != ErrorCode.none:
+        return False
+    return any(
+        int(p.producer_id) == producer_id and int(p.producer_epoch) == epoch and int(p.current_txn_start_offset) >= 0
+        for p in partition_answer.active_producers
+    )
+
+
+def group_partitions(desc: DescribedTransaction) -> Iterable[TopicPartition]:
+    return (tp for tp in desc.partitions if tp[0] == "__consumer_offsets")

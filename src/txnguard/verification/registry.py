@@ -1,0 +1,210 @@
+"""The transaction registry: what this proxy has seen of each transactional id.
+
+Pure: time arrives as `now_ms` in every call. Bounded: idle ids expire and the
+least recently seen id is evicted beyond `max_entries`.
+
+Each transactional id moves through a small state machine (the table below).
+A *generation* counts transactions of one id: old clients keep their producer
+epoch from one transaction to the next, so (producer id, epoch) alone cannot
+tell an old transaction's evidence from the new one's. Evidence belongs to a
+generation and ends with it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+
+TopicPartition = tuple[str, int]
+
+
+class Phase(enum.Enum):
+    EMPTY = "empty"        # InitProducerId answered; no partition added yet
+    ONGOING = "ongoing"    # at least one AddPartitionsToTxn/AddOffsetsToTxn succeeded
+    ENDED = "ended"        # EndTxn sent: the transaction's evidence is over
+
+
+class Event(enum.Enum):
+    INIT = "init_producer_id"
+    ADD = "added"
+    END = "end_txn"
+    TIMEOUT = "transaction_timeout"
+
+
+@dataclass(frozen=True)
+class Step:
+    phase: Phase
+    new_generation: bool  # forget partitions and groups; the next transaction starts
+
+
+# (phase, event) -> step. Anything missing keeps the phase.
+TRANSITIONS: dict[tuple[Phase, Event], Step] = {
+    (Phase.EMPTY, Event.INIT): Step(Phase.EMPTY, True),
+    (Phase.EMPTY, Event.ADD): Step(Phase.ONGOING, False),
+    (Phase.EMPTY, Event.END): Step(Phase.ENDED, True),
+    (Phase.ONGOING, Event.INIT): Step(Phase.EMPTY, True),
+    (Phase.ONGOING, Event.ADD): Step(Phase.ONGOING, False),
+    (Phase.ONGOING, Event.END): Step(Phase.ENDED, True),
+    (Phase.ONGOING, Event.TIMEOUT): Step(Phase.ENDED, True),
+    (Phase.ENDED, Event.INIT): Step(Phase.EMPTY, True),
+    (Phase.ENDED, Event.ADD): Step(Phase.ONGOING, True),
+    (Phase.ENDED, Event.END): Step(Phase.ENDED, False),
+}
+
+
+@dataclass
+class TxnRecord:
+    transactional_id: str
+    producer_id: int = -1
+    producer_epoch: int = -1
+    timeout_ms: int = 60000
+    phase: Phase = Phase.EMPTY
+    generation: int = 0
+    partitions: set[TopicPartition] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)
+    started_ms: int | None = None   # first add of the current generation
+    last_seen_ms: int = 0
+    # Coordinator evidence: (start time the coordinator reported, partitions, when we asked).
+    coordinator_start_ms: int | None = None
+    coordinator_seen_ms: int | None = None
+
+    def apply(self, event: Event, now_ms: int) -> None:
+        step = TRANSITIONS.get((self.phase, event), Step(self.phase, False))
+        if step.new_generation:
+            self.generation += 1
+            self.partitions.clear()
+            self.groups.clear()
+            self.started_ms = None
+            self.coordinator_start_ms = None
+            self.coordinator_seen_ms = None
+        if step.phase is Phase.ONGOING and self.started_ms is None:
+            self.started_ms = now_ms
+        self.phase = step.phase
+        self.last_seen_ms = now_ms
+
+
+@dataclass(frozen=True)
+class RegistryLimits:
+    max_entries: int = 100_000
+    idle_expiry_ms: int = 15 * 60 * 1000
+    # How long evidence not backed by an observed EndTxn may be trusted. A gateway sees
+    # a client's whole life cycle and trusts it until EndTxn (None). A sidecar does not
+    # see EndTxn for partitions led elsewhere, so its evidence must expire quickly.
+    evidence_ttl_ms: int | None = None
+
+
+class Registry:
+    def __init__(self, limits: RegistryLimits | None = None) -> None:
+        self.limits = limits or RegistryLimits()
+        self._records: OrderedDict[str, TxnRecord] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def get(self, transactional_id: str) -> TxnRecord | None:
+        return self._records.get(transactional_id)
+
+    def _touch(self, transactional_id: str, now_ms: int) -> TxnRecord:
+        rec = self._records.get(transactional_id)
+        if rec is None:
+            rec = TxnRecord(transactional_id, last_seen_ms=now_ms)
+            self._records[transactional_id] = rec
+            while len(self._records) > self.limits.max_entries:
+                self._records.popitem(last=False)
+        else:
+            self._records.move_to_end(transactional_id)
+        rec.last_seen_ms = now_ms
+        return rec
+
+    # -- what the proxy observed ---------------------------------------------------------------
+
+    def init_producer_id(self, txn_id: str, producer_id: int, epoch: int, timeout_ms: int, now_ms: int) -> None:
+        rec = self._touch(txn_id, now_ms)
+        rec.apply(Event.INIT, now_ms)
+        rec.producer_id, rec.producer_epoch, rec.timeout_ms = producer_id, epoch, timeout_ms
+
+    def added(self, txn_id: str, producer_id: int, epoch: int, now_ms: int, *,
+              partitions: Iterable[TopicPartition] = (), group: str | None = None) -> None:
+        """A successful AddPartitionsToTxn (the partitions that succeeded) or AddOffsetsToTxn (the group)."""
+        rec = self._touch(txn_id, now_ms)
+        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch):
+            # A producer we did not see initialise (another proxy, or a proxy restart):
+            # the coordinator accepted the add, so this is its current identity.
+            rec.apply(Event.INIT, now_ms)
+            rec.producer_id, rec.producer_epoch = producer_id, epoch
+        rec.apply(Event.ADD, now_ms)
+        rec.partitions.update(partitions)
+        if group is not None:
+            rec.groups.add(group)
+
+    def end_txn(self, txn_id: str, producer_id: int, epoch: int, now_ms: int) -> None:
+        rec = self._touch(txn_id, now_ms)
+        if (rec.producer_id, rec.producer_epoch) == (producer_id, epoch) or rec.producer_id < 0:
+            rec.producer_id, rec.producer_epoch = producer_id, epoch
+            rec.apply(Event.END, now_ms)
+
+    def coordinator_says_ongoing(self, txn_id: str, producer_id: int, epoch: int, start_ms: int,
+                                 partitions: set[TopicPartition], groups_partitions: set[TopicPartition],
+                                 now_ms: int) -> None:
+        """Remember a coordinator answer "Ongoing, these partitions" as evidence of one generation."""
+        rec = self._touch(txn_id, now_ms)
+        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or (
+            rec.coordinator_start_ms is not None and rec.coordinator_start_ms != start_ms
+        ):
+            rec.apply(Event.INIT, now_ms)  # a different transaction than the one we knew
+            rec.producer_id, rec.producer_epoch = producer_id, epoch
+        rec.apply(Event.ADD, now_ms)
+        rec.partitions.update(partitions | groups_partitions)
+        rec.coordinator_start_ms = start_ms
+        rec.coordinator_seen_ms = now_ms
+
+    def expire(self, now_ms: int) -> int:
+        """Drop idle ids and end transactions past their timeout; returns how many ids were dropped."""
+        dropped = 0
+        for txn_id in list(self._records):
+            rec = self._records[txn_id]
+            if now_ms - rec.last_seen_ms > self.limits.idle_expiry_ms:
+                del self._records[txn_id]
+                dropped += 1
+            elif rec.phase is Phase.ONGOING and rec.started_ms is not None \
+                    and now_ms - rec.started_ms > rec.timeout_ms:
+                # The coordinator aborts it; whatever we knew is no longer evidence.
+                rec.apply(Event.TIMEOUT, now_ms)
+        return dropped
+
+    # -- what the proxy can decide alone ---------------------------------------------------------
+
+    def local_verdict(self, txn_id: str, producer_id: int, epoch: int, tp: TopicPartition,
+                      now_ms: int, group: str | None = None) -> Verdict | None:
+        """A verdict from observed traffic, or None when someone must be asked.
+
+        `tp` is the partition written to; for TxnOffsetCommit it is the group's
+        __consumer_offsets partition and `group` the group id.
+        """
+        rec = self._records.get(txn_id)
+        if rec is None or rec.producer_id != producer_id:
+            return None
+        if epoch < rec.producer_epoch:
+            return Verdict(Outcome.FENCED, Evidence.LOCAL,
+                           f"epoch {epoch} is older than {rec.producer_epoch} from InitProducerId")
+        if epoch != rec.producer_epoch:
+            return None
+        if rec.phase is Phase.ENDED:
+            return Verdict(Outcome.LATE_WRITE, Evidence.LOCAL,
+                           "EndTxn was sent and no AddPartitionsToTxn followed")
+        added = tp in rec.partitions or (group is not None and group in rec.groups)
+        if rec.phase is Phase.ONGOING and added and self._fresh(rec, now_ms):
+            evidence = Evidence.CACHE if rec.coordinator_seen_ms is not None else Evidence.LOCAL
+            return passed(evidence, f"added in generation {rec.generation}")
+        return None
+
+    def _fresh(self, rec: TxnRecord, now_ms: int) -> bool:
+        ttl = self.limits.evidence_ttl_ms
+        if ttl is None:
+            return True
+        seen = rec.coordinator_seen_ms if rec.coordinator_seen_ms is not None else rec.last_seen_ms
+        return now_ms - seen <= ttl
