@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
+import io
 import json
 import os
 import platform
@@ -48,8 +50,8 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.types import TopicName
-from kio.serial import entity_reader
-from kio.static.primitive import i16, i32
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from txnguard.testing import kafka, raw
 from txnguard.testing.clients import java_command, java_producer_performance, run_tool
@@ -59,7 +61,8 @@ from txnguard.testing.proxy import ProxyProcess
 KAFKA_VERSION = "3.5.2"
 JAVA_CLIENT = "3.5.2"
 RECORD_SIZE = 1024
-OFFERED_RATE = 5000                 # records/s: ~5 MiB/s, which a 2-core machine sustains both ways
+OFFERED_RATE = 5000                 # records/s: ~5 MiB/s, which an idle 2-core machine sustains both ways
+SATURATED = 0.95                    # a direct run below this share of the offered rate: the machine did not keep up
 MIB = 1024 * 1024                   # ProducerPerformance's "MB" is a MiB; we use the same unit
 HOST = "127.0.0.1"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -76,16 +79,17 @@ TARGET_RSS_MIB = 200.0
 @dataclass(frozen=True)
 class Settings:
     mode: str
-    seconds_per_run: float          # ProducerPerformance run length at OFFERED_RATE
+    seconds_per_run: float          # ProducerPerformance run length at the offered rate
     pairs: int                      # direct+proxy pairs per measurement
     e2e_messages: int               # EndToEndLatency messages per run
     rtt_requests: int               # raw Produce round trips per run
     idle_connections: int = 5000
     open_concurrency: int = 200     # connections being opened at once (the proxy's backlog is 1024)
+    rate: int = OFFERED_RATE        # ProducerPerformance --throughput, records/s
 
     @property
     def records(self) -> int:
-        return int(OFFERED_RATE * self.seconds_per_run)
+        return int(self.rate * self.seconds_per_run)
 
 
 DEFAULT = Settings("default", seconds_per_run=15, pairs=3, e2e_messages=2000, rtt_requests=2000)
@@ -119,14 +123,27 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def host_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(values) - values[3] - values[4], sum(values)
+
+
 @contextlib.contextmanager
 def cpu_meter(pid: int) -> Iterator[dict[str, float]]:
-    """Proxy CPU seconds and wall seconds spent inside the block."""
+    """Proxy CPU seconds, wall seconds and how busy the whole machine was, inside the block.
+
+    The machine figure tells a clean run from one that shared its cores with
+    something else: on a busy host every latency here is mostly scheduling delay.
+    """
     out: dict[str, float] = {}
-    cpu0, t0 = proxy_cpu_s(pid), time.monotonic()
+    cpu0, t0, (busy0, total0) = proxy_cpu_s(pid), time.monotonic(), host_cpu_ticks()
     yield out
+    busy1, total1 = host_cpu_ticks()
     out["proxy_cpu_s"] = proxy_cpu_s(pid) - cpu0
     out["wall_s"] = time.monotonic() - t0
+    out["host_busy_pct"] = 100 * (busy1 - busy0) / max(1, total1 - total0)
 
 
 def scrape_metrics(admin: str) -> dict[str, float]:
@@ -170,6 +187,14 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def proxy_ports() -> tuple[int, int]:
     """(listen, admin). Gateway mode opens broker N's listener at listen + 1 + N, so node 1 needs listen + 2."""
     for _ in range(200):
@@ -188,10 +213,9 @@ def wait_ready(admin: str, broker_port: int, timeout_s: float = 30.0) -> None:
     """/readyz answers 200 once the proxy's own Metadata succeeded, which also opens broker 1's listener."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://{admin}/readyz", timeout=2) as r:
-                if r.status == 200 and kafka._port_open(HOST, broker_port):
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{admin}/readyz", timeout=2) as r:
+            if r.status == 200 and _accepts(broker_port):
+                return
         time.sleep(0.2)
     raise RuntimeError(f"proxy not ready within {timeout_s:.0f}s (admin {admin}, broker listener {broker_port})")
 
@@ -237,16 +261,17 @@ PERF_KEYS = ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p50_ms", "p99_m
              "proxy_cpu_s", "wall_s")
 
 
-def producer_perf_run(b: Bench, side: str, records: int) -> dict[str, Any]:
+def producer_perf_run(b: Bench, side: str, records: int, rate: int) -> dict[str, Any]:
     topic = b.topic("perf", side)
     before = scrape_metrics(b.admin)
     with cpu_meter(b.pid) as cpu:
         r = java_producer_performance(
-            b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=RECORD_SIZE, throughput=OFFERED_RATE,
-            timeout_s=4 * records / OFFERED_RATE + 60,
+            b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=RECORD_SIZE, throughput=rate,
+            timeout_s=4 * records / rate + 60,
         )
     # Every Kafka frame the proxy carried, both directions (0 for a direct run, bar its own Metadata).
-    frame_bytes = metric_sum(scrape_metrics(b.admin), "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")
+    after = scrape_metrics(b.admin)
+    frame_bytes = metric_sum(after, "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")
     payload_mib = r.records * RECORD_SIZE / MIB
     return {**asdict(r), **cpu, "side": side, "topic": topic, "payload_mib": payload_mib,
             "proxy_frame_mib": frame_bytes / MIB,
@@ -254,20 +279,26 @@ def producer_perf_run(b: Bench, side: str, records: int) -> dict[str, Any]:
 
 
 def producer_perf_phase(b: Bench, s: Settings) -> dict[str, Any]:
-    say(f"\n[1/4] ProducerPerformance: {s.records} x {RECORD_SIZE} B, acks=all, offered {OFFERED_RATE} records/s, "
+    say(f"\n[1/4] ProducerPerformance: {s.records} x {RECORD_SIZE} B, acks=all, offered {s.rate} records/s, "
         f"{s.pairs} pairs")
     # One short untimed run per side: JIT of broker and client, the proxy's first connections and caches.
     for side in SIDES:
-        producer_perf_run(b, side, OFFERED_RATE)
+        producer_perf_run(b, side, s.rate, s.rate)
     runs = []
     for i, side in alternating(s.pairs):
-        run = producer_perf_run(b, side, s.records)
+        run = producer_perf_run(b, side, s.records, s.rate)
         runs.append({**run, "pair": i})
         say(f"  pair {i} {side:6}: {run['records_per_sec']:8.1f} rec/s {run['mb_per_sec']:6.2f} MB/s  "
             f"avg {run['avg_latency_ms']:6.2f} ms p50 {run['p50_ms']} p99 {run['p99_ms']} max "
             f"{run['max_latency_ms']:.0f} ms  proxy CPU {run['proxy_cpu_s']:.2f} s "
-            f"({run['proxy_cpu_ms_per_mb']:.1f} ms/MB)")
-    return {"runs": runs, "median": medians(runs, (*PERF_KEYS, "proxy_cpu_ms_per_mb", "proxy_frame_mib"))}
+            f"({run['proxy_cpu_ms_per_mb']:.1f} ms/MB)  host busy {run['host_busy_pct']:.0f}%")
+    med = medians(runs, (*PERF_KEYS, "proxy_cpu_ms_per_mb", "proxy_frame_mib", "host_busy_pct"))
+    if med["direct"]["records_per_sec"] < SATURATED * s.rate:
+        # Then the client or broker is the bottleneck, records queue in the producer, and
+        # latencies are queueing time: the proxy comparison says little. Try a lower --rate.
+        say(f"  WARNING: direct runs reached {med['direct']['records_per_sec']:.0f} of {s.rate} records/s offered: "
+            "this machine did not sustain the rate, latencies below are queueing delay")
+    return {"runs": runs, "median": med}
 
 
 # -- 2. EndToEndLatency -----------------------------------------------------------------------------
@@ -296,7 +327,7 @@ def e2e_phase(b: Bench, s: Settings) -> dict[str, Any]:
         run = {**e2e_run(b, side, s.e2e_messages), "pair": i}
         runs.append(run)
         say(f"  pair {i} {side:6}: avg {run['avg_ms']:.3f} ms p50 {run['p50_ms']} p99 {run['p99_ms']} "
-            f"p99.9 {run['p999_ms']} ms")
+            f"p99.9 {run['p999_ms']} ms  host busy {run['host_busy_pct']:.0f}%")
     return {"runs": runs, "median": medians(runs, ("avg_ms", "p50_ms", "p99_ms", "p999_ms"))}
 
 
@@ -304,9 +335,9 @@ def e2e_phase(b: Bench, s: Settings) -> dict[str, Any]:
 
 
 def _produce_frames(client: raw.RawClient, topic: str, n: int) -> list[bytes]:
-    batch = raw.build_batch([b"x" * RECORD_SIZE])
+    batch = Records.parse(raw.build_batch([b"x" * RECORD_SIZE]))
     request = ProduceRequest(
-        transactional_id=None, acks=i16(-1), timeout=datetime.timedelta(seconds=30),
+        transactional_id=None, acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
         topic_data=(TopicProduceData(name=TopicName(topic),
                                      partition_data=(PartitionProduceData(index=i32(0), records=batch),)),),
     )
@@ -319,7 +350,7 @@ def _produce_errors(responses: list[bytes]) -> Counter[str]:
     errors: Counter[str] = Counter()
     for frame in responses:
         _, used = entity_reader(cls.__header_schema__)(frame, 0)
-        body, _ = entity_reader(cls)(frame, used)
+        body: Any = entity_reader(cls)(frame, used)[0]  # a ProduceResponse v9
         for p in body.responses[0].partition_responses:
             if p.error_code != ErrorCode.none:
                 errors[p.error_code.name] += 1
@@ -329,7 +360,7 @@ def _produce_errors(responses: list[bytes]) -> Counter[str]:
 def rtt_run(b: Bench, side: str, n: int, warmup: int = 50) -> dict[str, Any]:
     topic = b.topic("rtt", side)
     _, host, port = raw.leader_of(b.bootstrap(side), topic, 0)  # through the proxy: its broker listener
-    with raw.RawClient(host, port, client_id="txnguard-bench") as c:
+    with raw.RawClient(host, port, client_id="txnguard-bench") as c, cpu_meter(b.pid) as cpu:
         frames = _produce_frames(c, topic, n + warmup)
         micros: list[float] = []
         responses: list[bytes] = []
@@ -345,7 +376,7 @@ def rtt_run(b: Bench, side: str, n: int, warmup: int = 50) -> dict[str, Any]:
     timed = sorted(micros[warmup:])
     return {"side": side, "topic": topic, "address": f"{host}:{port}", "requests": n,
             "p50_us": statistics.median(timed), "p99_us": timed[int(0.99 * (len(timed) - 1))],
-            "mean_us": statistics.fmean(timed)}
+            "mean_us": statistics.fmean(timed), **cpu}
 
 
 def rtt_phase(b: Bench, s: Settings) -> dict[str, Any]:
@@ -356,7 +387,7 @@ def rtt_phase(b: Bench, s: Settings) -> dict[str, Any]:
         run = {**rtt_run(b, side, s.rtt_requests), "pair": i}
         runs.append(run)
         say(f"  pair {i} {side:6}: p50 {run['p50_us']:.0f} us p99 {run['p99_us']:.0f} us "
-            f"mean {run['mean_us']:.0f} us")
+            f"mean {run['mean_us']:.0f} us  host busy {run['host_busy_pct']:.0f}%")
     return {"runs": runs, "median": medians(runs, ("p50_us", "p99_us", "mean_us"))}
 
 
@@ -364,12 +395,19 @@ def rtt_phase(b: Bench, s: Settings) -> dict[str, Any]:
 
 
 def _api_versions_frame() -> bytes:
-    # What every Java client sends first. The proxy can only answer after its broker
-    # connection is up, so an answer proves both sockets of the session exist.
-    with raw.RawClient.__new__(raw.RawClient) as encoder:  # encode() uses no socket
-        encoder.client_id = "txnguard-bench-idle"
-        return encoder.encode(ApiVersionsRequest(client_software_name="txnguard-bench",
-                                                 client_software_version="1.0"), 1)
+    """ApiVersions v3, correlation id 1: what every Java client sends first.
+
+    The proxy reads nothing from a client until its broker connection is up, so an
+    answer proves both sockets of the session exist.
+    """
+    request = ApiVersionsRequest(client_software_name="txnguard-bench", client_software_version="1.0")
+    header_cls = request.__header_schema__
+    header = header_cls(request_api_key=i16(18), request_api_version=i16(3), correlation_id=i32(1),
+                        client_id="txnguard-bench-idle")
+    buf = io.BytesIO()
+    entity_writer(header_cls)(buf, header)
+    entity_writer(ApiVersionsRequest)(buf, request)
+    return struct.pack(">i", buf.tell()) + buf.getvalue()
 
 
 async def _open_idle(port: int, frame: bytes, timeout_s: float) -> asyncio.StreamWriter:
@@ -425,10 +463,11 @@ def _wait_active(admin: str, predicate: Callable[[float], bool], timeout_s: floa
 
 async def _idle_connections(b: Bench, s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {"rss_before_kib": proxy_rss_kib(b.pid), "fds_before": open_fds(b.pid)}
-    t0 = time.monotonic()
-    writers, failures = await _open_many(b.listen, s.idle_connections, s.open_concurrency)
+    with cpu_meter(b.pid) as cpu:
+        writers, failures = await _open_many(b.listen, s.idle_connections, s.open_concurrency)
     try:
-        out.update(opened=len(writers), failures=dict(failures), open_s=time.monotonic() - t0)
+        out.update(opened=len(writers), failures=dict(failures), open_s=cpu["wall_s"],
+                   open_proxy_cpu_s=cpu["proxy_cpu_s"], open_host_busy_pct=cpu["host_busy_pct"])
         await asyncio.sleep(2.0)  # let the proxy settle (buffers freed, timers run) before reading memory
         out.update(rss_after_kib=proxy_rss_kib(b.pid), fds_after=open_fds(b.pid),
                    active_reported=metric_sum(scrape_metrics(b.admin), "txnguard_connections_active"))
@@ -444,7 +483,8 @@ async def _idle_connections(b: Bench, s: Settings) -> dict[str, Any]:
 def idle_phase(b: Bench, s: Settings) -> dict[str, Any]:
     say(f"\n[4/4] idle connections: {s.idle_connections} clients on the bootstrap listener, one ApiVersions each")
     out = asyncio.run(_idle_connections(b, s))
-    say(f"  opened {out['opened']} in {out['open_s']:.1f} s, failures {out['failures'] or 'none'}; "
+    say(f"  opened {out['opened']} in {out['open_s']:.1f} s (proxy CPU {out['open_proxy_cpu_s']:.2f} s, "
+        f"host busy {out['open_host_busy_pct']:.0f}%), failures {out['failures'] or 'none'}; "
         f"proxy reports {out['active_reported']:.0f} active, fds {out['fds_before']} -> {out['fds_after']}")
     say(f"  proxy RSS {out['rss_before_kib'] / 1024:.1f} MiB -> {out['rss_after_kib'] / 1024:.1f} MiB "
         f"({out['kib_per_connection']:.1f} KiB per connection); after closing all: "
@@ -524,6 +564,7 @@ def summary_rows(perf: dict[str, Any], e2e: dict[str, Any], rtt: dict[str, Any],
         Row("Proxy CPU per MB produced (ms/MB)", None, pp["proxy_cpu_ms_per_mb"], None, "",
             f"<= {TARGET_CPU_MS_PER_MB:g} ms/MB", pp["proxy_cpu_ms_per_mb"] <= TARGET_CPU_MS_PER_MB),
         Row("Proxy CPU during proxied run (% of a core)", None, cpu_share, None, "", "", None),
+        Row("Machine busy during ProducerPerf (%)", pd["host_busy_pct"], pp["host_busy_pct"], None, "", "", None),
         _diff_row("EndToEnd latency avg (ms)", ed["avg_ms"], ep["avg_ms"]),
         _diff_row("EndToEnd latency p50 (ms, whole ms)", ed["p50_ms"], ep["p50_ms"], TARGET_ADDED_P50_MS),
         _diff_row("EndToEnd latency p99 (ms, whole ms)", ed["p99_ms"], ep["p99_ms"], TARGET_ADDED_P99_MS),
@@ -628,13 +669,17 @@ def _sigterm(_signum: int, _frame: object) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="~3 s runs, 2 pairs: about 2 minutes in all")
-    s = QUICK if parser.parse_args().quick else DEFAULT
+    parser.add_argument("--rate", type=int, default=OFFERED_RATE,
+                        help=f"ProducerPerformance offered rate in records/s (default {OFFERED_RATE}); "
+                             "lower it if the direct runs do not reach it")
+    args = parser.parse_args()
+    s = dataclasses.replace(QUICK if args.quick else DEFAULT, rate=args.rate)
     signal.signal(signal.SIGTERM, _sigterm)
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     soft, hard = raise_fd_limit()
     result: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(), "settings": asdict(s),
-        "record_size": RECORD_SIZE, "offered_rate": OFFERED_RATE, "kafka": KAFKA_VERSION, "java_client": JAVA_CLIENT,
+        "record_size": RECORD_SIZE, "kafka": KAFKA_VERSION, "java_client": JAVA_CLIENT,
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": sys.version.split()[0],
                     "nofile": [soft, hard], "loadavg_at_start": os.getloadavg()},
     }
@@ -650,11 +695,15 @@ def main() -> int:
     finally:
         stop(b, tmp / "kafka")
         result["elapsed_s"] = time.monotonic() - t0
+        result["machine"]["loadavg_at_end"] = os.getloadavg()
         if proxy_log.exists():
-            report(result, stamp, proxy_log) if "table" in result else shutil.copyfile(
-                proxy_log, _failed_log(stamp))
+            if "table" in result:
+                report(result, stamp, proxy_log)
+            else:
+                shutil.copyfile(proxy_log, _failed_log(stamp))  # the evidence of what went wrong
         shutil.rmtree(tmp, ignore_errors=True)
-    say(f"total {result['elapsed_s']:.0f} s")
+    say(f"total {result['elapsed_s']:.0f} s; load average at start {result['machine']['loadavg_at_start'][0]:.2f}, "
+        f"at end {result['machine']['loadavg_at_end'][0]:.2f} on {os.cpu_count()} CPUs")
     return 0
 
 

@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             from txnguard.proxy.main import run
 
-            run(_proxy_config(args))
+            run(_proxy_config(args), args.config)
             return 0
     except ConfigError as e:
         print(f"txnguard: configuration error: {e}", file=sys.stderr)

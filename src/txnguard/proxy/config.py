@@ -64,6 +64,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Verification:
+    enabled: bool = True
+    leader_evidence: bool = True     # ask the partition leader (DescribeProducers) before the coordinator
+    timeout_s: float = 5.0           # bound on one verification's waits
+    evidence_ttl_ms: int | None = None  # None: until EndTxn (gateway); sidecars set a small bound
+    registry_max_entries: int = 100_000
+    registry_idle_expiry_s: float = 900.0
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     mode: str = "gateway"                               # gateway | sidecar
     listen: HostPort = HostPort("127.0.0.1", 9192)      # the bootstrap listener
@@ -81,6 +91,9 @@ class ProxyConfig:
     metadata_refresh_s: float = 10.0
     ready_max_metadata_age_s: float = 30.0
     log_level: str = "info"
+    verification: Verification = field(default_factory=Verification)
+    audit_path: str | None = None                       # JSON lines; "-" for stdout
+    policy: Mapping[str, Any] = field(default_factory=dict)  # see txnguard.policies.policy
 
     @property
     def advertised(self) -> str:
@@ -212,8 +225,42 @@ def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one bra
             kw[key] = None if v is None else _dataclass_from(key, UpstreamTls, v if v is not True else {})
         elif key == "limits":
             kw[key] = _dataclass_from(key, Limits, v)
+        elif key == "verification":
+            kw[key] = _verification(v)
+        elif key == "audit_path":
+            if v is not None and not isinstance(v, str):
+                raise ConfigError(f"{key}: {v!r} is not a file path or -")
+            kw[key] = v
+        elif key == "policy":
+            kw[key] = _policy(v)
     cfg = ProxyConfig(**kw)
     return validate(cfg)
+
+
+def _verification(raw: Any) -> Verification:
+    if isinstance(raw, Mapping) and raw.get("evidence_ttl_ms") is not None:
+        ttl = raw["evidence_ttl_ms"]
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
+            raise ConfigError(f"verification.evidence_ttl_ms: {ttl!r} is not a non-negative integer")
+        rest: Verification = _dataclass_from(
+            "verification", Verification, {k: v for k, v in raw.items() if k != "evidence_ttl_ms"})
+        return dataclasses.replace(rest, evidence_ttl_ms=ttl)
+    result: Verification = _dataclass_from("verification", Verification, raw)
+    return result
+
+
+def _policy(raw: Any) -> Mapping[str, Any]:
+    from txnguard.policies.policy import PolicyError, policy_from_config
+
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"policy: {raw!r} is not a mapping")
+    try:
+        policy_from_config(raw)  # validate now; the proxy builds it again on start and SIGHUP
+    except PolicyError as e:
+        raise ConfigError(str(e)) from None
+    return dict(raw)
 
 
 def validate(cfg: ProxyConfig) -> ProxyConfig:

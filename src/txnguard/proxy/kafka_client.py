@@ -72,12 +72,8 @@ class BrokerConnection(asyncio.Protocol):
             if want != correlation_id:
                 self._fail(UpstreamError(f"response {correlation_id} arrived for request {want}"))
                 return
-            if fut.done():
-                continue
-            try:
-                fut.set_result(schemas.decode_response(body, api_key, api_version)[1])
-            except CodecError as e:
-                fut.set_exception(e)
+            if not fut.done():
+                fut.set_result((api_key, api_version, body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(UpstreamError(f"broker closed the connection: {exc!r}"))
@@ -100,6 +96,12 @@ class BrokerConnection(asyncio.Protocol):
         return not self.closed.done()
 
     async def request(self, payload: Any, timeout: float = 10.0) -> Any:
+        """Send one request; return kio's decoded response body."""
+        api_key, api_version, body = await self.request_raw(payload, timeout)
+        return schemas.decode_response(body, api_key, api_version)[1]
+
+    async def request_raw(self, payload: Any, timeout: float = 10.0) -> tuple[int, int, memoryview]:
+        """Send one request; return (api key, version, response frame without its length)."""
         if not self.is_open or self._transport is None:
             raise UpstreamError("connection is closed")
         correlation_id = next(self._ids)

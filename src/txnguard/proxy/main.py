@@ -6,38 +6,49 @@ import asyncio
 import signal
 from typing import Any
 
-from txnguard.proxy import logs
+from txnguard.proxy import config, logs
 from txnguard.proxy.admin import AdminServer
 from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.server import Proxy
 
 
-async def serve(config: ProxyConfig, ready: Any = None) -> None:
-    proxy = Proxy(config)
+def _reload(proxy: Proxy, path: str) -> None:
+    """SIGHUP: re-read the file's policy section; a broken file keeps the running policy."""
+    try:
+        fresh = config.load(path)
+        proxy.reload_policy(fresh.policy)
+    except (config.ConfigError, ValueError) as e:
+        proxy.log.error("policy_reload_failed", path=path, error=str(e))
+
+
+async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = None) -> None:
+    proxy = Proxy(cfg)
     await proxy.start()
-    admin = AdminServer(proxy, config.admin) if config.admin else None
+    admin = AdminServer(proxy, cfg.admin) if cfg.admin else None
     if admin is not None:
         await admin.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"txnguard {config.mode} listening on {proxy.bootstrap_address} "
-          f"(upstream {','.join(str(u) for u in config.upstream)})", flush=True)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, lambda: _reload(proxy, config_path))
+    print(f"txnguard {cfg.mode} listening on {proxy.bootstrap_address} "
+          f"(upstream {','.join(str(u) for u in cfg.upstream)})", flush=True)
     if ready is not None:
         ready(proxy, admin)
     await stop.wait()
-    proxy.log.info("draining", deadline_s=config.limits.drain_timeout_s)
+    proxy.log.info("draining", deadline_s=cfg.limits.drain_timeout_s)
     await proxy.drain_and_stop()
     if admin is not None:
         await admin.stop()
 
 
-def run(config: ProxyConfig) -> None:
-    logs.configure(config.log_level)
+def run(cfg: ProxyConfig, config_path: str | None = None) -> None:
+    logs.configure(cfg.log_level)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
-        asyncio.run(serve(config))
+        asyncio.run(serve(cfg, config_path=config_path))
         return
-    uvloop.run(serve(config))
+    uvloop.run(serve(cfg, config_path=config_path))

@@ -53,6 +53,28 @@ class ProxyMetrics:
         self.metadata_age = Gauge(
             "txnguard_metadata_age_seconds", "Seconds since the proxy's own Metadata request last succeeded",
             registry=r)
+        # KIP-890's VerificationTimeMs and VerificationFailureRate, Prometheus-style.
+        self.verification_time = Histogram(
+            "txnguard_verification_time_ms", "VerificationTimeMs: start of a verification to its decision, "
+            "coordinator round trips included, by evidence path", ["evidence"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+            registry=r)
+        self.verification_failures = Counter(
+            "txnguard_verification_failures", "VerificationFailureRate (use rate()): failed partition "
+            "verifications by reason", ["reason"], registry=r)
+        self.verifications = Counter(
+            "txnguard_verifications", "Partition verifications by evidence, outcome and what happened to the write",
+            ["evidence", "outcome", "decision"], registry=r)
+        self.coordinator_requests = Counter(
+            "txnguard_coordinator_requests", "The proxy's own verification requests, by API", ["api"], registry=r)
+        self.coordinator_batch = Histogram(
+            "txnguard_coordinator_batch_size", "Questions batched into one verification request", ["api"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.error_rewrites = Counter(
+            "txnguard_error_rewrites", "Errors the proxy sent instead of a broker answer",
+            ["api", "from_error", "to_error", "client_family"], registry=r)
+        self.registry_size = Gauge(
+            "txnguard_registry_transactional_ids", "Transactional ids in the transaction registry", registry=r)
         self._frames: dict[tuple[int, str], tuple[Counter, Counter]] = {}
         self._rtt: dict[int, Histogram] = {}
 

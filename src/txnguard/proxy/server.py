@@ -25,8 +25,10 @@ from kio.schema.metadata.v9.request import MetadataRequest
 
 from txnguard.codecs import addresses
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
+from txnguard.policies.policy import policy_from_config
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig
+from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.session import ClientProtocol, Session
@@ -76,6 +78,8 @@ class Proxy:
                                             max_version=dict(config.api_max_versions))
         self.server_ssl = server_ssl_context(config)
         self.upstream_ssl = upstream_ssl_context(config)
+        self.policy = policy_from_config(config.policy)
+        self.guard = TransactionGuard(config, self.metrics, self.policy, self.upstream_ssl)
         self.listeners: dict[int | None, Listener] = {}
         self.sessions: set[Session] = set()
         self.brokers: dict[int, HostPort] = {}          # node id -> the broker's real address
@@ -129,7 +133,17 @@ class Proxy:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        await self.guard.close()
         self.log.info("proxy_stopped")
+
+    def reload_policy(self, raw: Any) -> None:
+        """SIGHUP: swap the policy object; connections and the registry stay."""
+        self.policy = policy_from_config(raw)
+        self.guard.policy = self.policy
+        for s in self.sessions:
+            s.forget_family()
+        self.log.info("policy_reloaded", mode=self.policy.enforcement.default.value,
+                      rules=len(self.policy.enforcement.rules))
 
     # -- listeners --------------------------------------------------------------------------------
 
@@ -342,4 +356,5 @@ class Proxy:
                 self.metrics.metadata_age.set(now - self.last_metadata_ok)
             for s in list(self.sessions):
                 s.check_timers(now)
+            self.guard.housekeeping()
 

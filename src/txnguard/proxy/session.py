@@ -14,7 +14,8 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -22,28 +23,33 @@ from txnguard.codecs import addresses, api_versions, schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import (
+    RequestHead,
     peek_client_id,
     peek_correlation_id,
     peek_request,
     produce_acks_and_txn_id_null,
 )
+from txnguard.codecs.produce import merged_produce_response
 from txnguard.codecs.synthesis import api_versions_unsupported
 from txnguard.proxy import logs
+from txnguard.proxy.config import HostPort
+from txnguard.proxy.guard import OBSERVED, TXN_OFFSET_COMMIT_KEY, Decision
 from txnguard.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER
 
 if TYPE_CHECKING:
     from txnguard.proxy.server import Listener, Proxy
 
 PRODUCE, API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 0, 18, 17, 36
+TXN_OFFSET_COMMIT = TXN_OFFSET_COMMIT_KEY
 
 # What to do with a response before it goes back to the client.
-PASS, REWRITE_API_VERSIONS, REWRITE_ADDRESSES, SASL_HANDSHAKE_DONE, SASL_AUTH_DONE = range(5)
+PASS, REWRITE_API_VERSIONS, REWRITE_ADDRESSES, SASL_HANDSHAKE_DONE, SASL_AUTH_DONE, OBSERVE, MERGE_PRODUCE = range(7)
 
 _ids = itertools.count(1)
 
 
 class InFlight:
-    __slots__ = ("action", "api_key", "api_version", "correlation_id", "response", "sent_at")
+    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "response", "sent_at")
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, action: int, sent_at: float) -> None:
         self.correlation_id = correlation_id
@@ -52,6 +58,7 @@ class InFlight:
         self.action = action
         self.sent_at = sent_at
         self.response: bytes | memoryview | None = None
+        self.context: Any = None  # the decoded request, for responses the guard watches or merges
 
 
 class ClientProtocol(asyncio.Protocol):
@@ -114,10 +121,30 @@ class Session:
         self.draining = False
         self.closed = False
         self.client_id: str | None = None
+        self.software_name: str | None = None
+        self.software_version: str | None = None
+        self._family: str | None = None
+        self.upstream_address: HostPort | None = None
+        # A request waiting for verification holds every later request of the connection:
+        # the broker must see them in the order the client sent them.
+        self._holding = False
+        self._held: list[memoryview] = []
         self.last_activity = time.monotonic()
         self.partial_since: float | None = None
         self._upstream_task: asyncio.Task[None] | None = None
         self._early: list[bytes] = []
+        self._checks: set[asyncio.Task[Decision]] = set()
+
+    @property
+    def client_family(self) -> str:
+        if self._family is None:
+            self._family = self.proxy.policy.family(self.software_name, self.client_id, self.listener.name)
+            self.log = self.log.bind(client_family=self._family)
+        return self._family
+
+    def forget_family(self) -> None:
+        """A new policy may classify the client differently."""
+        self._family = None
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -139,6 +166,7 @@ class Session:
             transport.close()
             return
         self.upstream = transport
+        self.upstream_address = target
         transport.set_write_buffer_limits(self.limits.high_water_bytes, self.limits.low_water_bytes)
         self.log = self.log.bind(broker=str(target))
         self.log.debug("upstream_connected")
@@ -162,6 +190,8 @@ class Session:
             self.upstream.close()
         if self._upstream_task is not None and not self._upstream_task.done():
             self._upstream_task.cancel()
+        for task in list(self._checks):
+            task.cancel()
         self.proxy.session_closed(self)
 
     def drain(self) -> None:
@@ -207,10 +237,15 @@ class Session:
             self.close(e.reason, str(e), level="warning")
             return
         self.partial_since = (self.partial_since or self.last_activity) if self.requests.buffered else None
-        if not frames:
-            return
+        if frames:
+            self._process(frames)
+
+    def _process(self, frames: list[memoryview]) -> None:
         out: list[memoryview | bytes] = []
-        for frame in frames:
+        for i, frame in enumerate(frames):
+            if self._holding:
+                self._held.extend(frames[i:])
+                break
             try:
                 forward = self._request(frame)
             except CodecError as e:
@@ -243,12 +278,21 @@ class Session:
             self.client_id = peek_client_id(body) or ""
             self.log = self.log.bind(client_id=self.client_id)
         action = PASS
+        guard = self.proxy.guard
         if key == PRODUCE:
-            acks, _ = produce_acks_and_txn_id_null(body, head)
+            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
+            if not txn_id_null and guard.wants(key, version):
+                self._check(frame, head, guard.check_produce(self, frame, version), expect_response=acks != 0)
+                return False
             if acks == 0:
                 return True  # no response will come: never enters the queue
             if addresses.carries_addresses(key, version):
                 action = REWRITE_ADDRESSES
+        elif key in OBSERVED:
+            action = OBSERVE
+        elif key == TXN_OFFSET_COMMIT and guard.wants(key, version):
+            self._check(frame, head, guard.check_txn_offset_commit(self, frame, version), expect_response=True)
+            return False
         elif key == API_VERSIONS:
             if version > api_versions.proxy_api_versions_range()[1]:
                 # A broker answers a too-new ApiVersions with v0 and UNSUPPORTED_VERSION (KIP-511).
@@ -264,11 +308,60 @@ class Session:
         elif key == SASL_AUTHENTICATE:
             action = SASL_AUTH_DONE
         entry = InFlight(head.correlation_id, key, version, action, time.monotonic())
+        if action == OBSERVE:
+            entry.context = guard.observe_request(key, version, body)
         self._order.append(entry)
         self._forwarded.append(entry)
         if self.proxy.debug:
             self.log.debug("request", api=schemas.api_name(key), version=version, correlation_id=head.correlation_id)
         return True
+
+    def _check(self, frame: memoryview, head: RequestHead, check: Coroutine[Any, Any, Decision],
+               expect_response: bool) -> None:
+        """Hold the connection while a write is verified, then forward, reduce or answer it."""
+        entry = InFlight(head.correlation_id, head.api_key, head.api_version, PASS, time.monotonic())
+        if expect_response:
+            self._order.append(entry)
+        self._holding = True
+        self.pause_reading("client", "verification")
+        task = asyncio.get_running_loop().create_task(check)
+        task.add_done_callback(lambda t: self._decided(t, entry, frame, expect_response))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    def _decided(self, task: asyncio.Task[Decision], entry: InFlight, frame: memoryview,
+                 expect_response: bool) -> None:
+        if self.closed:
+            return
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            reason = getattr(error, "reason", "verification_error")
+            self.log.error("verification_error", error=repr(error), api=schemas.api_name(entry.api_key))
+            self.close(reason, f"verifying a request failed: {error!r}", level="warning")
+            return
+        decision = task.result()
+        if decision.forward is None:
+            if expect_response:
+                entry.response = decision.local_response
+                self.metrics.local_responses.labels(schemas.api_name(entry.api_key), "verification").inc()
+        else:
+            entry.sent_at = time.monotonic()
+            if decision.rejections:
+                entry.action, entry.context = MERGE_PRODUCE, decision
+            elif addresses.carries_addresses(entry.api_key, entry.api_version):
+                entry.action = REWRITE_ADDRESSES
+            if expect_response:
+                self._forwarded.append(entry)
+            self._to_upstream(decision.forward)
+        self._holding = False
+        self.resume_reading("client", "verification")
+        held, self._held = self._held, []
+        if held:
+            self._process(held)
+        else:
+            self._flush()
 
     def _note_client_software(self, body: memoryview, version: int) -> None:
         if version < 3:
@@ -277,6 +370,9 @@ class Session:
             _, req = schemas.decode_request(body)
         except CodecError:
             return  # the broker will judge the request; we only wanted names for the logs
+        self.software_name = str(req.client_software_name)
+        self.software_version = str(req.client_software_version)
+        self._family = None
         self.log = self.log.bind(client_software=req.client_software_name,
                                  client_software_version=req.client_software_version)
 
@@ -322,6 +418,11 @@ class Session:
             entry.response = self._rewrite_addresses(entry, frame)
         elif entry.action == REWRITE_API_VERSIONS:
             entry.response = self._rewrite_api_versions(entry, frame)
+        elif entry.action == OBSERVE:
+            entry.response = frame
+            self.proxy.guard.observe_response(entry.api_key, entry.api_version, entry.context, frame)
+        elif entry.action == MERGE_PRODUCE:
+            entry.response = self._merge_produce(entry, frame)
         else:
             entry.response = frame
             self._sasl_progress(entry, body)
@@ -334,6 +435,15 @@ class Session:
             return frame
         self.metrics.rewrites.labels(schemas.api_name(entry.api_key), "addresses").inc()
         return schemas.encode(header, new)
+
+    def _merge_produce(self, entry: InFlight, frame: memoryview) -> bytes:
+        """The broker's answer for the forwarded partitions plus the proxy's rejections, in request order."""
+        decision: Decision = entry.context
+        header, broker = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
+        merged = merged_produce_response(decision.request, decision.api_version, broker, decision.rejections)
+        if addresses.carries_addresses(entry.api_key, entry.api_version):
+            merged = addresses.rewrite_addresses(entry.api_key, merged, self.proxy.client_address_for)
+        return schemas.encode(header, merged)
 
     def _rewrite_api_versions(self, entry: InFlight, frame: memoryview) -> bytes | memoryview:
         body = frame[4:]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -203,6 +204,219 @@ class CommittedConsumer(Protocol):
         ...
 
 
+class PlainProducer(Protocol):
+    name: str
+
+    def produce(
+        self, bootstrap_servers: str, topic: str, values: Sequence[bytes], *, partition: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Plain (non-transactional) produce with acks=all; raises unless every value was acknowledged."""
+        ...
+
+
+def copy_of(value: bytes) -> bytes:
+    """What a consume-transform-produce copier writes for each value it reads."""
+    return b"copy-of-" + value
+
+
+@dataclass(frozen=True)
+class CopiedTransaction:
+    committed: bool
+    records: dict[int, int]  # output partition -> records this transaction wrote there
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    transactions: list[CopiedTransaction]
+
+    @property
+    def committed_records(self) -> int:
+        return sum(sum(t.records.values()) for t in self.transactions if t.committed)
+
+    @property
+    def aborted_records(self) -> int:
+        return sum(sum(t.records.values()) for t in self.transactions if not t.committed)
+
+    @property
+    def markers(self) -> int:
+        """Control records in the output: one per partition a transaction wrote to, committed or aborted."""
+        return sum(len(t.records) for t in self.transactions)
+
+
+class TransactionalCopier(Protocol):
+    name: str
+
+    def copy_transactionally(
+        self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int,
+        *, batch_size: int = 50, abort_first: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> CopyResult:
+        """Consume-transform-produce, exactly once.
+
+        Read `count` records of `source` as a member of `group_id` (subscribe,
+        read_committed, no auto commit), and per polled batch: begin, write
+        copy_of(value) to the same partition of `sink`, send the consumed offsets
+        to the transaction (send_offsets_to_transaction), commit. With
+        `abort_first`, the first batch's transaction is aborted after its records
+        were acknowledged and its offsets sent, and the consumer seeks back to
+        copy that batch again.
+        """
+        ...
+
+    def committed_offsets(
+        self, bootstrap_servers: str, group_id: str, topic: str, partitions: Sequence[int] | None = None,
+        *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> dict[int, int | None]:
+        """The group's committed offset per partition (None: nothing committed), fetched by a fresh consumer."""
+        ...
+
+
+@dataclass(frozen=True)
+class PartitionDescription:
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    partitions: dict[int, PartitionDescription]
+
+    @property
+    def fully_led(self) -> bool:
+        return bool(self.partitions) and all(p.leader >= 0 for p in self.partitions.values())
+
+
+class AdminClient(Protocol):
+    name: str
+
+    def create_topic(
+        self, bootstrap_servers: str, name: str, partitions: int, replication_factor: int,
+        *, configs: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """CreateTopics, then wait until this client's own metadata shows a leader for every partition."""
+        ...
+
+    def describe_topic(self, bootstrap_servers: str, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                       ) -> TopicDescription:
+        """Partitions with leader, replicas and ISR; raises ClientError for an unknown topic."""
+        ...
+
+    def describe_cluster(self, bootstrap_servers: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                         ) -> dict[int, tuple[str, int]]:
+        """Broker id -> the (host, port) the cluster told this client to use for that broker."""
+        ...
+
+
+def _wait_led(describe: Callable[[], TopicDescription | None], name: str, partitions: int, timeout_s: float,
+              who: str) -> None:
+    """Poll `describe` (None: not visible yet) until every partition of a new topic has a leader."""
+    deadline = time.monotonic() + timeout_s
+    last: TopicDescription | None = None
+    while True:
+        last = describe()
+        if last is not None and len(last.partitions) == partitions and last.fully_led:
+            return
+        if time.monotonic() > deadline:
+            raise ClientError(f"{who}: topic {name} not led within {timeout_s:.0f}s: {last}")
+        time.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class ConsumedRecord:
+    partition: int
+    offset: int
+    value: bytes
+
+
+class GroupMember:
+    """One member of a consumer group, polling in its own thread until stopped.
+
+    It subscribes with the client's eager assignors, auto-commits every 500 ms
+    and heartbeats every 500 ms (so a join by another member is noticed
+    quickly). The test thread reads what the member is assigned now, every
+    distinct assignment it has had, and every record it has read. Subclasses
+    implement `_consume` for one client family; it must call `_seen` after every
+    poll and return once `_stopping` is set.
+    """
+
+    name = "group-member"
+    POLL_S = 0.2
+    SESSION_TIMEOUT_MS = 10000
+    HEARTBEAT_MS = 500
+    AUTO_COMMIT_MS = 500
+
+    def __init__(self, bootstrap_servers: str, topic: str, group_id: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.group_id = group_id
+        self._lock = threading.Lock()
+        self._assigned: frozenset[int] = frozenset()
+        self._history: list[frozenset[int]] = []
+        self._records: list[ConsumedRecord] = []
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> GroupMember:
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-member", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Leave the group (the client's close) and wait for the thread; raises if the member failed."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise ClientError(f"{self.name} group member did not stop within {timeout_s:.0f}s")
+        self._check()
+
+    def assignment(self) -> frozenset[int]:
+        self._check()
+        with self._lock:
+            return self._assigned
+
+    def assignments(self) -> list[frozenset[int]]:
+        with self._lock:
+            return list(self._history)
+
+    def records(self) -> list[ConsumedRecord]:
+        self._check()
+        with self._lock:
+            return list(self._records)
+
+    def _run(self) -> None:
+        try:
+            self._consume()
+        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+            self._error = e
+
+    def _consume(self) -> None:
+        raise NotImplementedError
+
+    def _seen(self, assigned: Iterable[int], records: Iterable[ConsumedRecord]) -> None:
+        now = frozenset(assigned)
+        with self._lock:
+            if now != self._assigned or not self._history:
+                self._history.append(now)
+            self._assigned = now
+            self._records.extend(records)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise ClientError(f"{self.name} group member failed: {self._error!r}") from self._error
+
+
+class GroupClient(Protocol):
+    name: str
+
+    def group_member(self, bootstrap_servers: str, topic: str, group_id: str) -> GroupMember:
+        """A member of `group_id` subscribed to `topic`, not started yet."""
+        ...
+
+
 # -- kafka-python ---------------------------------------------------------------------------------
 
 
@@ -259,12 +473,168 @@ class KafkaPythonClient:
             consumer.close(autocommit=False)
         return [v for p in sorted(got) for _, v in sorted(got[p])]
 
+    def produce(
+        self, bootstrap_servers: str, topic: str, values: Sequence[bytes], *, partition: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5,
+                                 max_block_ms=int(timeout_s * 1000))
+        try:
+            futures = [producer.send(topic, value=v, partition=partition) for v in values]
+            producer.flush(timeout=timeout_s)
+            for f in futures:
+                f.get(timeout=timeout_s)
+        finally:
+            producer.close(timeout=10)
+
+    def copy_transactionally(
+        self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int,
+        *, batch_size: int = 50, abort_first: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> CopyResult:
+        from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+
+        consumer = KafkaConsumer(
+            source, bootstrap_servers=bootstrap_servers, group_id=group_id, enable_auto_commit=False,
+            isolation_level="read_committed", auto_offset_reset="earliest",
+        )
+        producer = KafkaProducer(bootstrap_servers=bootstrap_servers, transactional_id=transactional_id,
+                                 max_block_ms=int(timeout_s * 1000))
+        deadline = time.monotonic() + timeout_s
+        transactions: list[CopiedTransaction] = []
+        done, abort_next = 0, abort_first
+        try:
+            producer.init_transactions()
+            while done < count:
+                if time.monotonic() > deadline:
+                    raise ClientError(f"kafka-python copier: {done}/{count} copied within {timeout_s:.0f}s")
+                polled = consumer.poll(timeout_ms=500, max_records=min(batch_size, count - done))
+                batch = [(tp.partition, r) for tp, records in polled.items() for r in records]
+                if not batch:
+                    continue
+                first, after = _batch_bounds((p, r.offset) for p, r in batch)
+                producer.begin_transaction()
+                futures = [producer.send(sink, value=copy_of(r.value), partition=p) for p, r in batch]
+                producer.flush(timeout=timeout_s)
+                for f in futures:
+                    f.get(timeout=timeout_s)
+                offsets = {TopicPartition(source, p): OffsetAndMetadata(o, "", -1) for p, o in after.items()}
+                group = consumer.group_metadata()
+                _bounded(functools.partial(producer.send_offsets_to_transaction, offsets, group), timeout_s,
+                         "kafka-python send_offsets_to_transaction")
+                if abort_next:
+                    _bounded(producer.abort_transaction, timeout_s, "kafka-python abort_transaction")
+                    for p, o in first.items():
+                        consumer.seek(TopicPartition(source, p), o)
+                else:
+                    _bounded(producer.commit_transaction, timeout_s, "kafka-python commit_transaction")
+                    done += len(batch)
+                transactions.append(CopiedTransaction(not abort_next, _per_partition(p for p, _ in batch)))
+                abort_next = False
+        finally:
+            producer.close(timeout=10)
+            consumer.close(autocommit=False)
+        return CopyResult(transactions)
+
+    def committed_offsets(
+        self, bootstrap_servers: str, group_id: str, topic: str, partitions: Sequence[int] | None = None,
+        *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> dict[int, int | None]:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=group_id, enable_auto_commit=False)
+        try:
+            return {p: consumer.committed(TopicPartition(topic, p), timeout_ms=int(timeout_s * 1000))
+                    for p in _partitions_of(bootstrap_servers, topic, partitions)}
+        finally:
+            consumer.close(autocommit=False)
+
+    def group_member(self, bootstrap_servers: str, topic: str, group_id: str) -> GroupMember:
+        return KafkaPythonGroupMember(bootstrap_servers, topic, group_id)
+
+    # -- admin (KafkaAdminClient) --
+
+    def create_topic(
+        self, bootstrap_servers: str, name: str, partitions: int, replication_factor: int,
+        *, configs: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+        try:
+            admin.create_topics({name: {"num_partitions": partitions, "replication_factor": replication_factor,
+                                        "configs": configs or {}}}, timeout_ms=int(timeout_s * 1000))
+            admin.wait_for_topics([name], timeout_ms=int(timeout_s * 1000))
+        finally:
+            admin.close()
+
+    def describe_topic(self, bootstrap_servers: str, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                       ) -> TopicDescription:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+        try:
+            (topic,) = admin.describe_topics([name])
+        finally:
+            admin.close()
+        if topic["error_code"] != 0:
+            raise ClientError(f"kafka-python describe_topics {name}: error code {topic['error_code']}")
+        return TopicDescription(name, {
+            int(p["partition_index"]): PartitionDescription(
+                int(p["leader_id"]), tuple(p["replica_nodes"]), tuple(p["isr_nodes"]))
+            for p in topic["partitions"]
+        })
+
+    def describe_cluster(self, bootstrap_servers: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                         ) -> dict[int, tuple[str, int]]:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+        try:
+            brokers = admin.describe_cluster()["brokers"]
+        finally:
+            admin.close()
+        return {int(b["broker_id"]): (str(b["host"]), int(b["port"])) for b in brokers}
+
+
+class KafkaPythonGroupMember(GroupMember):
+    name = "kafka-python"
+
+    def _consume(self) -> None:
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(
+            self.topic, bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
+            auto_offset_reset="earliest", enable_auto_commit=True, auto_commit_interval_ms=self.AUTO_COMMIT_MS,
+            session_timeout_ms=self.SESSION_TIMEOUT_MS, heartbeat_interval_ms=self.HEARTBEAT_MS,
+        )
+        try:
+            while not self._stopping.is_set():
+                polled = consumer.poll(timeout_ms=int(self.POLL_S * 1000))
+                self._seen((tp.partition for tp in consumer.assignment()),
+                           [ConsumedRecord(tp.partition, r.offset, r.value)
+                            for tp, records in polled.items() for r in records])
+        finally:
+            consumer.close()
 
 # -- confluent-kafka (librdkafka) -----------------------------------------------------------------
 
 
 def _rdkafka_partition(partition: int | None) -> int:
     return -1 if partition is None else partition  # -1 is RD_KAFKA_PARTITION_UA: let the partitioner pick
+
+
+def _rdkafka_records(consumer: Any, n: int, timeout_s: float, who: str) -> list[ConsumedRecord]:
+    """Up to `n` records from one Consumer.consume call; retriable errors are skipped, others raised."""
+    out = []
+    for msg in consumer.consume(num_messages=n, timeout=timeout_s):
+        err = msg.error()
+        if err is None:
+            out.append(ConsumedRecord(int(msg.partition() or 0), int(msg.offset() or 0), msg.value() or b""))
+        elif not err.retriable():
+            raise ClientError(f"confluent-kafka {who}: {err}")
+    return out
 
 
 class ConfluentKafkaClient:
@@ -361,6 +731,234 @@ class ConfluentKafkaClient:
             consumer.close()
         return [v for p in sorted(got) for _, v in sorted(got[p])]
 
+    def copy_transactionally(
+        self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int,
+        *, batch_size: int = 50, abort_first: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> CopyResult:
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        consumer = Consumer({
+            "bootstrap.servers": bootstrap_servers, "group.id": group_id, "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+        })
+        producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id})
+        failures: list[str] = []
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        deadline = time.monotonic() + timeout_s
+        transactions: list[CopiedTransaction] = []
+        done, abort_next = 0, abort_first
+        try:
+            producer.init_transactions(timeout_s)
+            consumer.subscribe([source])
+            while done < count:
+                if time.monotonic() > deadline:
+                    raise ClientError(f"confluent-kafka copier: {done}/{count} copied within {timeout_s:.0f}s")
+                batch = _rdkafka_records(consumer, min(batch_size, count - done), 0.5, "copier")
+                if not batch:
+                    continue
+                first, after = _batch_bounds((r.partition, r.offset) for r in batch)
+                producer.begin_transaction()
+                for r in batch:
+                    producer.produce(sink, value=copy_of(r.value), partition=r.partition, on_delivery=on_delivery)
+                if producer.flush(timeout_s) != 0 or failures:
+                    raise ClientError(f"confluent-kafka copier: {len(producer)} undelivered, failures {failures[:3]}")
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(source, p, o) for p, o in after.items()], consumer.consumer_group_metadata(),
+                    timeout_s)
+                if abort_next:
+                    producer.abort_transaction(timeout_s)
+                    for p, o in first.items():
+                        consumer.seek(TopicPartition(source, p, o))
+                else:
+                    producer.commit_transaction(timeout_s)
+                    done += len(batch)
+                transactions.append(CopiedTransaction(not abort_next, _per_partition(r.partition for r in batch)))
+                abort_next = False
+        finally:
+            consumer.close()
+        return CopyResult(transactions)
+
+    def committed_offsets(
+        self, bootstrap_servers: str, group_id: str, topic: str, partitions: Sequence[int] | None = None,
+        *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> dict[int, int | None]:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group_id,
+                             "enable.auto.commit": False})
+        try:
+            found = consumer.committed(
+                [TopicPartition(topic, p) for p in _partitions_of(bootstrap_servers, topic, partitions)], timeout_s)
+        finally:
+            consumer.close()
+        # librdkafka reports "nothing committed" as a negative logical offset (OFFSET_INVALID).
+        return {int(tp.partition): (int(tp.offset) if tp.offset >= 0 else None) for tp in found}
+
+    def group_member(self, bootstrap_servers: str, topic: str, group_id: str) -> GroupMember:
+        return ConfluentGroupMember(bootstrap_servers, topic, group_id)
+
+    def background_producer(self, bootstrap_servers: str, topic: str, *, partition: int = 0,
+                            prefix: str = "seq") -> BackgroundProducer:
+        return BackgroundProducer(bootstrap_servers, topic, partition=partition, prefix=prefix)
+
+    # -- admin (AdminClient) --
+
+    def create_topic(
+        self, bootstrap_servers: str, name: str, partitions: int, replication_factor: int,
+        *, configs: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+        admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=configs or {})],
+                                      request_timeout=timeout_s, operation_timeout=timeout_s)
+        futures[name].result(timeout_s)  # raises KafkaException on an error
+
+        def led() -> TopicDescription | None:
+            t = admin.list_topics(topic=name, timeout=timeout_s).topics.get(name)
+            if t is None or t.error is not None:
+                return None
+            return TopicDescription(name, {
+                int(p.id): PartitionDescription(int(p.leader), tuple(p.replicas), tuple(p.isrs))
+                for p in t.partitions.values()
+            })
+
+        _wait_led(led, name, partitions, timeout_s, "confluent-kafka create_topics")
+
+    def describe_topic(self, bootstrap_servers: str, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                       ) -> TopicDescription:
+        from confluent_kafka import KafkaException, TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        try:
+            topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout_s)[name].result(timeout_s)
+        except KafkaException as e:
+            raise ClientError(f"confluent-kafka describe_topics {name}: {e}") from e
+        return TopicDescription(name, {
+            int(p.id): PartitionDescription(-1 if p.leader is None else int(p.leader.id),
+                                            tuple(int(n.id) for n in p.replicas), tuple(int(n.id) for n in p.isr))
+            for p in topic.partitions
+        })
+
+    def describe_cluster(self, bootstrap_servers: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                         ) -> dict[int, tuple[str, int]]:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+        cluster = admin.describe_cluster(request_timeout=timeout_s).result(timeout_s)  # DescribeCluster, not Metadata
+        return {int(n.id): (str(n.host), int(n.port)) for n in cluster.nodes}
+
+
+class ConfluentGroupMember(GroupMember):
+    name = "confluent-kafka"
+
+    def _consume(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer({
+            "bootstrap.servers": self.bootstrap_servers, "group.id": self.group_id,
+            "auto.offset.reset": "earliest", "enable.auto.commit": True,
+            "auto.commit.interval.ms": self.AUTO_COMMIT_MS, "session.timeout.ms": self.SESSION_TIMEOUT_MS,
+            "heartbeat.interval.ms": self.HEARTBEAT_MS,
+        })
+        try:
+            consumer.subscribe([self.topic])
+            while not self._stopping.is_set():
+                got = _rdkafka_records(consumer, 500, self.POLL_S, "group member")
+                self._seen((tp.partition for tp in consumer.assignment()), got)
+        finally:
+            consumer.close()  # commits and leaves the group
+
+
+class BackgroundProducer:
+    """confluent-kafka producing "<prefix>-<n>" to one partition, in its own thread, until stopped.
+
+    Idempotent, acks=all, a long delivery timeout and a short reconnect backoff: a
+    leader change delays acknowledgements instead of failing them. The test
+    thread reads what was acknowledged so far (in acknowledgement order).
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, partition: int = 0, prefix: str = "seq",
+                 interval_s: float = 0.005) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.partition = partition
+        self.prefix = prefix
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._acked: list[bytes] = []
+        self._errors: list[str] = []
+        self._sent = 0
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._unflushed = 0
+
+    def start(self) -> BackgroundProducer:
+        self._thread = threading.Thread(target=self._run, name="background-producer", daemon=True)
+        self._thread.start()
+        return self
+
+    def acked(self) -> list[bytes]:
+        self._check()
+        with self._lock:
+            return list(self._acked)
+
+    def errors(self) -> list[str]:
+        with self._lock:
+            return list(self._errors)
+
+    @property
+    def sent(self) -> int:
+        return self._sent
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop producing and flush: raises if anything is still unacknowledged afterwards."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s + 10)
+            if self._thread.is_alive():
+                raise ClientError(f"background producer did not stop within {timeout_s:.0f}s")
+        self._check()
+        if self._unflushed:
+            raise ClientError(f"background producer: {self._unflushed} records unacknowledged after the flush")
+
+    def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({
+            "bootstrap.servers": self.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 5, "message.timeout.ms": 120000, "reconnect.backoff.max.ms": 1000,
+        })
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            with self._lock:
+                if err is None:
+                    self._acked.append(msg.value())
+                else:
+                    self._errors.append(f"{msg.value()!r}: {err}")
+
+        try:
+            while not self._stopping.is_set():
+                try:
+                    producer.produce(self.topic, value=f"{self.prefix}-{self._sent}".encode(),
+                                     partition=self.partition, on_delivery=on_delivery)
+                    self._sent += 1
+                except BufferError:
+                    pass  # local queue full: the poll below lets deliveries drain
+                producer.poll(self.interval_s)
+            self._unflushed = producer.flush(60.0)
+        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+            self._error = e
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise ClientError(f"background producer failed: {self._error!r}") from self._error
 
 # -- aiokafka -------------------------------------------------------------------------------------
 
@@ -399,6 +997,225 @@ class AioKafkaClient:
         finally:
             await producer.stop()
 
+    @staticmethod
+    def _run(coro: Any, timeout_s: float, what: str) -> Any:
+        try:
+            return asyncio.run(asyncio.wait_for(coro, timeout_s))
+        except TimeoutError as e:
+            raise ClientError(f"aiokafka {what} did not finish within {timeout_s:.0f}s") from e
+
+    def produce(
+        self, bootstrap_servers: str, topic: str, values: Sequence[bytes], *, partition: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        async def run() -> None:
+            from aiokafka import AIOKafkaProducer
+
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5)
+            await producer.start()
+            try:
+                futures = [await producer.send(topic, value=v, partition=partition) for v in values]
+                await asyncio.gather(*futures)
+            finally:
+                await producer.stop()
+
+        self._run(run(), timeout_s, "produce")
+
+    def consume_committed(
+        self, bootstrap_servers: str, topic: str, partitions: Sequence[int] | None = None,
+        *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> list[bytes]:
+        wanted = _partitions_of(bootstrap_servers, topic, partitions)
+
+        async def run() -> list[bytes]:
+            from aiokafka import AIOKafkaConsumer, TopicPartition
+
+            tps = [TopicPartition(topic, p) for p in wanted]
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
+                                        enable_auto_commit=False, isolation_level="read_committed",
+                                        auto_offset_reset="earliest")
+            got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in wanted}
+            await consumer.start()
+            try:
+                consumer.assign(tps)
+                await consumer.seek_to_beginning(*tps)
+                ends = await consumer.end_offsets(tps)  # last stable offsets under read_committed
+                while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                    for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                        got[tp.partition].extend((r.offset, r.value) for r in records)
+            finally:
+                await consumer.stop()
+            return [v for p in sorted(got) for _, v in sorted(got[p])]
+
+        result: list[bytes] = self._run(run(), timeout_s, "consume_committed")
+        return result
+
+    def copy_transactionally(
+        self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int,
+        *, batch_size: int = 50, abort_first: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> CopyResult:
+        async def run() -> CopyResult:
+            from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+            consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap_servers, group_id=group_id,
+                                        enable_auto_commit=False, isolation_level="read_committed",
+                                        auto_offset_reset="earliest")
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, transactional_id=transactional_id)
+            transactions: list[CopiedTransaction] = []
+            done, abort_next = 0, abort_first
+            await producer.start()
+            await consumer.start()
+            try:
+                while done < count:
+                    polled = await consumer.getmany(timeout_ms=500, max_records=min(batch_size, count - done))
+                    batch = [(tp.partition, r) for tp, records in polled.items() for r in records]
+                    if not batch:
+                        continue
+                    first, after = _batch_bounds((p, r.offset) for p, r in batch)
+                    await producer.begin_transaction()
+                    futures = [await producer.send(sink, value=copy_of(r.value), partition=p) for p, r in batch]
+                    await asyncio.gather(*futures)
+                    await producer.send_offsets_to_transaction(
+                        {TopicPartition(source, p): o for p, o in after.items()}, group_id)
+                    if abort_next:
+                        await producer.abort_transaction()
+                        for p, o in first.items():
+                            consumer.seek(TopicPartition(source, p), o)
+                    else:
+                        await producer.commit_transaction()
+                        done += len(batch)
+                    transactions.append(CopiedTransaction(not abort_next, _per_partition(p for p, _ in batch)))
+                    abort_next = False
+            finally:
+                await consumer.stop()
+                await producer.stop()
+            return CopyResult(transactions)
+
+        result: CopyResult = self._run(run(), timeout_s, "copy_transactionally")
+        return result
+
+    def committed_offsets(
+        self, bootstrap_servers: str, group_id: str, topic: str, partitions: Sequence[int] | None = None,
+        *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> dict[int, int | None]:
+        wanted = _partitions_of(bootstrap_servers, topic, partitions)
+
+        async def run() -> dict[int, int | None]:
+            from aiokafka import AIOKafkaConsumer, TopicPartition
+
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=group_id,
+                                        enable_auto_commit=False)
+            await consumer.start()
+            try:
+                return {p: await consumer.committed(TopicPartition(topic, p)) for p in wanted}
+            finally:
+                await consumer.stop()
+
+        result: dict[int, int | None] = self._run(run(), timeout_s, "committed_offsets")
+        return result
+
+    def group_member(self, bootstrap_servers: str, topic: str, group_id: str) -> GroupMember:
+        return AioKafkaGroupMember(bootstrap_servers, topic, group_id)
+
+    # -- admin (AIOKafkaAdminClient) --
+
+    def create_topic(
+        self, bootstrap_servers: str, name: str, partitions: int, replication_factor: int,
+        *, configs: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        async def run() -> None:
+            from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+            await admin.start()
+            try:
+                resp = await admin.create_topics([NewTopic(name, partitions, replication_factor,
+                                                           topic_configs=configs or {})],
+                                                 timeout_ms=int(timeout_s * 1000))
+                errors = [e for _, code, *e in resp.topic_errors if code != 0]
+                if errors:
+                    raise ClientError(f"aiokafka create_topics {name}: {resp}")
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    (topic,) = await admin.describe_topics([name])
+                    described = _aiokafka_topic(name, topic)
+                    if described is not None and len(described.partitions) == partitions and described.fully_led:
+                        return
+                    if time.monotonic() > deadline:
+                        raise ClientError(f"aiokafka: topic {name} not led within {timeout_s:.0f}s: {topic}")
+                    await asyncio.sleep(0.1)
+            finally:
+                await admin.close()
+
+        self._run(run(), timeout_s + 5, "create_topic")
+
+    def describe_topic(self, bootstrap_servers: str, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                       ) -> TopicDescription:
+        async def run() -> Any:
+            from aiokafka.admin import AIOKafkaAdminClient
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+            await admin.start()
+            try:
+                return await admin.describe_topics([name])
+            finally:
+                await admin.close()
+
+        (topic,) = self._run(run(), timeout_s, "describe_topics")
+        described = _aiokafka_topic(name, topic)
+        if described is None:
+            raise ClientError(f"aiokafka describe_topics {name}: {topic}")
+        return described
+
+    def describe_cluster(self, bootstrap_servers: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                         ) -> dict[int, tuple[str, int]]:
+        async def run() -> Any:
+            from aiokafka.admin import AIOKafkaAdminClient
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+            await admin.start()
+            try:
+                return await admin.describe_cluster()
+            finally:
+                await admin.close()
+
+        cluster = self._run(run(), timeout_s, "describe_cluster")
+        return {int(b["node_id"]): (str(b["host"]), int(b["port"])) for b in cluster["brokers"]}
+
+
+def _aiokafka_topic(name: str, topic: dict[str, Any]) -> TopicDescription | None:
+    """aiokafka's describe_topics entry (a Metadata response as dicts); None if it carries an error."""
+    if topic["error_code"] != 0 or any(p["error_code"] != 0 for p in topic["partitions"]):
+        return None
+    return TopicDescription(name, {
+        int(p["partition"]): PartitionDescription(int(p["leader"]), tuple(p["replicas"]), tuple(p["isr"]))
+        for p in topic["partitions"]
+    })
+
+
+class AioKafkaGroupMember(GroupMember):
+    name = "aiokafka"
+
+    def _consume(self) -> None:
+        asyncio.run(self._consume_async())
+
+    async def _consume_async(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            self.topic, bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
+            auto_offset_reset="earliest", enable_auto_commit=True, auto_commit_interval_ms=self.AUTO_COMMIT_MS,
+            session_timeout_ms=self.SESSION_TIMEOUT_MS, heartbeat_interval_ms=self.HEARTBEAT_MS,
+        )
+        await consumer.start()
+        try:
+            while not self._stopping.is_set():
+                polled = await consumer.getmany(timeout_ms=int(self.POLL_S * 1000))
+                self._seen((tp.partition for tp in consumer.assignment()),
+                           [ConsumedRecord(tp.partition, r.offset, r.value)
+                            for tp, records in polled.items() for r in records])
+        finally:
+            await consumer.stop()  # commits and leaves the group
 
 # -- kcat -------------------------------------------------------------------------------------------
 
@@ -461,6 +1278,16 @@ PYTHON_TRANSACTIONAL_CLIENTS: dict[str, TransactionalClient] = {
 }
 COMMITTED_CONSUMERS: dict[str, CommittedConsumer] = {
     c.name: c for c in (ConfluentKafkaClient(), KafkaPythonClient(), Kcat())
+}
+
+
+class PythonClient(TransactionalClient, CommittedConsumer, PlainProducer, TransactionalCopier, GroupClient, AdminClient,
+                   Protocol):
+    """A Python client family with every part of the proxied suite (see tests/integration)."""
+
+
+PYTHON_CLIENTS: dict[str, PythonClient] = {
+    c.name: c for c in (KafkaPythonClient(), ConfluentKafkaClient(), AioKafkaClient())
 }
 
 
@@ -787,3 +1614,20 @@ def _properties_file(values: dict[str, str] | None, folder: Path | None) -> Iter
         yield Path(name)
     finally:
         Path(name).unlink(missing_ok=True)
+
+
+def _batch_bounds(offsets: Iterable[tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per partition: the first offset of a polled batch, and the offset after its last record."""
+    first: dict[int, int] = {}
+    after: dict[int, int] = {}
+    for p, o in offsets:
+        first[p] = min(first.get(p, o), o)
+        after[p] = max(after.get(p, o + 1), o + 1)
+    return first, after
+
+
+def _per_partition(partitions: Iterable[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for p in partitions:
+        counts[p] = counts.get(p, 0) + 1
+    return counts

@@ -1,0 +1,260 @@
+"""Carry out the verification's questions: to the partition leader and to the transaction coordinator.
+
+The pure core (txnguard.verification) decides what it can from observed
+traffic; this module asks the rest, on the proxy's own connections:
+
+* DescribeProducers to the partition leader: does this producer already have an
+  open transaction on the partition? That is the broker's own "first write in
+  this transaction was verified" test (currentTxnFirstOffset).
+* DescribeTransactions to the coordinator (DESCRIBE on the transactional id):
+  is the transaction Ongoing with this producer id and epoch, with the partition in it?
+
+Concurrent questions for one broker are batched into one request, with at most
+one request in flight per broker (as the broker's AddPartitionsToTxnManager does).
+Every wait is bounded by `timeout_s`; no answer is a retriable verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
+from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v3.request import FindCoordinatorRequest
+from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.types import TopicName, TransactionalId
+from kio.static.primitive import i8, i32
+
+from txnguard.codecs.describe_transactions import DescribedTransaction, read_describe_transactions_v0
+from txnguard.codecs.errors import CodecError
+from txnguard.codecs.groups import CONSUMER_OFFSETS
+from txnguard.proxy.config import HostPort
+from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.judge import (
+    coordinator_unreachable,
+    error_name,
+    judge_description,
+    leader_has_open_transaction,
+)
+from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+
+TopicPartition = tuple[str, int]
+Key = Any
+
+
+class _Batcher:
+    """Collects keys for one broker and sends them as one request when the broker is free."""
+
+    def __init__(self, name: str, send: Callable[[list[Key]], Any], metrics: ProxyMetrics) -> None:
+        self.name = name
+        self._send = send
+        self._metrics = metrics
+        self._pending: dict[Key, list[asyncio.Future[Any]]] = {}
+        self._running = False
+        self._task: asyncio.Task[None] | None = None
+
+    def ask(self, key: Key) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(key, []).append(fut)
+        if not self._running:
+            self._running = True
+            # call_soon: every question asked in this loop iteration joins the same request.
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+        return fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                self._metrics.coordinator_requests.labels(self.name).inc()
+                self._metrics.coordinator_batch.labels(self.name).observe(len(batch))
+                try:
+                    answers = await self._send(list(batch))
+                except Exception as e:  # noqa: BLE001 - every waiter must get an answer
+                    for futs in batch.values():
+                        for f in futs:
+                            if not f.done():
+                                f.set_exception(e)
+                    continue
+                for key, futs in batch.items():
+                    for f in futs:
+                        if not f.done():
+                            f.set_result(answers.get(key))
+        finally:
+            self._running = False
+
+
+class Verifier:
+    def __init__(self, bootstrap: tuple[HostPort, ...], metrics: ProxyMetrics, *, ssl_context: Any = None,
+                 timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
+                 address_of: Callable[[str, int], HostPort] | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.metrics = metrics
+        self.ssl_context = ssl_context
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        # Where the proxy itself connects for an address a broker advertised (identity by default).
+        self.address_of = address_of or (lambda host, port: HostPort(host, port))
+        self._connections: dict[HostPort, BrokerConnection] = {}
+        self._connecting: dict[HostPort, asyncio.Future[BrokerConnection]] = {}
+        self._coordinators: dict[str, HostPort] = {}
+        self._describe: dict[HostPort, _Batcher] = {}
+        self._producers: dict[HostPort, _Batcher] = {}
+        self._offsets_partitions: int | None = None
+
+    async def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()
+
+    # -- connections -------------------------------------------------------------------------------
+
+    async def _connection(self, address: HostPort) -> BrokerConnection:
+        conn = self._connections.get(address)
+        if conn is not None and conn.is_open:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = fut
+        try:
+            conn = await BrokerConnection.open(address.host, address.port, ssl_context=self.ssl_context,
+                                               timeout=self.connect_timeout_s)
+            self._connections[address] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # mark retrieved: the waiters (if any) re-raise it
+            raise
+        finally:
+            del self._connecting[address]
+
+    async def _any_broker(self, payload: Any) -> Any:
+        last: Exception | None = None
+        for address in self.bootstrap:
+            try:
+                conn = await self._connection(address)
+                return await conn.request(payload, self.timeout_s)
+            except (UpstreamError, OSError, CodecError) as e:
+                last = e
+        raise UpstreamError(f"no bootstrap broker answered: {last}")
+
+    # -- the coordinator -----------------------------------------------------------------------------
+
+    async def coordinator_of(self, txn_id: str, refresh: bool = False) -> HostPort:
+        if not refresh and txn_id in self._coordinators:
+            return self._coordinators[txn_id]
+        self.metrics.coordinator_requests.labels("find_coordinator").inc()
+        resp = await self._any_broker(FindCoordinatorRequest(key=txn_id, key_type=i8(1)))
+        if resp.error_code != ErrorCode.none:
+            raise _CoordinatorError(int(resp.error_code))
+        address = self.address_of(str(resp.host), int(resp.port))
+        if len(self._coordinators) > 100_000:
+            self._coordinators.clear()
+        self._coordinators[txn_id] = address
+        return address
+
+    async def describe(self, txn_id: str) -> DescribedTransaction:
+        """The coordinator's view of a transaction; NOT_COORDINATOR triggers one re-discovery."""
+        for attempt in range(2):
+            address = await self.coordinator_of(txn_id, refresh=attempt > 0)
+            batcher = self._describe.get(address)
+            if batcher is None:
+                batcher = self._describe[address] = _Batcher(
+                    "describe_transactions", functools.partial(self._send_describe, address), self.metrics)
+            desc: DescribedTransaction | None = await asyncio.wait_for(batcher.ask(txn_id), self.timeout_s)
+            if desc is None:
+                raise UpstreamError("the coordinator's answer did not name the transactional id")
+            if desc.error_code not in (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available) or attempt:
+                return desc
+            self._coordinators.pop(txn_id, None)
+        raise AssertionError("unreachable")
+
+    async def _send_describe(self, address: HostPort, ids: list[str]) -> dict[str, DescribedTransaction]:
+        conn = await self._connection(address)
+        _, _, frame = await conn.request_raw(DescribeTransactionsRequest(transactional_ids=tuple(TransactionalId(i) for i in ids)), self.timeout_s)
+        # Response header v1: correlation id, then tagged fields (empty: one zero byte).
+        described = read_describe_transactions_v0(frame[5:])
+        return {d.transactional_id: d for d in described}
+
+    # -- the leader ----------------------------------------------------------------------------------
+
+    async def leader_open(self, leader: HostPort, tp: TopicPartition, producer_id: int, epoch: int) -> bool:
+        batcher = self._producers.get(leader)
+        if batcher is None:
+            batcher = self._producers[leader] = _Batcher(
+                "describe_producers", functools.partial(self._send_producers, leader), self.metrics)
+        answer = await asyncio.wait_for(batcher.ask(tp), self.timeout_s)
+        return answer is not None and leader_has_open_transaction(answer, producer_id, epoch)
+
+    async def _send_producers(self, address: HostPort, tps: list[TopicPartition]) -> dict[TopicPartition, Any]:
+        by_topic: dict[str, list[int]] = {}
+        for topic, p in tps:
+            by_topic.setdefault(topic, []).append(p)
+        conn = await self._connection(address)
+        resp = await conn.request(DescribeProducersRequest(topics=tuple(
+            TopicRequest(name=TopicName(t), partition_indexes=tuple(i32(p) for p in ps)) for t, ps in by_topic.items())),
+            self.timeout_s)
+        return {(str(t.name), int(p.partition_index)): p for t in resp.topics for p in t.partitions}
+
+    # -- __consumer_offsets ------------------------------------------------------------------------------
+
+    async def offsets_partitions(self) -> int:
+        if self._offsets_partitions is None:
+            resp = await self._any_broker(MetadataRequest(
+                topics=(MetadataRequestTopic(name=TopicName(CONSUMER_OFFSETS)),), allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False, include_topic_authorized_operations=False))
+            parts = len(resp.topics[0].partitions) if resp.topics else 0
+            if parts == 0:
+                raise UpstreamError("__consumer_offsets has no partitions yet")
+            self._offsets_partitions = parts
+        return self._offsets_partitions
+
+    # -- one verification ----------------------------------------------------------------------------------
+
+    async def verify(self, txn_id: str, producer_id: int, epoch: int, pending: Iterable[TopicPartition],
+                     leader: HostPort | None) -> tuple[dict[TopicPartition, Verdict], DescribedTransaction | None]:
+        """Verdicts for the partitions the core could not decide alone, and the coordinator's answer if asked."""
+        pending = list(pending)
+        verdicts: dict[TopicPartition, Verdict] = {}
+        if leader is not None:
+            checks = await asyncio.gather(
+                *(self._leader_check(leader, tp, producer_id, epoch) for tp in pending))
+            for tp, is_open in zip(pending, checks, strict=True):
+                if is_open:
+                    verdicts[tp] = passed(Evidence.LEADER, "an open transaction of this producer on the leader")
+            pending = [tp for tp in pending if tp not in verdicts]
+        if not pending:
+            return verdicts, None
+        try:
+            desc = await self.describe(txn_id)
+        except _CoordinatorError as e:
+            v = Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+                        f"FindCoordinator answered {error_name(e.code)}", error_name(e.code))
+            return {**verdicts, **{tp: v for tp in pending}}, None
+        except (TimeoutError, UpstreamError, OSError, CodecError) as e:
+            v = coordinator_unreachable(f"no answer from the coordinator: {e!r}")
+            return {**verdicts, **{tp: v for tp in pending}}, None
+        for tp in pending:
+            verdicts[tp] = judge_description(desc, producer_id, epoch, tp)
+        return verdicts, desc
+
+    async def _leader_check(self, leader: HostPort, tp: TopicPartition, producer_id: int, epoch: int) -> bool:
+        with contextlib.suppress(UpstreamError, OSError, CodecError, asyncio.TimeoutError):
+            return await self.leader_open(leader, tp, producer_id, epoch)
+        return False  # no leader evidence: the coordinator decides
+
+
+class _CoordinatorError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"FindCoordinator error {code}")
+        self.code = code
+

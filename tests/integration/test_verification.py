@@ -1,0 +1,139 @@
+"""KIP-890 part 1 outside the broker: each scenario shows the failure direct to the brokers, then its
+prevention through the proxy, on Kafka 3.5.2 (no native verification) and on 3.9.2 with
+transaction.partition.verification.enable=false.
+
+    client ──InitProducerId──▶ coordinator
+    client ──Produce(txn batch, partition never added)──▶ leader
+      direct:  written; LSO stuck below the high watermark (a hanging transaction)
+      proxied: INVALID_TXN_STATE "Partition was not added to the transaction"; nothing written
+"""
+
+from __future__ import annotations
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from txnguard.testing.fixtures import fresh_topic
+from txnguard.testing.proxy import broker_addresses, gateway_for
+from txnguard.testing.scenarios import TxnActor, error_name, offsets
+
+pytestmark = pytest.mark.integration
+
+UNVERIFIED_BROKERS = [
+    pytest.param(("3.5.2", {}), id="kafka-3.5.2"),
+    pytest.param(("3.9.2", {"transaction.partition.verification.enable": "false"}), id="kafka-3.9.2-verification-off"),
+]
+
+
+@pytest.fixture(params=UNVERIFIED_BROKERS)
+def cluster(request, kafka_pool):
+    version, config = request.param
+    return kafka_pool.get(version, 1, config)
+
+
+def test_s1_partition_never_added_hangs_direct_and_is_rejected_through_the_proxy(cluster, start_proxy,
+                                                                                  unique_name):
+    topic = fresh_topic(cluster, unique_name("s1"))
+    # Direct: the broker writes the batch and the transaction hangs.
+    direct = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    direct.init()
+    assert direct.produce(topic, 0, [b"never-added"]).error_code == ErrorCode.none
+    hw, lso = offsets(cluster.bootstrap_servers, topic, 0)
+    assert (hw, lso) == (1, 0), "direct: the unadded write should leave the last stable offset stuck"
+
+    # Through the proxy: rejected, nothing written.
+    topic2 = fresh_topic(cluster, unique_name("s1p"))
+    proxy = gateway_for(cluster, start_proxy)
+    actor = TxnActor(proxy.bootstrap, unique_name("txn"))
+    actor.init()
+    r = actor.produce(topic2, 0, [b"never-added"])
+    assert error_name(r.error_code) == "INVALID_TXN_STATE"
+    assert r.error_message == "Partition was not added to the transaction"
+    assert offsets(cluster.bootstrap_servers, topic2, 0) == (0, 0)
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 1
+    assert proxy.wire.leaks(broker_addresses(cluster)) == []
+
+
+def test_s2_late_write_after_abort_hangs_direct_and_is_rejected_through_the_proxy(cluster, start_proxy,
+                                                                                   unique_name):
+    def late_write(bootstrap: str, topic: str) -> tuple[TxnActor, int]:
+        actor = TxnActor(bootstrap, unique_name("txn"))
+        actor.init()
+        assert actor.add_partitions(topic, 0) == {0: 0}
+        assert actor.produce(topic, 0, [b"in-txn"]).error_code == ErrorCode.none
+        assert actor.end(commit=False) == ErrorCode.none
+        _wait_markers_written(cluster.bootstrap_servers, topic)
+        # A retry of the first batch arrives after the abort, before any new AddPartitionsToTxn.
+        return actor, actor.produce(topic, 0, [b"late"], sequence=1).error_code
+
+    topic = fresh_topic(cluster, unique_name("s2"))
+    _, code = late_write(cluster.bootstrap_servers, topic)
+    assert code == ErrorCode.none
+    hw, lso = offsets(cluster.bootstrap_servers, topic, 0)
+    assert lso < hw, "direct: the late write should open a transaction nobody will end"
+
+    topic2 = fresh_topic(cluster, unique_name("s2p"))
+    proxy = gateway_for(cluster, start_proxy)
+    actor, code = late_write(proxy.bootstrap, topic2)
+    assert error_name(code) == "INVALID_TXN_STATE"
+    hw, lso = offsets(cluster.bootstrap_servers, topic2, 0)
+    assert lso == hw == 2  # the aborted record and its abort marker, nothing after
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "late_write"}) == 1
+    # The next transaction of the same producer (same epoch: an old client) works normally.
+    assert actor.add_partitions(topic2, 0) == {0: 0}
+    assert actor.produce(topic2, 0, [b"next"]).error_code == ErrorCode.none
+    assert actor.end(commit=True) == ErrorCode.none
+
+
+def _wait_markers_written(bootstrap: str, topic: str) -> None:
+    """EndTxn returns before the markers reach the partitions; the late write must come after them."""
+    import time
+
+    for _ in range(100):
+        hw, lso = offsets(bootstrap, topic, 0)
+        if hw == lso:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"markers not written on {topic}-0")
+
+
+def test_s5_txn_offset_commit_for_a_group_never_added_is_rejected(cluster, start_proxy, unique_name):
+    topic = fresh_topic(cluster, unique_name("s5"))
+    proxy = gateway_for(cluster, start_proxy)
+    actor = TxnActor(proxy.bootstrap, unique_name("txn"))
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    codes = actor.commit_offsets(unique_name("group"), {topic: {0: 1}})
+    assert [error_name(c) for c in codes] == ["INVALID_TXN_STATE"]
+    # With AddOffsetsToTxn first it passes.
+    group = unique_name("group")
+    assert actor.add_offsets(group) == ErrorCode.none
+    assert _commit_retrying(actor, group, {topic: {0: 1}}) == [ErrorCode.none]
+    assert actor.end(commit=True) == ErrorCode.none
+
+
+def _commit_retrying(actor: TxnActor, group: str, offsets_: dict[str, dict[int, int]]) -> list[int]:
+    """As clients do: a group coordinator still loading answers NOT_COORDINATOR or LOAD_IN_PROGRESS."""
+    import time
+
+    for _ in range(50):
+        codes = actor.commit_offsets(group, offsets_)
+        if not set(codes) & {ErrorCode.not_coordinator, ErrorCode.coordinator_load_in_progress,
+                             ErrorCode.coordinator_not_available}:
+            return codes
+        time.sleep(0.2)
+    return codes
+
+
+def test_valid_transactions_pass_with_local_evidence(cluster, start_proxy, unique_name):
+    topic = fresh_topic(cluster, unique_name("ok"), partitions=2)
+    proxy = gateway_for(cluster, start_proxy)
+    actor = TxnActor(proxy.bootstrap, unique_name("txn"))
+    actor.init()
+    assert actor.add_partitions(topic, 0, 1) == {0: 0, 1: 0}
+    assert actor.produce(topic, 0, [b"a"]).error_code == ErrorCode.none
+    assert actor.produce(topic, 1, [b"b"]).error_code == ErrorCode.none
+    assert actor.end(commit=True) == ErrorCode.none
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "local", "outcome": "pass", "decision": "forwarded"}) == 2
+    assert offsets(cluster.bootstrap_servers, topic, 0) == (2, 2)
