@@ -63,6 +63,8 @@ JAVA_CLIENT = "3.5.2"
 RECORD_SIZE = 1024
 OFFERED_RATE = 5000                 # records/s: ~5 MiB/s, which an idle 2-core machine sustains both ways
 SATURATED = 0.95                    # a direct run below this share of the offered rate: the machine did not keep up
+QUEUEING_P99_MS = 100               # direct acks=all p99 above this on loopback: records queue in the producer
+BUSY_PCT = 90                       # the whole machine busier than this during a run: figures include CPU waits
 MIB = 1024 * 1024                   # ProducerPerformance's "MB" is a MiB; we use the same unit
 HOST = "127.0.0.1"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -255,6 +257,26 @@ def medians(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, dict
     return {side: {k: median_of(runs, side, k) for k in keys} for side in SIDES}
 
 
+def busy_warnings(phase: str, runs: list[dict[str, Any]]) -> list[str]:
+    """A warning when the machine was nearly saturated: then latency is mostly waiting for a CPU."""
+    busy = statistics.median(r["host_busy_pct"] for r in runs)
+    if busy <= BUSY_PCT:
+        return []
+    return [f"{phase}: the machine was {busy:.0f}% busy (median over runs; the bench's own broker, client and "
+            "proxy included): latencies include waiting for a CPU, compare them with care"]
+
+
+def saturation_warnings(direct: dict[str, float], rate: int) -> list[str]:
+    out = []
+    if direct["records_per_sec"] < SATURATED * rate:
+        out.append(f"ProducerPerformance: direct runs reached {direct['records_per_sec']:.0f} of {rate} records/s "
+                   "offered: the machine did not sustain the rate (try a lower --rate)")
+    if direct["p99_ms"] > QUEUEING_P99_MS:
+        out.append(f"ProducerPerformance: direct p99 {direct['p99_ms']:.0f} ms means records queued in the producer "
+                   "(client or broker short of CPU): its latencies measure that queue, not the proxy")
+    return out
+
+
 # -- 1. ProducerPerformance -------------------------------------------------------------------------
 
 PERF_KEYS = ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p50_ms", "p99_ms", "max_latency_ms",
@@ -293,12 +315,10 @@ def producer_perf_phase(b: Bench, s: Settings) -> dict[str, Any]:
             f"{run['max_latency_ms']:.0f} ms  proxy CPU {run['proxy_cpu_s']:.2f} s "
             f"({run['proxy_cpu_ms_per_mb']:.1f} ms/MB)  host busy {run['host_busy_pct']:.0f}%")
     med = medians(runs, (*PERF_KEYS, "proxy_cpu_ms_per_mb", "proxy_frame_mib", "host_busy_pct"))
-    if med["direct"]["records_per_sec"] < SATURATED * s.rate:
-        # Then the client or broker is the bottleneck, records queue in the producer, and
-        # latencies are queueing time: the proxy comparison says little. Try a lower --rate.
-        say(f"  WARNING: direct runs reached {med['direct']['records_per_sec']:.0f} of {s.rate} records/s offered: "
-            "this machine did not sustain the rate, latencies below are queueing delay")
-    return {"runs": runs, "median": med}
+    warnings = saturation_warnings(med["direct"], s.rate) + busy_warnings("ProducerPerformance", runs)
+    for w in warnings:
+        say(f"  WARNING: {w}")
+    return {"runs": runs, "median": med, "warnings": warnings}
 
 
 # -- 2. EndToEndLatency -----------------------------------------------------------------------------
@@ -328,7 +348,10 @@ def e2e_phase(b: Bench, s: Settings) -> dict[str, Any]:
         runs.append(run)
         say(f"  pair {i} {side:6}: avg {run['avg_ms']:.3f} ms p50 {run['p50_ms']} p99 {run['p99_ms']} "
             f"p99.9 {run['p999_ms']} ms  host busy {run['host_busy_pct']:.0f}%")
-    return {"runs": runs, "median": medians(runs, ("avg_ms", "p50_ms", "p99_ms", "p999_ms"))}
+    warnings = busy_warnings("EndToEndLatency", runs)
+    for w in warnings:
+        say(f"  WARNING: {w}")
+    return {"runs": runs, "median": medians(runs, ("avg_ms", "p50_ms", "p99_ms", "p999_ms")), "warnings": warnings}
 
 
 # -- 3. raw Produce round trip (microseconds) -------------------------------------------------------
@@ -388,7 +411,10 @@ def rtt_phase(b: Bench, s: Settings) -> dict[str, Any]:
         runs.append(run)
         say(f"  pair {i} {side:6}: p50 {run['p50_us']:.0f} us p99 {run['p99_us']:.0f} us "
             f"mean {run['mean_us']:.0f} us  host busy {run['host_busy_pct']:.0f}%")
-    return {"runs": runs, "median": medians(runs, ("p50_us", "p99_us", "mean_us"))}
+    warnings = busy_warnings("raw Produce RTT", runs)
+    for w in warnings:
+        say(f"  WARNING: {w}")
+    return {"runs": runs, "median": medians(runs, ("p50_us", "p99_us", "mean_us")), "warnings": warnings}
 
 
 # -- 4. idle connections ------------------------------------------------------------------------
@@ -611,9 +637,15 @@ def start(tmp: Path, proxy_log: Path) -> Bench:
     admin = f"{HOST}:{admin_port}"
     proxy = ProxyProcess(["--upstream", cluster.bootstrap_servers, "--listen", f"{HOST}:{listen}",
                           "--admin", admin, "--mode", "gateway"], proxy_log)
-    b = Bench(cluster, proxy, listen, admin)  # cleaned up by the caller even if the proxy fails next
-    proxy.start(wait_port=(HOST, listen))
-    wait_ready(admin, listen + 2)
+    b = Bench(cluster, proxy, listen, admin)
+    try:
+        proxy.start(wait_port=(HOST, listen))
+        wait_ready(admin, listen + 2)
+    except BaseException:
+        # The caller only learns of the cluster (through its folder), not of this process.
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            proxy.terminate(timeout=10)
+        raise
     say(f"broker {cluster.bootstrap_servers}; proxy pid {b.pid} on {HOST}:{listen} (broker 1 via {listen + 2}), "
         f"admin {admin}")
     return b
@@ -639,6 +671,7 @@ def measure(b: Bench, s: Settings) -> dict[str, Any]:
     rows = summary_rows(perf, e2e, rtt, idle)
     return {"producer_performance": perf, "end_to_end_latency": e2e, "produce_rtt": rtt, "idle_connections": idle,
             "summary": [asdict(r) for r in rows], "table": format_table(rows),
+            "warnings": perf["warnings"] + e2e["warnings"] + rtt["warnings"],
             "proxy_metrics": interesting_metrics(scrape_metrics(b.admin))}
 
 
@@ -648,6 +681,8 @@ def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
     say("\n=== proxy overhead: medians, direct vs through txnguard (targets are information only) ===")
     say(result["table"])
     say("(Java tool percentiles are truncated to whole ms; the raw RTT rows resolve microseconds.)")
+    for w in result["warnings"]:
+        say(f"WARNING: {w}")
     say(f"\nproxy log levels {log['levels']}; warnings/errors {log['problem_events'] or 'none'}; "
         f"non-JSON lines {log['non_json_count']}")
     for line in log["samples"] + log["non_json_lines"][:5]:

@@ -142,8 +142,9 @@ class TransactionGuard:
         t = now_ms()
         if key == INIT_PRODUCER_ID:
             if resp.error_code == ErrorCode.none and request.transactional_id:
+                timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
                 self.registry.init_producer_id(str(request.transactional_id), int(resp.producer_id),
-                                               int(resp.producer_epoch), int(request.transaction_timeout.total_seconds() * 1000), t)
+                                               int(resp.producer_epoch), timeout_ms, t)
         elif key == ADD_PARTITIONS:
             added = {(str(r.name), int(p.partition_index))
                      for r in resp.results_by_topic_v3_and_below for p in r.results_by_partition

@@ -44,6 +44,7 @@ TXN_OFFSET_COMMIT = TXN_OFFSET_COMMIT_KEY
 
 # What to do with a response before it goes back to the client.
 PASS, REWRITE_API_VERSIONS, REWRITE_ADDRESSES, SASL_HANDSHAKE_DONE, SASL_AUTH_DONE, OBSERVE, MERGE_PRODUCE = range(7)
+NO_RESPONSE = -1  # not an action: the request gets no response
 
 _ids = itertools.count(1)
 
@@ -277,44 +278,48 @@ class Session:
         if self.client_id is None and key != SASL_HANDSHAKE:
             self.client_id = peek_client_id(body) or ""
             self.log = self.log.bind(client_id=self.client_id)
-        action = PASS
-        guard = self.proxy.guard
-        if key == PRODUCE:
-            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
-            if not txn_id_null and guard.wants(key, version):
-                self._check(frame, head, guard.check_produce(self, frame, version), expect_response=acks != 0)
-                return False
-            if acks == 0:
-                return True  # no response will come: never enters the queue
-            if addresses.carries_addresses(key, version):
-                action = REWRITE_ADDRESSES
-        elif key in OBSERVED:
-            action = OBSERVE
-        elif key == TXN_OFFSET_COMMIT and guard.wants(key, version):
-            self._check(frame, head, guard.check_txn_offset_commit(self, frame, version), expect_response=True)
-            return False
-        elif key == API_VERSIONS:
-            if version > api_versions.proxy_api_versions_range()[1]:
-                # A broker answers a too-new ApiVersions with v0 and UNSUPPORTED_VERSION (KIP-511).
-                self._answer(head.correlation_id, key, version, api_versions_unsupported(
-                    head.correlation_id, self.proxy.advertised_api_versions()), "unsupported_version")
-                return False
-            self._note_client_software(body, version)
-            action = REWRITE_API_VERSIONS
-        elif addresses.carries_addresses(key, version):
-            action = REWRITE_ADDRESSES
-        elif key == SASL_HANDSHAKE:
-            action = SASL_HANDSHAKE_DONE
-        elif key == SASL_AUTHENTICATE:
-            action = SASL_AUTH_DONE
+        action = self._classify(frame, body, head)
+        if action is None:
+            return False  # answered here, or held for verification
+        if action == NO_RESPONSE:
+            return True  # acks=0 Produce: no response will come, so it never enters the queue
         entry = InFlight(head.correlation_id, key, version, action, time.monotonic())
         if action == OBSERVE:
-            entry.context = guard.observe_request(key, version, body)
+            entry.context = self.proxy.guard.observe_request(key, version, body)
         self._order.append(entry)
         self._forwarded.append(entry)
         if self.proxy.debug:
             self.log.debug("request", api=schemas.api_name(key), version=version, correlation_id=head.correlation_id)
         return True
+
+    def _classify(self, frame: memoryview, body: memoryview, head: RequestHead) -> int | None:
+        """What to do with a request's response (an action), or None if the proxy took the request."""
+        key, version = head.api_key, head.api_version
+        guard = self.proxy.guard
+        if key == PRODUCE:
+            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
+            if not txn_id_null and guard.wants(key, version):
+                self._check(frame, head, guard.check_produce(self, frame, version), expect_response=acks != 0)
+                return None
+            if acks == 0:
+                return NO_RESPONSE
+            return REWRITE_ADDRESSES if addresses.carries_addresses(key, version) else PASS
+        if key in OBSERVED:
+            return OBSERVE
+        if key == TXN_OFFSET_COMMIT and guard.wants(key, version):
+            self._check(frame, head, guard.check_txn_offset_commit(self, frame, version), expect_response=True)
+            return None
+        if key == API_VERSIONS:
+            if version > api_versions.proxy_api_versions_range()[1]:
+                # A broker answers a too-new ApiVersions with v0 and UNSUPPORTED_VERSION (KIP-511).
+                self._answer(head.correlation_id, key, version, api_versions_unsupported(
+                    head.correlation_id, self.proxy.advertised_api_versions()), "unsupported_version")
+                return None
+            self._note_client_software(body, version)
+            return REWRITE_API_VERSIONS
+        if addresses.carries_addresses(key, version):
+            return REWRITE_ADDRESSES
+        return {SASL_HANDSHAKE: SASL_HANDSHAKE_DONE, SASL_AUTHENTICATE: SASL_AUTH_DONE}.get(key, PASS)
 
     def _check(self, frame: memoryview, head: RequestHead, check: Coroutine[Any, Any, Decision],
                expect_response: bool) -> None:

@@ -180,7 +180,8 @@ class Verifier:
 
     async def _send_describe(self, address: HostPort, ids: list[str]) -> dict[str, DescribedTransaction]:
         conn = await self._connection(address)
-        _, _, frame = await conn.request_raw(DescribeTransactionsRequest(transactional_ids=tuple(TransactionalId(i) for i in ids)), self.timeout_s)
+        request = DescribeTransactionsRequest(transactional_ids=tuple(TransactionalId(i) for i in ids))
+        _, _, frame = await conn.request_raw(request, self.timeout_s)
         # Response header v1: correlation id, then tagged fields (empty: one zero byte).
         described = read_describe_transactions_v0(frame[5:])
         return {d.transactional_id: d for d in described}
@@ -195,14 +196,15 @@ class Verifier:
         answer = await asyncio.wait_for(batcher.ask(tp), self.timeout_s)
         return answer is not None and leader_has_open_transaction(answer, producer_id, epoch)
 
-    async def _send_producers(self, address: HostPort, tps: list[TopicPartition]) -> dict[TopicPartition, Any]:
+    async def _send_producers(self, address: HostPort,
+                              tps: list[TopicPartition]) -> dict[TopicPartition, Any]:
         by_topic: dict[str, list[int]] = {}
         for topic, p in tps:
             by_topic.setdefault(topic, []).append(p)
         conn = await self._connection(address)
-        resp = await conn.request(DescribeProducersRequest(topics=tuple(
-            TopicRequest(name=TopicName(t), partition_indexes=tuple(i32(p) for p in ps)) for t, ps in by_topic.items())),
-            self.timeout_s)
+        topics = tuple(TopicRequest(name=TopicName(t), partition_indexes=tuple(i32(p) for p in ps))
+                       for t, ps in by_topic.items())
+        resp = await conn.request(DescribeProducersRequest(topics=topics), self.timeout_s)
         return {(str(t.name), int(p.partition_index)): p for t in resp.topics for p in t.partitions}
 
     # -- __consumer_offsets ------------------------------------------------------------------------------
