@@ -51,7 +51,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Step] = {
     (Phase.ONGOING, Event.END): Step(Phase.ENDED, True),
     (Phase.ONGOING, Event.TIMEOUT): Step(Phase.ENDED, True),
     (Phase.ENDED, Event.INIT): Step(Phase.EMPTY, True),
-    (Phase.ENDED, Event.ADD): Step(Phase.ONGOING, True),
+    (Phase.ENDED, Event.ADD): Step(Phase.ONGOING, False),  # END already cleared the old generation
     (Phase.ENDED, Event.END): Step(Phase.ENDED, False),
 }
 
