@@ -22,8 +22,8 @@ Covered cells (G = gateway, S = one sidecar per broker, 1n/3n = nodes):
 | (d) create + describe topics, describe cluster | kafka-python, confluent-kafka, aiokafka | | G 3n | |
 | (a) produce, metadata, read_committed consume | kcat | | G 3n | |
 | (e) leader stopped mid-stream, then restarted | confluent-kafka | | G 3n | |
-| (a) + (c) | confluent-kafka | | | S 3n |
-| (a) VerifiableProducer + (c) TransactionalMessageCopier | Java 3.5.2 | | | S 3n |
+| (a) + (c) | confluent-kafka | S 3n | | S 3n |
+| (a) VerifiableProducer + (c) TransactionalMessageCopier | Java 3.5.2 | S 3n | | S 3n |
 | (a) VerifiableProducer + (c) TransactionalMessageCopier | Java 2.8.2 | G 1n | | |
 """
 
@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from kio.schema.errors import ErrorCode
 
-from txnguard.testing import clients
+from txnguard.testing import clients, raw
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyThread, broker_addresses, gateway_for
@@ -48,6 +49,7 @@ pytestmark = [
 ]
 
 BROKER_VERSIONS = ("3.5.2", "3.9.2", "4.3.1")
+SIDECAR_VERSIONS = ("3.5.2", "4.3.1")
 PYTHON_CLIENTS = list(clients.PYTHON_CLIENTS)
 NameFactory = Callable[[str], str]
 StartProxy = Callable[..., ProxyThread]
@@ -58,9 +60,10 @@ def cluster3(kafka_pool: ClusterPool) -> Cluster:
     return kafka_pool.get("3.9.2", 3)
 
 
-@pytest.fixture
-def sidecar_cluster(kafka_pool: ClusterPool) -> Cluster:
-    return kafka_pool.get("4.3.1", 3, sidecars=True)
+@pytest.fixture(params=SIDECAR_VERSIONS)
+def sidecar_cluster(kafka_pool: ClusterPool, request: pytest.FixtureRequest) -> Cluster:
+    """Three nodes that advertise their sidecars' ports to clients."""
+    return kafka_pool.get(request.param, 3, sidecars=True)
 
 
 @pytest.fixture
@@ -110,6 +113,16 @@ def _produce_spread(producer: clients.PlainProducer, bootstrap: str, topic: str,
     for p, vs in spread.items():
         producer.produce(bootstrap, topic, vs, partition=p)
     return spread
+
+
+def _led_on_every_broker(cluster: Cluster, topic: str, partitions: int) -> bool:
+    for n in cluster.nodes:
+        with raw.RawClient(n.host, n.port) as c:
+            (t,) = c.metadata([topic]).topics
+        if t.error_code != ErrorCode.none or len(t.partitions) != partitions or \
+                any(int(p.leader_id) < 0 for p in t.partitions):
+            return False
+    return True
 
 
 def _sidecars(cluster: Cluster, start_proxy: StartProxy) -> list[ProxyThread]:
@@ -189,6 +202,38 @@ def test_consume_transform_produce_with_offsets_in_the_transaction(
     _assert_no_leaks(cluster, proxy)
 
 
+# -- Java 2.8.2 through the gateway on 3.5.2 ------------------------------------------------------------
+
+
+@pytest.mark.java
+def test_java_282_copier_through_the_gateway(
+    kafka_pool: ClusterPool, start_proxy: StartProxy, unique_name: NameFactory,
+) -> None:
+    cluster = kafka_pool.get("3.5.2", 1)
+    source = fresh_topic(cluster, unique_name("in"))
+    sink = fresh_topic(cluster, unique_name("out"))
+    group = unique_name("group")
+    proxy = gateway_for(cluster, start_proxy)
+
+    seeded = clients.java_verifiable_producer(proxy.bootstrap, source, 1000, java_version="2.8.2")
+    assert seeded.errors == []
+    assert sorted(seeded.acked_values, key=int) == [str(i) for i in range(1000)]
+
+    result = clients.java_transactional_copier(
+        proxy.bootstrap, source, sink, unique_name("tid"), group, max_messages=1000, java_version="2.8.2",
+        transaction_size=100,
+    )
+
+    assert result.shutdown_complete
+    assert result.total_processed == 1000
+    # The broker, asked directly: no transaction of the copier's is left open on the output.
+    clients.stable_end_offsets(cluster.bootstrap_servers, sink)
+    reader = clients.ConfluentKafkaClient()
+    _assert_copied_exactly_once(reader, proxy.bootstrap, sink, [v.encode() for v in seeded.acked_values])
+    assert reader.committed_offsets(proxy.bootstrap, group, source) == {0: 1000}
+    _assert_no_leaks(cluster, proxy)
+
+
 # -- gateway in front of three 3.9.2 nodes: groups, admin, kcat, a leader change -------------------
 
 
@@ -244,6 +289,8 @@ def test_admin_creates_and_describes_topics_through_the_gateway(
 
     admin.create_topic(proxy.bootstrap, name, partitions=3, replication_factor=3)
 
+    # Every broker, asked directly, learns of it (the next client may be routed to any of them).
+    _wait_until(lambda: _led_on_every_broker(cluster3, name, partitions=3), 30, f"every broker to know {name}")
     described = admin.describe_topic(proxy.bootstrap, name)
     assert sorted(described.partitions) == [0, 1, 2]
     for p, d in described.partitions.items():
@@ -287,8 +334,7 @@ def test_a_producer_follows_a_leader_change_through_the_gateway(
 
     # The leader stops (SIGTERM: a controlled shutdown hands leadership to another replica).
     cluster3.stop_node(old_leader)
-    new_leader = cluster3.leader(topic, 0)
-    assert new_leader != old_leader
+    _wait_until(lambda: _leader(cluster3, topic) not in (old_leader, -1), 30, "a new leader")
     # The client learns the new leader through the proxy and keeps going through its listener.
     during = len(producer.acked())
     _wait_until(lambda: len(producer.acked()) >= during + 200, 60, "200 acks while the old leader is down")
@@ -310,6 +356,14 @@ def test_a_producer_follows_a_leader_change_through_the_gateway(
     _assert_no_leaks(cluster3, proxy)
 
 
+def _leader(cluster: Cluster, topic: str) -> int:
+    """The partition-0 leader the live brokers name, -1 while there is none."""
+    try:
+        return cluster.leader(topic, 0)
+    except raw.RawProtocolError:
+        return -1
+
+
 def _restart_and_stop(cluster: Cluster, node_id: int, producer: clients.BackgroundProducer) -> None:
     """Teardown: whatever happened, the shared cluster gets its node back and the producer stops."""
     with contextlib.suppress(clients.ClientError):
@@ -318,7 +372,7 @@ def _restart_and_stop(cluster: Cluster, node_id: int, producer: clients.Backgrou
     cluster.wait_ready()
 
 
-# -- sidecars: one txnguard per broker of a 4.3.1 cluster that advertises the sidecars' ports -----------
+# -- sidecars: one txnguard per broker of a cluster that advertises the sidecars' ports --------------------
 
 
 def test_confluent_kafka_through_sidecars(
@@ -382,34 +436,20 @@ def test_java_352_copier_through_sidecars(
     _assert_no_leaks(cluster, *sidecars)
 
 
-# -- Java 2.8.2 through the gateway on 3.5.2 ------------------------------------------------------------
+# -- negative control: the leak check sees a real address when one does reach a client ----------------------
 
 
-@pytest.mark.java
-def test_java_282_copier_through_the_gateway(
+def test_negative_control_a_sidecar_before_a_self_advertising_broker_leaks_and_the_check_sees_it(
     kafka_pool: ClusterPool, start_proxy: StartProxy, unique_name: NameFactory,
 ) -> None:
+    # A sidecar passes addresses through unchanged, so in front of a broker that advertises its own
+    # address (not the sidecar's) the client learns the real one: the misconfiguration (f) guards against.
     cluster = kafka_pool.get("3.5.2", 1)
-    source = fresh_topic(cluster, unique_name("in"))
-    sink = fresh_topic(cluster, unique_name("out"))
-    group = unique_name("group")
-    proxy = gateway_for(cluster, start_proxy)
+    topic = fresh_topic(cluster, unique_name("leak"))
+    (node,) = cluster.nodes
+    proxy = start_proxy(mode="sidecar", upstream=node.address)
 
-    seeded = clients.java_verifiable_producer(proxy.bootstrap, source, 1000, java_version="2.8.2")
-    assert seeded.errors == []
-    assert sorted(seeded.acked_values, key=int) == [str(i) for i in range(1000)]
+    clients.ConfluentKafkaClient().produce(proxy.bootstrap, topic, [b"bypass"])
 
-    result = clients.java_transactional_copier(
-        proxy.bootstrap, source, sink, unique_name("tid"), group, max_messages=1000, java_version="2.8.2",
-        transaction_size=100,
-    )
-
-    assert result.shutdown_complete
-    assert result.total_processed == 1000
-    reader = clients.ConfluentKafkaClient()
-    _assert_copied_exactly_once(reader, proxy.bootstrap, sink, [v.encode() for v in seeded.acked_values])
-    assert reader.committed_offsets(proxy.bootstrap, group, source) == {0: 1000}
-    # The brokers, asked directly: nothing the copier wrote is left hanging.
-    assert clients.transactions_find_hanging(cluster.bootstrap_servers, topic=sink,
-                                             max_transaction_timeout_minutes=0) == []
-    _assert_no_leaks(cluster, proxy)
+    assert proxy.wire is not None
+    assert proxy.wire.leaks(broker_addresses(cluster)) == [(node.host, node.port)]

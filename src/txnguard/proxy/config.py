@@ -68,7 +68,7 @@ class Verification:
     enabled: bool = True
     leader_evidence: bool = True     # ask the partition leader (DescribeProducers) before the coordinator
     timeout_s: float = 5.0           # bound on one verification's waits
-    evidence_ttl_ms: int | None = None  # None: until EndTxn (gateway); sidecars set a small bound
+    evidence_ttl_ms: int | None = None  # None: the mode's default (gateway: until EndTxn; sidecar: 0)
     registry_max_entries: int = 100_000
     registry_idle_expiry_s: float = 900.0
 

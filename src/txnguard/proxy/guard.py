@@ -55,6 +55,20 @@ LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch
 TopicPartition = tuple[str, int]
 
 
+def evidence_ttl(config: ProxyConfig) -> int | None:
+    """How long evidence not ended by an observed EndTxn stays valid.
+
+    A gateway sees each client's whole life cycle, so evidence lasts until EndTxn,
+    InitProducerId or the transaction timeout (None). A sidecar sees EndTxn only
+    for transactions its broker coordinates, and an old client keeps its epoch
+    across transactions, so by default a sidecar never reuses evidence (0 ms):
+    every first write per request is checked with the leader or the coordinator.
+    """
+    if config.verification.evidence_ttl_ms is not None:
+        return config.verification.evidence_ttl_ms
+    return None if config.mode == "gateway" else 0
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -104,7 +118,7 @@ class TransactionGuard:
         self.use_leader = v.leader_evidence
         self.registry = Registry(RegistryLimits(max_entries=v.registry_max_entries,
                                                 idle_expiry_ms=int(v.registry_idle_expiry_s * 1000),
-                                                evidence_ttl_ms=v.evidence_ttl_ms))
+                                                evidence_ttl_ms=evidence_ttl(config)))
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of)
         self.audit = AuditLog(config.audit_path)

@@ -171,10 +171,10 @@ class Session:
         transport.set_write_buffer_limits(self.limits.high_water_bytes, self.limits.low_water_bytes)
         self.log = self.log.bind(broker=str(target))
         self.log.debug("upstream_connected")
-        if self._early:
-            transport.write(b"".join(self._early))
-            self._early.clear()
         self.resume_reading("client", "connecting")
+        if self._early:
+            early, self._early = b"".join(self._early), []
+            self.from_client(early)
 
     def close(self, reason: str, detail: str = "", level: str = "info") -> None:
         if self.closed:
@@ -228,6 +228,11 @@ class Session:
 
     def from_client(self, data: bytes) -> None:
         self.last_activity = time.monotonic()
+        if self.upstream is None:
+            # Reading is paused until the broker connection is up, but a transport may deliver
+            # what it had already read. Keep it unexamined: decisions need the connection.
+            self._early.append(data)
+            return
         if self.raw_mode:
             self._to_upstream(data)
             return
@@ -264,10 +269,6 @@ class Session:
     def _to_upstream(self, data: bytes | memoryview) -> None:
         if self.upstream is not None:
             self.upstream.write(data)
-        else:
-            # Reading is paused until the broker connection is up, but a transport may
-            # deliver what it had already read; keep it, in order, for the connection.
-            self._early.append(bytes(data))
 
     def _request(self, frame: memoryview) -> bool:
         """Book-keep one request; True to forward it, False if it was answered here."""

@@ -17,7 +17,6 @@ Every wait is bounded by `timeout_s`; no answer is a retriable verdict.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,6 +32,7 @@ from kio.static.primitive import i8, i32
 from txnguard.codecs.describe_transactions import DescribedTransaction, read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
+from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
@@ -107,6 +107,7 @@ class Verifier:
         self._describe: dict[HostPort, _Batcher] = {}
         self._producers: dict[HostPort, _Batcher] = {}
         self._offsets_partitions: int | None = None
+        self.log = logs.get(component="verifier")
 
     async def close(self) -> None:
         for conn in self._connections.values():
@@ -250,9 +251,12 @@ class Verifier:
         return verdicts, desc
 
     async def _leader_check(self, leader: HostPort, tp: TopicPartition, producer_id: int, epoch: int) -> bool:
-        with contextlib.suppress(UpstreamError, OSError, CodecError, asyncio.TimeoutError):
+        try:
             return await self.leader_open(leader, tp, producer_id, epoch)
-        return False  # no leader evidence: the coordinator decides
+        except (TimeoutError, UpstreamError, OSError, CodecError) as e:
+            # No leader evidence: the coordinator decides. Logged, because it costs a round trip.
+            self.log.warning("leader_check_failed", leader=str(leader), topic=tp[0], partition=tp[1], error=repr(e))
+            return False
 
 
 class _CoordinatorError(Exception):

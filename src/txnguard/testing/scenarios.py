@@ -9,7 +9,10 @@ So the same scenario runs directly against brokers and through the proxy.
 from __future__ import annotations
 
 import datetime
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -52,8 +55,8 @@ class TxnActor:
     # -- the transaction life cycle ----------------------------------------------------------------
 
     def init(self) -> ProducerIdentity:
-        with self._coordinator() as c:
-            r = c.init_producer_id(self.transactional_id, self.timeout_ms)
+        r = _retrying(lambda: self._with_coordinator(
+            lambda c: c.init_producer_id(self.transactional_id, self.timeout_ms)), lambda r: r.error_code)
         if r.error_code != ErrorCode.none:
             raise RuntimeError(f"InitProducerId: {r.error_code.name}")
         self.producer = ProducerIdentity(int(r.producer_id), int(r.producer_epoch))
@@ -62,20 +65,30 @@ class TxnActor:
 
     def add_partitions(self, topic: str, *partitions: int) -> dict[int, int]:
         assert self.producer is not None
-        with self._coordinator() as c:
-            r = c.add_partitions_to_txn(self.transactional_id, self.producer, {topic: list(partitions)})
+        producer = self.producer
+        r = _retrying(lambda: self._with_coordinator(
+            lambda c: c.add_partitions_to_txn(self.transactional_id, producer, {topic: list(partitions)})),
+            lambda r: r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
         return {int(p.partition_index): int(p.partition_error_code)
                 for t in r.results_by_topic_v3_and_below for p in t.results_by_partition}
 
     def add_offsets(self, group: str) -> int:
         assert self.producer is not None
-        with self._coordinator() as c:
-            return int(c.add_offsets_to_txn(self.transactional_id, self.producer, group).error_code)
+        producer = self.producer
+        r = _retrying(lambda: self._with_coordinator(
+            lambda c: c.add_offsets_to_txn(self.transactional_id, producer, group)), lambda r: r.error_code)
+        return int(r.error_code)
 
     def end(self, commit: bool) -> int:
         assert self.producer is not None
+        producer = self.producer
+        r = _retrying(lambda: self._with_coordinator(
+            lambda c: c.end_txn(self.transactional_id, producer, commit)), lambda r: r.error_code)
+        return int(r.error_code)
+
+    def _with_coordinator(self, call: Callable[[RawClient], Any]) -> Any:
         with self._coordinator() as c:
-            return int(c.end_txn(self.transactional_id, self.producer, commit).error_code)
+            return call(c)
 
     def produce(self, topic: str, partition: int, values: list[bytes], *, sequence: int | None = None,
                 timestamp: datetime.datetime | None = None, version: int = 9) -> ProduceResult:
@@ -99,6 +112,20 @@ class TxnActor:
         with self._client(host, port) as c:
             r = c.txn_offset_commit(self.transactional_id, self.producer, group, offsets, version=version)
         return [int(p.error_code) for t in r.topics for p in t.partitions]
+
+
+# What a client retries on transaction requests (coordinator moving or loading, markers in flight).
+RETRIABLE = frozenset({ErrorCode.coordinator_load_in_progress, ErrorCode.not_coordinator,
+                       ErrorCode.coordinator_not_available, ErrorCode.concurrent_transactions})
+
+
+def _retrying(call: Callable[[], Any], code_of: Callable[[Any], int], attempts: int = 100) -> Any:
+    for _ in range(attempts):
+        r = call()
+        if code_of(r) not in RETRIABLE:
+            return r
+        time.sleep(0.1)
+    return r
 
 
 def offsets(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
