@@ -100,7 +100,7 @@ def test_s3_a_valid_transaction_across_sidecars_commits(sidecars, unique_name):
     leader = cluster.leader(topic, 0)
     actor = TxnActor(bootstrap, _txn_id_away_from(cluster, leader, unique_name("ok")))
     actor.init()
-    for round_ in range(3):  # three transactions with the same epoch, as old clients do
+    for _transaction in range(3):  # three transactions with the same epoch, as old clients do
         assert actor.add_partitions(topic, 0) == {0: 0}
         for _ in range(3):
             assert actor.produce(topic, 0, [b"v"]).error_code == ErrorCode.none
