@@ -44,7 +44,7 @@ test: setup lint
 	$(BIN)/pytest tests -q -p no:cacheprovider
 
 run: setup
-	$(BIN)/txnguard kafka run --version 3.5.2 --dir .run/kafka
+	$(BIN)/txnguard dev --version 3.5.2 --dir .run/kafka --listen 127.0.0.1:19092 --admin 127.0.0.1:19000
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

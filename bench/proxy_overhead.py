@@ -697,6 +697,14 @@ def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
         f"(proxy log: {kept_log.name})")
 
 
+def busy_at_start() -> list[str]:
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= cpus:
+        return []
+    return [f"load average {load:.1f} on {cpus} CPUs before the bench started: something else is using this "
+            "machine, so expect noisy latencies"]
+
+
 def _sigterm(_signum: int, _frame: object) -> None:
     raise SystemExit(143)  # unwinds through the finally blocks that stop Kafka and the proxy
 
@@ -720,6 +728,9 @@ def main() -> int:
     }
     say(f"proxy_overhead ({s.mode}): RLIMIT_NOFILE {soft}/{hard}, {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f}")
+    early = busy_at_start()
+    for w in early:
+        say(f"WARNING: {w}")
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="txnguard-bench-"))
     proxy_log = tmp / "proxy.log"
@@ -727,6 +738,7 @@ def main() -> int:
     try:
         b = start(tmp, proxy_log)
         result.update(measure(b, s))
+        result["warnings"] = early + result["warnings"]
     finally:
         stop(b, tmp / "kafka")
         result["elapsed_s"] = time.monotonic() - t0

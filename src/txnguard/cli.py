@@ -48,6 +48,13 @@ def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     check = sub.add_parser("check-config", help="validate a configuration file")
     check.add_argument("config")
+    dev = sub.add_parser("dev", help="a local real Kafka with txnguard in front of it, for trying clients")
+    dev.add_argument("--version", default="3.5.2")
+    dev.add_argument("--nodes", type=int, default=1)
+    dev.add_argument("--dir", default=".run/kafka")
+    dev.add_argument("--listen", default="127.0.0.1:19092")
+    dev.add_argument("--admin", default="127.0.0.1:19000")
+    dev.add_argument("--audit", default=".run/audit.jsonl")
 
 
 def _proxy_config(args: argparse.Namespace) -> Any:
@@ -58,6 +65,28 @@ def _proxy_config(args: argparse.Namespace) -> Any:
         "advertised_host": args.advertised_host, "log_level": args.log_level,
     }
     return config.load(args.config, overrides)
+
+
+def _dev(args: argparse.Namespace) -> int:
+    """`make run`: start Kafka, then the proxy in the foreground; Ctrl-C stops both."""
+    from pathlib import Path
+
+    from txnguard.proxy import config
+    from txnguard.proxy.main import run
+
+    cluster = kafka.up(args.version, args.nodes, args.dir)
+    try:
+        Path(args.audit).parent.mkdir(parents=True, exist_ok=True)
+        cfg = config.load(None, {"upstream": cluster.bootstrap_servers, "listen": args.listen,
+                                 "admin": args.admin, "audit_path": args.audit})
+        print(f"Kafka {cluster.version} is up at {cluster.bootstrap_servers} (direct).", flush=True)
+        print(f"Use bootstrap.servers={cfg.listen} to go through txnguard "
+              f"(metrics: http://{cfg.admin}/metrics, audit log: {args.audit}). Ctrl-C stops both.", flush=True)
+        run(cfg)
+    finally:
+        cluster.down()
+        print("Kafka stopped.", flush=True)
+    return 0
 
 
 def _run_kafka(args: argparse.Namespace) -> int:
@@ -115,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.config}: ok ({cfg.mode} mode, listen {cfg.listen}, "
                   f"upstream {','.join(str(u) for u in cfg.upstream)})")
             return 0
+        if args.command == "dev":
+            return _dev(args)
         if args.command == "run":
             from txnguard.proxy.main import run
 

@@ -1,0 +1,67 @@
+"""The guard's knobs, end to end: monitor mode, per-family errors, the audit record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from txnguard.testing.fixtures import fresh_topic
+from txnguard.testing.proxy import gateway_for
+from txnguard.testing.scenarios import TxnActor, error_name, offsets
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(kafka_pool):
+    return kafka_pool.get("3.5.2", 1)
+
+
+def test_monitor_mode_decides_counts_and_audits_but_forwards(cluster, start_proxy, unique_name, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    proxy = gateway_for(cluster, start_proxy, policy={"mode": "monitor"}, audit_path=str(audit))
+    topic = fresh_topic(cluster, unique_name("mon"))
+    actor = TxnActor(proxy.bootstrap, unique_name("txn"))
+    actor.init()
+    assert actor.produce(topic, 0, [b"x"]).error_code == 0
+    assert offsets(cluster.bootstrap_servers, topic, 0)[0] == 1  # written: monitor does not protect
+    assert proxy.metric("txnguard_verifications_total", {"evidence": "coordinator", "outcome": "not_in_transaction",
+                                                         "decision": "forwarded_unenforced"}) == 1
+    record = json.loads(audit.read_text().splitlines()[-1])
+    assert (record["decision"], record["error_sent"], record["mode"]) == ("forwarded_unenforced", None, "monitor")
+
+
+def test_kafka_python_gets_transaction_abortable_instead_of_its_fatal_invalid_txn_state(cluster, start_proxy,
+                                                                                           unique_name):
+    proxy = gateway_for(cluster, start_proxy)
+    topic = fresh_topic(cluster, unique_name("kp"))
+    actor = TxnActor(proxy.bootstrap, unique_name("txn"), client_id="kafka-python-producer-1")
+    actor.init()
+    r = actor.produce(topic, 0, [b"x"])
+    assert error_name(r.error_code) == "TRANSACTION_ABORTABLE"
+    assert proxy.metric("txnguard_error_rewrites_total", {"api": "produce", "from_error": "not_in_transaction",
+                                                          "to_error": "TRANSACTION_ABORTABLE",
+                                                          "client_family": "kafka-python"}) == 1
+
+
+def test_every_decision_leaves_one_audit_record(cluster, start_proxy, unique_name, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    proxy = gateway_for(cluster, start_proxy, audit_path=str(audit))
+    topic = fresh_topic(cluster, unique_name("aud"), partitions=2)
+    txn_id = unique_name("txn")
+    actor = TxnActor(proxy.bootstrap, txn_id)
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    assert actor.produce(topic, 0, [b"ok"]).error_code == 0
+    assert error_name(actor.produce(topic, 1, [b"not-added"]).error_code) == "INVALID_TXN_STATE"
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(r["target"], r["outcome"], r["decision"], r["evidence"], r["error_name"]) for r in records] == [
+        (f"{topic}-0", "pass", "forwarded", "local", None),
+        (f"{topic}-1", "not_in_transaction", "rejected", "coordinator", "INVALID_TXN_STATE"),
+    ]
+    r = records[1]
+    assert r["schema_version"] == 1 and r["transactional_id"] == txn_id
+    assert (r["producer_id"], r["producer_epoch"]) == (actor.producer.producer_id, actor.producer.producer_epoch)
+    assert r["api"] == "produce" and r["api_version"] == 9 and r["client_id"] == "txnguard-scenario"
+    assert r["latency_ms"] >= 0 and r["mode"] == "enforce"
