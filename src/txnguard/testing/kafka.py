@@ -79,6 +79,7 @@ class Node:
     # forwards to `port`); brokers talk to each other on broker_port.
     sidecar_port: int | None = None
     broker_port: int | None = None
+    ssl_port: int | None = None  # a TLS listener (PEM key store), when the cluster was made with certs
 
     @property
     def address(self) -> str:
@@ -190,6 +191,35 @@ class Cluster:
     def kill_node(self, node_id: int) -> None:
         """SIGKILL: the broker gets no chance to flush or hand over leadership."""
         self.stop_node(node_id, grace_s=0)
+
+    def pause_node(self, node_id: int, *, timeout_s: float = 10.0) -> None:
+        """SIGSTOP the node's process group: its sockets stay open (connects still succeed, the kernel
+        accepts them) but it answers nothing, as a broker in a long GC pause or a frozen VM.
+
+        Returns once every thread of the node is stopped. Always pair with `resume_node` (try/finally):
+        a paused node holds its partitions and its place in the quorum hostage.
+        """
+        node = self.node(node_id)
+        if not _alive(node.pid):
+            raise HarnessError(f"node {node_id} is not running; nothing to pause")
+        assert node.pid is not None
+        os.killpg(node.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while not _stopped(node.pid):
+            if time.monotonic() > deadline:
+                raise HarnessError(f"node {node_id} (pid {node.pid}) did not stop within {timeout_s:.0f}s")
+            time.sleep(0.01)
+
+    def resume_node(self, node_id: int) -> None:
+        """SIGCONT the node's process group; a no-op for a node that is not paused or not running."""
+        node = self.node(node_id)
+        if node.pid is not None and _alive(node.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGCONT)
+
+    def paused(self, node_id: int) -> bool:
+        node = self.node(node_id)
+        return node.pid is not None and _alive(node.pid) and _stopped(node.pid)
 
     def restart_node(self, node_id: int, *, kill: bool = False, timeout_s: float = READY_TIMEOUT_S) -> None:
         if kill:
@@ -334,6 +364,7 @@ def create(
     config: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
     sidecars: bool = False,
+    tls: Any = None,
 ) -> Cluster:
     """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
 
@@ -351,7 +382,8 @@ def create(
     taken: set[int] = set()
     members = [Node(id=i, host=host, port=_free_port(host, taken), controller_port=_free_port(host, taken),
                     sidecar_port=_free_port(host, taken) if sidecars else None,
-                    broker_port=_free_port(host, taken) if sidecars else None)
+                    broker_port=_free_port(host, taken) if sidecars else None,
+                    ssl_port=_free_port(host, taken) if tls is not None else None)
                for i in range(1, nodes + 1)]
     settings = {**_base_config(nodes), **(config or {})}
     cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings)
@@ -386,6 +418,18 @@ def create(
                 "inter.broker.listener.name": "BROKER",
                 "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
             })
+        if tls is not None:
+            # An extra TLS listener; KIP-651 PEM stores, so the test certificates need no keytool.
+            props["listeners"] += f",SSL://{host}:{n.ssl_port}"
+            props["advertised.listeners"] += f",SSL://{host}:{n.ssl_port}"
+            props["listener.security.protocol.map"] += ",SSL:SSL"
+            props.update({
+                "listener.name.ssl.ssl.keystore.type": "PEM",
+                "listener.name.ssl.ssl.keystore.location": str(tls.server_pem),
+                "listener.name.ssl.ssl.truststore.type": "PEM",
+                "listener.name.ssl.ssl.truststore.location": str(tls.ca),
+                "listener.name.ssl.ssl.client.auth": "requested",
+            })
         (nd / "server.properties").write_text(_properties(props))
         fmt = subprocess.run(
             ["java", "-Xmx256m", f"-Dlog4j.configuration=file:{nd / 'log4j.properties'}",
@@ -407,9 +451,10 @@ def up(
     config: Mapping[str, str] | None = None,
     timeout_s: float = READY_TIMEOUT_S,
     sidecars: bool = False,
+    tls: Any = None,
 ) -> Cluster:
     """Create, start and wait until every broker is registered and transactions work."""
-    cluster = create(version, nodes, directory, config, sidecars=sidecars)
+    cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls)
     try:
         for n in cluster.nodes:
             cluster.start_node(n.id)
@@ -446,6 +491,23 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
+def _stopped(pid: int) -> bool:
+    """Every thread of the process is in the stopped state (SIGSTOP delivered everywhere)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().split(")")[-1].split()[0]
+        except OSError:
+            continue  # the thread exited meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
@@ -455,7 +517,10 @@ def _terminate(pid: int | None, grace_s: float) -> None:
     if pid is None or not _alive(pid):
         return
     try:
-        # The node runs in its own session, so its process group is its pid.
+        # The node runs in its own session, so its process group is its pid. A paused node
+        # (pause_node) handles SIGTERM only once continued.
+        if grace_s > 0:
+            os.killpg(pid, signal.SIGCONT)
         os.killpg(pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
     except ProcessLookupError:
         return
