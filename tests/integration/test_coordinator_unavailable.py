@@ -171,8 +171,10 @@ def _s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], unique_na
     commit_retries = _retry(lambda: actor.commit_offsets(group, {topic: {0: 2}})[0], "offsets after resume")
     end = actor.end(commit=True)
     # The brokers, asked directly: the transaction committed both records, once, and the offsets.
-    assert _wait_stable(cluster.live_bootstrap(), topic) == (3, 3)  # two records and the commit marker
     reader = clients.ConfluentKafkaClient()
+    stable = _wait_stable(cluster.live_bootstrap(), topic)
+    assert stable == (3, 3), (cluster.version, stable, produce_retries, commit_retries,
+                              reader.consume_committed(cluster.bootstrap_servers, topic))
     assert reader.consume_committed(cluster.bootstrap_servers, topic) == [b"before", b"during"]
     assert reader.committed_offsets(cluster.bootstrap_servers, group, topic) == {0: 2}
     return S4Run((error_name(r.error_code), r.error_message), [error_name(c) for c in codes],

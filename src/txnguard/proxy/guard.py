@@ -82,6 +82,18 @@ class Decision:
     local_response: bytes | None = None             # when nothing is forwarded
     request: Any = None                             # the decoded request, to merge the answer
     api_version: int = 0
+    # The check-to-append window: when the evidence was in hand, and which evidence it was
+    # (the weakest of the request's partitions); None when nothing was verified.
+    evidence_at: float | None = None
+    evidence: str | None = None
+
+
+# From least to most exposed to a change between check and append.
+_EVIDENCE_ORDER = ("local", "cache", "leader", "coordinator", "request")
+
+
+def _weakest(verdicts: list[Verdict]) -> str:
+    return max((v.evidence.value for v in verdicts), key=_EVIDENCE_ORDER.index)
 
 
 class AuditLog:
@@ -267,8 +279,11 @@ class TransactionGuard:
                 error_sent=choice.code if (choice and enforce) else None,
                 error_name=choice.name if (choice and enforce) else None,
                 latency_ms=elapsed_ms, client=client, mode=mode.value))
+        passed = [v for v in verdicts.values() if v.passed]
+        evidence_at = time.perf_counter() if passed else None
+        evidence = _weakest(passed) if passed else None
         if not rejections:
-            return Decision(forward=frame)
+            return Decision(forward=frame, evidence_at=evidence_at, evidence=evidence)
         if api == TXN_OFFSET_COMMIT:
             code = next(iter(rejections.values())).error_code
             body = txn_offset_commit_rejection(req, version, code)
@@ -282,4 +297,4 @@ class TransactionGuard:
                             request=req, api_version=version)
         reduced = without_partitions(req, rejections)
         return Decision(forward=schemas.encode(header, reduced), rejections=rejections, request=req,
-                        api_version=version)
+                        api_version=version, evidence_at=evidence_at, evidence=evidence)

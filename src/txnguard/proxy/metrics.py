@@ -73,6 +73,10 @@ class ProxyMetrics:
         self.error_rewrites = Counter(
             "txnguard_error_rewrites", "Errors the proxy sent instead of a broker answer",
             ["api", "from_error", "to_error", "client_family"], registry=r)
+        self.verification_window = Histogram(
+            "txnguard_verification_window_ms", "Check-to-append window: from the evidence in hand to the "
+            "broker's answer to the verified write (an upper bound of when it was appended), by evidence",
+            ["evidence"], buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000), registry=r)
         self.registry_size = Gauge(
             "txnguard_registry_transactional_ids", "Transactional ids in the transaction registry", registry=r)
         self._frames: dict[tuple[int, str], tuple[Counter, Counter]] = {}

@@ -354,8 +354,9 @@ class Session:
                 self.metrics.local_responses.labels(schemas.api_name(entry.api_key), "verification").inc()
         else:
             entry.sent_at = time.monotonic()
+            entry.context = decision
             if decision.rejections:
-                entry.action, entry.context = MERGE_PRODUCE, decision
+                entry.action = MERGE_PRODUCE
             elif addresses.carries_addresses(entry.api_key, entry.api_version):
                 entry.action = REWRITE_ADDRESSES
             if expect_response:
@@ -418,6 +419,9 @@ class Session:
             raise _ProtocolBreak(f"response {correlation_id} arrived for request {entry.correlation_id}")
         self.metrics.observe_rtt(entry.api_key, time.monotonic() - entry.sent_at)
         self.metrics.count_frame(entry.api_key, BROKER_TO_CLIENT, len(frame))
+        if entry.context is not None and entry.action != OBSERVE and entry.context.evidence_at is not None:
+            self.metrics.verification_window.labels(entry.context.evidence).observe(
+                (time.perf_counter() - entry.context.evidence_at) * 1000)
         if entry.action == PASS:
             entry.response = frame
         elif entry.action == REWRITE_ADDRESSES:
