@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,15 +25,26 @@ _counter = itertools.count()
 
 
 class ClusterPool:
-    def __init__(self, root: Path) -> None:
+    """Clusters shared by the session, at most `max_alive` running at once (least recently used stops).
+
+    Each node is a JVM with a 512 MiB heap; a dozen idle ones already load two cores. Test files
+    use one or two clusters each, so evicting the least recently used one costs little.
+    """
+
+    def __init__(self, root: Path, max_alive: int | None = None) -> None:
         self.root = root
-        self._clusters: dict[tuple[str, int, bool, tuple[tuple[str, str], ...]], kafka.Cluster] = {}
+        self.max_alive = max_alive or int(os.environ.get("TXNGUARD_MAX_CLUSTERS", "3"))
+        self._clusters: OrderedDict[tuple[str, int, bool, tuple[tuple[str, str], ...]], kafka.Cluster] = \
+            OrderedDict()
 
     def get(self, version: str, nodes: int = 1, config: dict[str, str] | None = None,
             sidecars: bool = False) -> kafka.Cluster:
         key = (version, nodes, sidecars, tuple(sorted((config or {}).items())))
         cluster = self._clusters.get(key)
         if cluster is None:
+            while len(self._clusters) >= self.max_alive:
+                _, oldest = self._clusters.popitem(last=False)
+                oldest.down()
             directory = self.root / f"kafka-{version}-{nodes}n{'-sidecar' if sidecars else ''}-{next(_counter)}"
             cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars)
             self._clusters[key] = cluster
@@ -42,6 +54,7 @@ class ClusterPool:
                 if not kafka._alive(n.pid):
                     cluster.start_node(n.id)
             cluster.wait_ready()
+            self._clusters.move_to_end(key)
         return cluster
 
     def close(self) -> None:

@@ -1,0 +1,212 @@
+"""What does verification cost? Transactional ProducerPerformance direct vs proxy (enforce) vs proxy (monitor).
+
+Run: `.venv/bin/python bench/verification_overhead.py [--quick]`
+
+One run starts a 1-node Kafka 3.5.2 cluster, two `txnguard run` processes in gateway mode in
+front of it (one with `policy.mode: enforce`, one with `monitor`), and runs Kafka's own Java
+ProducerPerformance (3.5.2) with `--transactional-id` and short transactions through each
+side in turn, rounds alternating the order. Then it starts a 1-node cluster laid out for a
+sidecar and runs the same load through a sidecar, where every first write of a transaction
+is checked with the coordinator and later ones with the leader.
+
+It prints, as figures (nothing is asserted):
+* throughput of each side and the ratios proxy/direct;
+* VerificationTimeMs p50/p99 per evidence path, exact, from the proxy's audit records;
+* coordinator requests per transaction (EndTxn requests count the transactions);
+* the check-to-append window (txnguard_verification_window_ms) per evidence path, the measured
+  upper bound of the time in which a change at the coordinator could slip between check and write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from txnguard.testing import kafka
+from txnguard.testing.clients import java_producer_performance
+from txnguard.testing.fixtures import fresh_topic
+from txnguard.testing.proxy import ProxyProcess
+
+KAFKA_VERSION = "3.5.2"
+RECORD_SIZE = 100
+TRANSACTION_MS = 50          # short transactions: many verifications per second
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(admin: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("txnguard_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def total(metrics: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith(prefix))
+
+
+def window_quantile(metrics: dict[str, float], evidence: str, q: float) -> float | None:
+    """histogram_quantile over one label set of txnguard_verification_window_ms (bucket resolution)."""
+    buckets = sorted(
+        (float(k.split('le="')[1].split('"')[0].replace("+Inf", "inf")), v)
+        for k, v in metrics.items()
+        if k.startswith("txnguard_verification_window_ms_bucket") and f'evidence="{evidence}"' in k
+    )
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_count) / max(count - prev_count, 1e-9))
+        prev_le, prev_count = le, count
+    return None
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class Side:
+    def __init__(self, name: str, bootstrap: str, proc: ProxyProcess | None = None, admin: str | None = None,
+                 audit: Path | None = None) -> None:
+        self.name, self.bootstrap, self.proc, self.admin, self.audit = name, bootstrap, proc, admin, audit
+        self.runs: list[Any] = []
+
+
+def start_proxy(name: str, upstream: str, tmp: Path, mode: str = "gateway", policy_mode: str = "enforce",
+                listen: str | None = None) -> Side:
+    port = free_port() if listen is None else int(listen.rsplit(":", 1)[1])
+    admin = f"127.0.0.1:{free_port()}"
+    audit = tmp / f"{name}-audit.jsonl"
+    config = tmp / f"{name}.yaml"
+    config.write_text(json.dumps({
+        "mode": mode, "upstream": upstream, "listen": listen or f"127.0.0.1:{port}", "admin": admin,
+        "audit_path": str(audit), "policy": {"mode": policy_mode}, "log_level": "warning",
+    }))
+    proc = ProxyProcess(["--config", str(config)], tmp / f"{name}.log").start(wait_port=("127.0.0.1", port))
+    return Side(name, f"127.0.0.1:{port}", proc, admin, audit)
+
+
+def run_load(side: Side, cluster: kafka.Cluster, records: int, rate: int) -> Any:
+    topic = fresh_topic(cluster, f"bench-{side.name}-{uuid.uuid4().hex[:6]}")
+    result = java_producer_performance(side.bootstrap, topic, records, "3.5.2", record_size=RECORD_SIZE,
+                                       throughput=rate, transactional_id=f"bench-{uuid.uuid4().hex[:8]}",
+                                       transaction_duration_ms=TRANSACTION_MS, timeout_s=300)
+    side.runs.append(result)
+    return result
+
+
+def verification_figures(side: Side) -> dict[str, Any]:
+    assert side.audit is not None and side.admin is not None
+    latencies: dict[str, list[float]] = {}
+    outcomes: dict[str, int] = {}
+    for line in side.audit.read_text().splitlines():
+        r = json.loads(line)
+        latencies.setdefault(r["evidence"], []).append(r["latency_ms"])
+        outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+    m = scrape(side.admin)
+    transactions = total(m, 'txnguard_frames_total{api="end_txn",direction="client_to_broker"')
+    coordinator = total(m, "txnguard_coordinator_requests_total")
+    return {
+        "verifications": sum(len(v) for v in latencies.values()),
+        "outcomes": outcomes,
+        "verification_time_ms": {e: {"n": len(v), "p50": round(pct(v, 0.5), 4), "p99": round(pct(v, 0.99), 4)}
+                                 for e, v in sorted(latencies.items())},
+        "transactions": int(transactions),
+        "coordinator_requests": int(coordinator),
+        "coordinator_requests_per_transaction": round(coordinator / transactions, 3) if transactions else None,
+        "window_ms": {e: {"p50": _r(window_quantile(m, e, 0.5)), "p99": _r(window_quantile(m, e, 0.99))}
+                      for e in latencies},
+    }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def gateway_phase(tmp: Path, rounds: int, records: int, rate: int) -> dict[str, Any]:
+    cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka-gateway")
+    sides = [Side("direct", cluster.bootstrap_servers)]
+    try:
+        sides.append(start_proxy("enforce", cluster.bootstrap_servers, tmp))
+        sides.append(start_proxy("monitor", cluster.bootstrap_servers, tmp, policy_mode="monitor"))
+        for r in range(rounds):
+            for side in sides if r % 2 == 0 else list(reversed(sides)):
+                res = run_load(side, cluster, records, rate)
+                print(f"  round {r + 1} {side.name:8s} {res.records_per_sec:9.1f} rec/s  "
+                      f"avg {res.avg_latency_ms:6.2f} ms  p99 {res.p99_ms} ms", flush=True)
+        med = {s.name: statistics.median(x.records_per_sec for x in s.runs) for s in sides}
+        lat = {s.name: statistics.median(x.avg_latency_ms for x in s.runs) for s in sides}
+        return {
+            "throughput_records_per_sec": med,
+            "avg_latency_ms": lat,
+            "ratio_enforce_vs_direct": round(med["enforce"] / med["direct"], 4),
+            "ratio_monitor_vs_direct": round(med["monitor"] / med["direct"], 4),
+            "enforce": verification_figures(sides[1]),
+            "monitor": verification_figures(sides[2]),
+        }
+    finally:
+        for s in sides:
+            if s.proc is not None:
+                s.proc.terminate()
+        cluster.down()
+
+
+def sidecar_phase(tmp: Path, records: int, rate: int) -> dict[str, Any]:
+    cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka-sidecar", sidecars=True)
+    node = cluster.nodes[0]
+    side = None
+    try:
+        side = start_proxy("sidecar", f"{node.host}:{node.port}", tmp, mode="sidecar",
+                           listen=f"{node.host}:{node.sidecar_port}")
+        res = run_load(side, cluster, records, rate)
+        print(f"  sidecar  {res.records_per_sec:9.1f} rec/s  avg {res.avg_latency_ms:6.2f} ms", flush=True)
+        return {"throughput_records_per_sec": res.records_per_sec, **verification_figures(side)}
+    finally:
+        if side is not None and side.proc is not None:
+            side.proc.terminate()
+        cluster.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one short round (~1 minute)")
+    args = parser.parse_args()
+    rounds, records, rate = (1, 5000, 2500) if args.quick else (3, 20000, 2500)
+    with tempfile.TemporaryDirectory(prefix="txnguard-bench-") as d:
+        tmp = Path(d)
+        print(f"gateway: {rounds} round(s) of {records} records at {rate}/s, {TRANSACTION_MS} ms transactions",
+              flush=True)
+        gateway = gateway_phase(tmp, rounds, records, rate)
+        print("sidecar: one run", flush=True)
+        sidecar = sidecar_phase(tmp, records, rate)
+    summary = {"kafka": KAFKA_VERSION, "records": records, "offered_rate": rate, "rounds": rounds,
+               "transaction_ms": TRANSACTION_MS, "gateway": gateway, "sidecar": sidecar,
+               "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    print(json.dumps(summary, indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"verification_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
