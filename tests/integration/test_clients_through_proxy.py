@@ -25,6 +25,9 @@ Covered cells (G = gateway, S = one sidecar per broker, 1n/3n = nodes):
 | (a) + (c) | confluent-kafka | S 3n | | S 3n |
 | (a) VerifiableProducer + (c) TransactionalMessageCopier | Java 3.5.2 | S 3n | | S 3n |
 | (a) VerifiableProducer + (c) TransactionalMessageCopier | Java 2.8.2 | G 1n | | |
+| (f) negative control: a misplaced sidecar leaks, and the check sees it | confluent-kafka | S 1n | | |
+
+Runtime: about 4-5 minutes on two cores (most of it starting and stopping the six clusters).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -53,6 +55,7 @@ SIDECAR_VERSIONS = ("3.5.2", "4.3.1")
 PYTHON_CLIENTS = list(clients.PYTHON_CLIENTS)
 NameFactory = Callable[[str], str]
 StartProxy = Callable[..., ProxyThread]
+Join = Callable[[clients.GroupMember], clients.GroupMember]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,7 @@ def sidecar_cluster(kafka_pool: ClusterPool, request: pytest.FixtureRequest) -> 
 
 
 @pytest.fixture
-def group_members() -> Iterator[Callable[[clients.GroupMember], clients.GroupMember]]:
+def group_members() -> Iterator[Join]:
     """`join(member)` starts a group member; every member leaves its group when the test ends."""
     started: list[clients.GroupMember] = []
 
@@ -125,10 +128,10 @@ def _led_on_every_broker(cluster: Cluster, topic: str, partitions: int) -> bool:
     return True
 
 
-def _sidecars(cluster: Cluster, start_proxy: StartProxy) -> list[ProxyThread]:
-    """One sidecar per broker, on the port that broker advertises to clients."""
-    return [start_proxy(mode="sidecar", upstream=f"{n.host}:{n.port}", listen=f"{n.host}:{n.sidecar_port}")
-            for n in cluster.nodes]
+def _sidecars(cluster: Cluster, start_proxy: StartProxy) -> dict[int, ProxyThread]:
+    """Broker id -> its sidecar, listening on the port that broker advertises to clients."""
+    return {n.id: start_proxy(mode="sidecar", upstream=f"{n.host}:{n.port}", listen=f"{n.host}:{n.sidecar_port}")
+            for n in cluster.nodes}
 
 
 def _assert_copied_exactly_once(reader: clients.PythonClient, bootstrap: str, sink: str,
@@ -239,7 +242,7 @@ def test_java_282_copier_through_the_gateway(
 
 @pytest.mark.parametrize("client_name", PYTHON_CLIENTS)
 def test_a_consumer_group_rebalances_through_the_gateway(
-    cluster3: Cluster, start_proxy: StartProxy, unique_name: NameFactory, group_members: Any, client_name: str,
+    cluster3: Cluster, start_proxy: StartProxy, unique_name: NameFactory, group_members: Join, client_name: str,
 ) -> None:
     topic = fresh_topic(cluster3, unique_name("grp"), partitions=4)
     group = unique_name("group")
@@ -402,10 +405,9 @@ def test_confluent_kafka_through_sidecars(
     assert client.committed_offsets(bootstrap, group, source) == {0: 30, 1: 30, 2: 30}
     # Each partition leader's own sidecar carried that partition's writes.
     for p in range(3):
-        leader = cluster.leader(source, p)
-        assert sidecars[leader - 1].metric(
-            "txnguard_frames_total", {"api": "produce", "direction": "client_to_broker"}) >= 1
-    _assert_no_leaks(cluster, *sidecars)
+        sidecar = sidecars[cluster.leader(source, p)]
+        assert sidecar.metric("txnguard_frames_total", {"api": "produce", "direction": "client_to_broker"}) >= 1
+    _assert_no_leaks(cluster, *sidecars.values())
 
 
 @pytest.mark.java
@@ -433,7 +435,7 @@ def test_java_352_copier_through_sidecars(
     reader = clients.ConfluentKafkaClient()
     _assert_copied_exactly_once(reader, bootstrap, sink, [v.encode() for v in seeded.acked_values])
     assert reader.committed_offsets(bootstrap, group, source) == {0: 1000}
-    _assert_no_leaks(cluster, *sidecars)
+    _assert_no_leaks(cluster, *sidecars.values())
 
 
 # -- negative control: the leak check sees a real address when one does reach a client ----------------------

@@ -83,6 +83,9 @@ class BrokerConnection(asyncio.Protocol):
             fut = self._waiting.popleft()[3]
             if not fut.done():
                 fut.set_exception(error)
+                # The waiter may be gone (timed out, cancelled at shutdown): mark the exception
+                # retrieved so asyncio does not print "Future exception was never retrieved".
+                fut.exception()
         if not self.closed.done():
             self.closed.set_result(None)
         if self._transport is not None:

@@ -17,6 +17,12 @@ brokers. Three families:
 Every subprocess runs with a timeout, is killed (its whole process group) when
 the timeout passes, and a failure raises `ClientError` carrying the tail of
 the tool's output.
+
+For the suite every client runs through the proxy, each Python family is also a
+`PythonClient` (`PYTHON_CLIENTS`): plain produce, a consume-transform-produce
+copier with the offsets sent to the transaction, committed-offset lookups, a
+consumer group member in its own thread (`GroupMember`), and admin create /
+describe calls. confluent-kafka adds a `BackgroundProducer` for failover tests.
 """
 
 from __future__ import annotations
