@@ -46,7 +46,7 @@ class ClusterPool:
                 _, oldest = self._clusters.popitem(last=False)
                 oldest.down()
             directory = self.root / f"kafka-{version}-{nodes}n{'-sidecar' if sidecars else ''}-{next(_counter)}"
-            cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars)
+            cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars, die_with_parent=True)
             self._clusters[key] = cluster
         else:
             # A test may have stopped a node and failed before restarting it.

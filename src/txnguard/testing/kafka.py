@@ -92,6 +92,9 @@ class Cluster:
     dir: str
     nodes: list[Node]
     config: dict[str, str] = field(default_factory=dict)
+    # Test sessions set this: if the process that started a node dies (a killed pytest), the
+    # kernel stops the node too. The CLI's clusters must outlive the CLI, so it does not.
+    die_with_parent: bool = False
 
     # -- addresses -----------------------------------------------------------
 
@@ -175,7 +178,8 @@ class Cluster:
             "-cp", classpath, "kafka.Kafka", str(nd / "server.properties"),
         ]
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         log.close()
         node.pid = proc.pid
@@ -452,9 +456,11 @@ def up(
     timeout_s: float = READY_TIMEOUT_S,
     sidecars: bool = False,
     tls: Any = None,
+    die_with_parent: bool = False,
 ) -> Cluster:
     """Create, start and wait until every broker is registered and transactions work."""
     cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls)
+    cluster.die_with_parent = die_with_parent
     try:
         for n in cluster.nodes:
             cluster.start_node(n.id)
@@ -506,6 +512,13 @@ def _stopped(pid: int) -> bool:
         if state not in ("T", "t"):
             return False
     return True
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the parent thread exits (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _reap(pid: int) -> None:
