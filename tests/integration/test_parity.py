@@ -12,17 +12,11 @@ from kio.schema.errors import ErrorCode
 
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import gateway_for
-from txnguard.testing.scenarios import TxnActor, offsets
+from txnguard.testing.scenarios import TxnActor, wait_stable
 
 pytestmark = pytest.mark.integration
 
 
-def _wait_stable(bootstrap: str, topic: str) -> None:
-    for _ in range(100):
-        hw, lso = offsets(bootstrap, topic, 0)
-        if hw == lso:
-            return
-        time.sleep(0.05)
 
 
 def _never_added(bootstrap: str, cluster_bootstrap: str, topic: str, txn_id: str) -> tuple[int, str | None]:
@@ -38,8 +32,14 @@ def _late_write(bootstrap: str, cluster_bootstrap: str, topic: str, txn_id: str)
     actor.add_partitions(topic, 0)
     actor.produce(topic, 0, [b"in"])
     actor.end(commit=False)
-    _wait_stable(cluster_bootstrap, topic)
-    r = actor.produce(topic, 0, [b"late"], sequence=1)
+    wait_stable(cluster_bootstrap, topic)
+    # Markers can be on the partition while the coordinator is still completing the abort: the broker
+    # answers NOT_ENOUGH_REPLICAS (CONCURRENT_TRANSACTIONS underneath), which clients retry.
+    for _ in range(50):
+        r = actor.produce(topic, 0, [b"late"], sequence=1)
+        if r.error_code != ErrorCode.not_enough_replicas:
+            break
+        time.sleep(0.1)
     return r.error_code, r.error_message
 
 

@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import ProxyThread, broker_addresses
-from txnguard.testing.scenarios import TxnActor, error_name, offsets
+from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
 
 pytestmark = pytest.mark.integration
 
@@ -41,13 +41,6 @@ def _txn_id_away_from(cluster, leader: int, prefix: str) -> str:
     raise AssertionError("every transactional id landed on the leader")
 
 
-def _wait_stable(bootstrap: str, topic: str) -> None:
-    for _ in range(100):
-        hw, lso = offsets(bootstrap, topic, 0)
-        if hw == lso:
-            return
-        time.sleep(0.05)
-    raise AssertionError("markers not written")
 
 
 def test_s3_never_added_and_late_write_are_rejected_by_the_leaders_sidecar(sidecars, unique_name):
@@ -70,7 +63,7 @@ def test_s3_never_added_and_late_write_are_rejected_by_the_leaders_sidecar(sidec
     assert late.add_partitions(topic, 0) == {0: 0}
     assert late.produce(topic, 0, [b"in-txn"]).error_code == ErrorCode.none
     assert late.end(commit=False) == ErrorCode.none
-    _wait_stable(bootstrap, topic)
+    wait_stable(bootstrap, topic)
     # Markers may be on the partition while the coordinator is still in PrepareAbort: that answer is
     # CONCURRENT_TRANSACTIONS -> NOT_ENOUGH_REPLICAS, which a client retries, as with the broker.
     codes = []
@@ -105,7 +98,7 @@ def test_s3_a_valid_transaction_across_sidecars_commits(sidecars, unique_name):
         for _ in range(3):
             assert actor.produce(topic, 0, [b"v"]).error_code == ErrorCode.none
         assert actor.end(commit=True) == ErrorCode.none
-        _wait_stable(bootstrap, topic)
+        wait_stable(bootstrap, topic)
     assert offsets(bootstrap, topic, 0) == (12, 12)
     m = proxies[leader - 1].metric
     # Per transaction: the first write asks the coordinator, the next two are vouched for by the leader.

@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import broker_addresses, gateway_for
-from txnguard.testing.scenarios import TxnActor, error_name, offsets
+from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def test_s2_late_write_after_abort_hangs_direct_and_is_rejected_through_the_prox
         assert actor.add_partitions(topic, 0) == {0: 0}
         assert actor.produce(topic, 0, [b"in-txn"]).error_code == ErrorCode.none
         assert actor.end(commit=False) == ErrorCode.none
-        _wait_markers_written(cluster.bootstrap_servers, topic)
+        wait_stable(cluster.bootstrap_servers, topic)
         # A retry of the first batch arrives after the abort, before any new AddPartitionsToTxn.
         return actor, actor.produce(topic, 0, [b"late"], sequence=1).error_code
 
@@ -85,16 +85,6 @@ def test_s2_late_write_after_abort_hangs_direct_and_is_rejected_through_the_prox
     assert actor.end(commit=True) == ErrorCode.none
 
 
-def _wait_markers_written(bootstrap: str, topic: str) -> None:
-    """EndTxn returns before the markers reach the partitions; the late write must come after them."""
-    import time
-
-    for _ in range(100):
-        hw, lso = offsets(bootstrap, topic, 0)
-        if hw == lso:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"markers not written on {topic}-0")
 
 
 def test_s5_txn_offset_commit_for_a_group_never_added_is_rejected(cluster, start_proxy, unique_name):

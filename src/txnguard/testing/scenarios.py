@@ -140,6 +140,21 @@ def offsets(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
                 c.list_offsets(topic, partition, read_committed=True))
 
 
+def wait_stable(bootstrap: str, topic: str, partition: int = 0, deadline_s: float = 10.0) -> None:
+    """Wait until the last stable offset reaches the high watermark.
+
+    EndTxn returns before the coordinator's markers reach the partitions; a scenario that
+    wants a write *after* the markers (a late write) must wait for them.
+    """
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        hw, lso = offsets(bootstrap, topic, partition)
+        if hw == lso:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{topic}-{partition}: last stable offset still below the high watermark")
+
+
 def error_name(code: int) -> str:
     return ErrorCode(code).name.upper()
 
