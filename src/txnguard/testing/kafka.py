@@ -80,6 +80,7 @@ class Node:
     sidecar_port: int | None = None
     broker_port: int | None = None
     ssl_port: int | None = None  # a TLS listener (PEM key store), when the cluster was made with certs
+    sasl_port: int | None = None  # a SASL_PLAINTEXT (PLAIN) listener, when made with sasl users
 
     @property
     def address(self) -> str:
@@ -369,6 +370,7 @@ def create(
     host: str = "127.0.0.1",
     sidecars: bool = False,
     tls: Any = None,
+    sasl_users: Mapping[str, str] | None = None,
 ) -> Cluster:
     """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
 
@@ -387,7 +389,8 @@ def create(
     members = [Node(id=i, host=host, port=_free_port(host, taken), controller_port=_free_port(host, taken),
                     sidecar_port=_free_port(host, taken) if sidecars else None,
                     broker_port=_free_port(host, taken) if sidecars else None,
-                    ssl_port=_free_port(host, taken) if tls is not None else None)
+                    ssl_port=_free_port(host, taken) if tls is not None else None,
+                    sasl_port=_free_port(host, taken) if sasl_users else None)
                for i in range(1, nodes + 1)]
     settings = {**_base_config(nodes), **(config or {})}
     cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings)
@@ -434,6 +437,16 @@ def create(
                 "listener.name.ssl.ssl.truststore.location": str(tls.ca),
                 "listener.name.ssl.ssl.client.auth": "requested",
             })
+        if sasl_users:
+            users = " ".join(f'user_{u}="{pw}"' for u, pw in sasl_users.items())
+            props["listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
+            props["advertised.listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
+            props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            props.update({
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            })
         (nd / "server.properties").write_text(_properties(props))
         fmt = subprocess.run(
             ["java", "-Xmx256m", f"-Dlog4j.configuration=file:{nd / 'log4j.properties'}",
@@ -457,9 +470,10 @@ def up(
     sidecars: bool = False,
     tls: Any = None,
     die_with_parent: bool = False,
+    sasl_users: Mapping[str, str] | None = None,
 ) -> Cluster:
     """Create, start and wait until every broker is registered and transactions work."""
-    cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls)
+    cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls, sasl_users=sasl_users)
     cluster.die_with_parent = die_with_parent
     try:
         for n in cluster.nodes:
