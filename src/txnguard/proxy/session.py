@@ -348,6 +348,11 @@ class Session:
             self.close(reason, f"verifying a request failed: {error!r}", level="warning")
             return
         decision = task.result()
+        if decision.rejections and not expect_response:
+            # acks=0 has no response to carry an error: the broker closes the connection instead.
+            self.close("rejected_without_response", "a transactional acks=0 write failed verification",
+                       level="warning")
+            return
         if decision.forward is None:
             if expect_response:
                 entry.response = decision.local_response
