@@ -27,7 +27,8 @@ Covered cells (G = gateway, S = one sidecar per broker, 1n/3n = nodes):
 | (a) VerifiableProducer + (c) TransactionalMessageCopier | Java 2.8.2 | G 1n | | |
 | (f) negative control: a misplaced sidecar leaks, and the check sees it | confluent-kafka | S 1n | | |
 
-Runtime: about 4-5 minutes on two cores (most of it starting and stopping the six clusters).
+Runtime: about 5-6 minutes on two cores, most of it starting six clusters and stopping them
+(three 3-node ones at the end).
 """
 
 from __future__ import annotations
@@ -237,6 +238,25 @@ def test_java_282_copier_through_the_gateway(
     _assert_no_leaks(cluster, proxy)
 
 
+# -- negative control: the leak check sees a real address when one does reach a client ----------------------
+
+
+def test_negative_control_a_sidecar_before_a_self_advertising_broker_leaks_and_the_check_sees_it(
+    kafka_pool: ClusterPool, start_proxy: StartProxy, unique_name: NameFactory,
+) -> None:
+    # A sidecar passes addresses through unchanged, so in front of a broker that advertises its own
+    # address (not the sidecar's) the client learns the real one: the misconfiguration (f) guards against.
+    cluster = kafka_pool.get("3.5.2", 1)
+    topic = fresh_topic(cluster, unique_name("leak"))
+    (node,) = cluster.nodes
+    proxy = start_proxy(mode="sidecar", upstream=node.address)
+
+    clients.ConfluentKafkaClient().produce(proxy.bootstrap, topic, [b"bypass"])
+
+    assert proxy.wire is not None
+    assert proxy.wire.leaks(broker_addresses(cluster)) == [(node.host, node.port)]
+
+
 # -- gateway in front of three 3.9.2 nodes: groups, admin, kcat, a leader change -------------------
 
 
@@ -436,22 +456,3 @@ def test_java_352_copier_through_sidecars(
     _assert_copied_exactly_once(reader, bootstrap, sink, [v.encode() for v in seeded.acked_values])
     assert reader.committed_offsets(bootstrap, group, source) == {0: 1000}
     _assert_no_leaks(cluster, *sidecars.values())
-
-
-# -- negative control: the leak check sees a real address when one does reach a client ----------------------
-
-
-def test_negative_control_a_sidecar_before_a_self_advertising_broker_leaks_and_the_check_sees_it(
-    kafka_pool: ClusterPool, start_proxy: StartProxy, unique_name: NameFactory,
-) -> None:
-    # A sidecar passes addresses through unchanged, so in front of a broker that advertises its own
-    # address (not the sidecar's) the client learns the real one: the misconfiguration (f) guards against.
-    cluster = kafka_pool.get("3.5.2", 1)
-    topic = fresh_topic(cluster, unique_name("leak"))
-    (node,) = cluster.nodes
-    proxy = start_proxy(mode="sidecar", upstream=node.address)
-
-    clients.ConfluentKafkaClient().produce(proxy.bootstrap, topic, [b"bypass"])
-
-    assert proxy.wire is not None
-    assert proxy.wire.leaks(broker_addresses(cluster)) == [(node.host, node.port)]

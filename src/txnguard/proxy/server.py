@@ -252,18 +252,23 @@ class Proxy:
 
     # -- upstream ----------------------------------------------------------------------------------
 
-    async def upstream_for(self, listener: Listener) -> HostPort:
+    async def upstream_for(self, listener: Listener) -> list[HostPort]:
+        """Where a new client connection may go, in the order to try.
+
+        The bootstrap listener may use any broker: it rotates the start of the list so
+        connections spread, and the caller moves on when one refuses (a broker that is down).
+        """
         if self.config.mode == "sidecar" or listener.node_id is None:
-            ups = self.config.upstream
+            ups = list(self.config.upstream)
             self._bootstrap_rr = (self._bootstrap_rr + 1) % len(ups)
-            return ups[self._bootstrap_rr]
+            return ups[self._bootstrap_rr:] + ups[:self._bootstrap_rr]
         address = self.brokers.get(listener.node_id)
         if address is None:
             await self.refresh_metadata()
             address = self.brokers.get(listener.node_id)
         if address is None:
             raise UpstreamError(f"broker {listener.node_id} is not in the cluster's metadata")
-        return address
+        return [address]
 
     async def connect_upstream(self, target: HostPort, factory: Callable[[], asyncio.Protocol]) -> Any:
         loop = asyncio.get_running_loop()

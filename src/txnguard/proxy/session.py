@@ -157,9 +157,16 @@ class Session:
         self._upstream_task = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
+        failures: list[str] = []
         try:
-            target = await self.proxy.upstream_for(self.listener)
-            transport, _ = await self.proxy.connect_upstream(target, lambda: UpstreamProtocol(self))
+            for target in await self.proxy.upstream_for(self.listener):
+                try:
+                    transport, _ = await self.proxy.connect_upstream(target, lambda: UpstreamProtocol(self))
+                    break
+                except (TimeoutError, OSError, ConnectionError) as e:
+                    failures.append(f"{target}: {e!r}")  # a broker that is down: try the next one
+            else:
+                raise ConnectionError("; ".join(failures))
         except (TimeoutError, OSError, ConnectionError) as e:
             self.close("upstream_unreachable", f"cannot reach the broker for listener {self.listener.name}: {e}")
             return

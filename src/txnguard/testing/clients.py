@@ -1637,3 +1637,320 @@ def _per_partition(partitions: Iterable[int]) -> dict[int, int]:
     for p in partitions:
         counts[p] = counts.get(p, 0) + 1
     return counts
+
+
+# -- paced transactions and an exactly-once copy loop (S4 / S6) ---------------------------------------
+
+
+AckHook = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class PacedResult:
+    committed: list[bytes]  # every value of every committed transaction, in send order
+    aborted: int  # transactions aborted after an abortable error, then redone with the same values
+    errors: list[str]  # the abortable errors, for the failure message and the report
+
+
+def paced_values(transactional_id: str, transaction: int, per_transaction: int) -> list[bytes]:
+    return [f"{transactional_id}-t{transaction}-r{i}".encode() for i in range(per_transaction)]
+
+
+def paced_transactions(
+    client_name: str, bootstrap_servers: str, topic: str, transactional_id: str, *, transactions: int,
+    per_transaction: int, partition: int = 0, gap_s: float = 0.02, on_ack: AckHook | None = None,
+    timeout_s: float = 120.0,
+) -> PacedResult:
+    """`transactions` transactions of `per_transaction` records each, one Produce request per record.
+
+    Each record is sent alone and its acknowledgement awaited before the next (linger 0), so a
+    transaction is a long row of small Produce requests to one partition, all after the single
+    AddPartitionsToTxn of that transaction. `on_ack(transaction, record)` runs in the producing
+    thread after each acknowledgement, before the next send: a test can freeze a broker there and
+    know the very next request is a Produce. An abortable error aborts the transaction and redoes
+    it with the same values, as an application does; a fatal one raises ClientError.
+    """
+    run = {"kafka-python": _paced_kafka_python, "confluent-kafka": _paced_confluent,
+           "aiokafka": _paced_aiokafka}.get(client_name)
+    if run is None:
+        raise ValueError(f"no paced transactions for {client_name}")
+    return run(bootstrap_servers, topic, transactional_id, transactions, per_transaction, partition, gap_s,
+               on_ack or (lambda t, i: None), timeout_s)
+
+
+def _paced_kafka_python(bootstrap_servers: str, topic: str, transactional_id: str, transactions: int,
+                        per_transaction: int, partition: int, gap_s: float, on_ack: AckHook,
+                        timeout_s: float) -> PacedResult:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap_servers, transactional_id=transactional_id, linger_ms=0,
+                             max_block_ms=int(timeout_s * 1000))
+    committed: list[bytes] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    t = 0
+    try:
+        producer.init_transactions()
+        while t < transactions:
+            if time.monotonic() > deadline:
+                raise ClientError(f"kafka-python: {t}/{transactions} transactions within {timeout_s:.0f}s; {errors}")
+            values = paced_values(transactional_id, t, per_transaction)
+            try:
+                producer.begin_transaction()
+                for i, v in enumerate(values):
+                    producer.send(topic, value=v, partition=partition).get(timeout=timeout_s)
+                    on_ack(t, i)
+                    time.sleep(gap_s)
+                _bounded(producer.commit_transaction, timeout_s, "kafka-python commit_transaction")
+            except KafkaError as e:
+                manager = getattr(producer, "_transaction_manager", None)
+                if manager is not None and manager.has_fatal_error():
+                    raise ClientError(f"kafka-python fatal error in transaction {t}: {e!r}") from e
+                errors.append(repr(e))
+                _bounded(producer.abort_transaction, timeout_s, "kafka-python abort_transaction")
+                continue
+            committed.extend(values)
+            t += 1
+    finally:
+        producer.close(timeout=10)
+    return PacedResult(committed, len(errors), errors)
+
+
+def _paced_confluent(bootstrap_servers: str, topic: str, transactional_id: str, transactions: int,
+                     per_transaction: int, partition: int, gap_s: float, on_ack: AckHook,
+                     timeout_s: float) -> PacedResult:
+    from confluent_kafka import KafkaError, KafkaException, Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id,
+                         "linger.ms": 0})
+    committed: list[bytes] = []
+    errors: list[str] = []
+    failed: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
+    deadline = time.monotonic() + timeout_s
+    producer.init_transactions(timeout_s)
+    t = 0
+    while t < transactions:
+        if time.monotonic() > deadline:
+            raise ClientError(f"confluent-kafka: {t}/{transactions} transactions within {timeout_s:.0f}s; {errors}")
+        values = paced_values(transactional_id, t, per_transaction)
+        failed.clear()
+        try:
+            producer.begin_transaction()
+            for i, v in enumerate(values):
+                producer.produce(topic, value=v, partition=partition, on_delivery=on_delivery)
+                if producer.flush(timeout_s) != 0:
+                    raise ClientError(f"confluent-kafka: record {i} of transaction {t} not delivered in {timeout_s}s")
+                if failed:
+                    raise KafkaException(failed[0])
+                on_ack(t, i)
+                time.sleep(gap_s)
+            _confluent_commit(producer, timeout_s)
+        except KafkaException as e:
+            err = e.args[0]
+            if err.fatal() or not (err.txn_requires_abort() or failed):
+                raise ClientError(f"confluent-kafka error in transaction {t}: {err}") from e
+            errors.append(str(err))
+            producer.abort_transaction(timeout_s)
+            continue
+        committed.extend(values)
+        t += 1
+    return PacedResult(committed, len(errors), errors)
+
+
+def _confluent_commit(producer: Any, timeout_s: float) -> None:
+    """commit_transaction, retried while librdkafka calls the error retriable (its documented contract)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            producer.commit_transaction(timeout_s)
+            return
+        except KafkaException as e:
+            if not e.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _paced_aiokafka(bootstrap_servers: str, topic: str, transactional_id: str, transactions: int,
+                    per_transaction: int, partition: int, gap_s: float, on_ack: AckHook,
+                    timeout_s: float) -> PacedResult:
+    async def run() -> PacedResult:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import (
+            KafkaError,
+            OutOfOrderSequenceNumber,
+            ProducerFenced,
+            TransactionalIdAuthorizationFailed,
+            UnsupportedVersionError,
+        )
+
+        fatal = (ProducerFenced, OutOfOrderSequenceNumber, TransactionalIdAuthorizationFailed,
+                 UnsupportedVersionError)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, transactional_id=transactional_id,
+                                    linger_ms=0)
+        committed: list[bytes] = []
+        errors: list[str] = []
+        await producer.start()
+        t = 0
+        try:
+            while t < transactions:
+                values = paced_values(transactional_id, t, per_transaction)
+                try:
+                    await producer.begin_transaction()
+                    for i, v in enumerate(values):
+                        await (await producer.send(topic, value=v, partition=partition))
+                        # The hook may block (it freezes a broker); the loop has nothing else to do meanwhile.
+                        on_ack(t, i)
+                        await asyncio.sleep(gap_s)
+                    await producer.commit_transaction()
+                except fatal as e:
+                    raise ClientError(f"aiokafka fatal error in transaction {t}: {e!r}") from e
+                except KafkaError as e:
+                    errors.append(repr(e))
+                    await producer.abort_transaction()
+                    continue
+                committed.extend(values)
+                t += 1
+        finally:
+            await producer.stop()
+        return PacedResult(committed, len(errors), errors)
+
+    try:
+        return asyncio.run(asyncio.wait_for(run(), timeout_s))
+    except TimeoutError as e:
+        raise ClientError(f"aiokafka paced transactions did not finish within {timeout_s:.0f}s") from e
+
+
+@dataclass(frozen=True)
+class ExactlyOnceCopy:
+    copied: int  # input records whose copies were committed together with their offsets
+    transactions: int  # committed transactions
+    aborted: int  # transactions aborted after an abortable error or a rebalance, then redone
+    errors: list[str]  # every error the loop handled (retried or aborted), for the report
+
+
+def confluent_exactly_once_copy(
+    bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int, *,
+    commit_every: int = 500, timeout_s: float = 240.0, progress: Callable[[int], None] | None = None,
+) -> ExactlyOnceCopy:
+    """A confluent-kafka consume-transform-produce loop written as an application would write it.
+
+    The consumer subscribes to `source` in `group_id` with read_committed and no auto commit; each
+    record's copy_of(value) goes to the same partition of `sink` inside a transaction; every
+    `commit_every` records (or when the input runs dry) the consumed positions go into the
+    transaction (send_offsets_to_transaction with the consumer's group metadata) and it commits.
+    Retriable errors on commit are retried; an abortable error (or a rebalance during a
+    transaction) aborts the transaction and rewinds the consumer to the group's committed offsets,
+    so those records are copied again in a later transaction; a fatal error raises ClientError.
+    Stops once `count` input records were committed; `progress(copied)` runs after each commit.
+    """
+    loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s)
+    return loop.run(count, commit_every, time.monotonic() + timeout_s, progress or (lambda _n: None))
+
+
+class _ExactlyOnceLoop:
+    def __init__(self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str,
+                 timeout_s: float) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        self.source, self.sink, self.timeout_s = source, sink, timeout_s
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap_servers, "group.id": group_id, "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest", "session.timeout.ms": 30000,
+        })
+        self.producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id,
+                                  "linger.ms": 5, "transaction.timeout.ms": 60000})
+        self.rebalanced = threading.Event()
+        self.errors: list[str] = []
+        self.aborted = 0
+        self.in_txn = False
+        self.pending = 0
+        self.positions: dict[int, int] = {}
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.errors.append(f"delivery: {err}")
+
+    def run(self, count: int, commit_every: int, deadline: float, progress: Callable[[int], None]) -> ExactlyOnceCopy:
+        copied = transactions = 0
+        try:
+            self.producer.init_transactions(self.timeout_s)
+            self.consumer.subscribe([self.source], on_revoke=lambda _c, _ps: self.rebalanced.set(),
+                                    on_assign=lambda _c, _ps: self.rebalanced.set())
+            while copied < count:
+                if time.monotonic() > deadline:
+                    raise ClientError(f"confluent-kafka exactly-once copy: {copied}/{count} copied in time; "
+                                      f"last errors {self.errors[-5:]}")
+                batch = _rdkafka_records(self.consumer, min(commit_every - self.pending, 500), 0.2,
+                                         "exactly-once copy")
+                if self.rebalanced.is_set():
+                    self.rebalanced.clear()
+                    if self.in_txn:  # offsets of partitions this member may no longer own: start over
+                        self._abort("rebalance during a transaction")
+                        continue
+                self._transform(batch)
+                dry = not batch
+                if self.in_txn and (dry or self.pending >= commit_every or copied + self.pending >= count):
+                    done = self._commit()
+                    if done:
+                        copied += done
+                        transactions += 1
+                        progress(copied)
+        finally:
+            self.consumer.close()
+        return ExactlyOnceCopy(copied, transactions, self.aborted, self.errors)
+
+    def _transform(self, batch: list[ConsumedRecord]) -> None:
+        if batch and not self.in_txn:
+            self.producer.begin_transaction()
+            self.in_txn = True
+        for r in batch:
+            while True:
+                try:
+                    self.producer.produce(self.sink, value=copy_of(r.value), partition=r.partition,
+                                          on_delivery=self._on_delivery)
+                    break
+                except BufferError:  # local queue full: let deliveries drain
+                    self.producer.poll(0.05)
+            self.positions[r.partition] = r.offset + 1
+        self.pending += len(batch)
+        self.producer.poll(0)
+
+    def _commit(self) -> int:
+        """Offsets into the transaction, then commit; the number of input records committed (0: aborted)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            self.producer.send_offsets_to_transaction(
+                [TopicPartition(self.source, p, o) for p, o in self.positions.items()],
+                self.consumer.consumer_group_metadata(), self.timeout_s)
+            _confluent_commit(self.producer, self.timeout_s)
+        except KafkaException as e:
+            err = e.args[0]
+            if err.fatal():
+                raise ClientError(f"confluent-kafka exactly-once copy: fatal {err}") from e
+            self._abort(str(err))
+            return 0
+        done = self.pending
+        self.in_txn, self.pending, self.positions = False, 0, {}
+        return done
+
+    def _abort(self, why: str) -> None:
+        """Abort the transaction and rewind every assigned partition to the group's committed offset."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self.errors.append(why)
+        self.aborted += 1
+        self.producer.abort_transaction(self.timeout_s)
+        self.in_txn, self.pending, self.positions = False, 0, {}
+        assigned = self.consumer.assignment()
+        for tp in self.consumer.committed(assigned, self.timeout_s) if assigned else []:
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))

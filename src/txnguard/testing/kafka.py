@@ -235,8 +235,19 @@ class Cluster:
         self.wait_ready(timeout_s)
 
     def down(self) -> None:
+        """Stop every node: SIGTERM to all at once (one at a time, the last waits for the others'
+        timeouts), wait, then SIGKILL whatever is left."""
+        running = [n.pid for n in self.nodes if n.pid is not None and _alive(n.pid)]
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(_alive(pid) for pid in running) and time.monotonic() < deadline:
+            for pid in running:
+                _reap(pid)
+            time.sleep(0.1)
         for n in self.nodes:
-            _terminate(n.pid, STOP_GRACE_S)
+            _terminate(n.pid, 0)  # SIGKILL only what ignored SIGTERM
             n.pid = None
         self.save()
 
