@@ -96,6 +96,16 @@ def test_error_mapping_defaults_and_family_overrides(api, outcome, family, code)
     assert policy_from_config({}).error_for(api, outcome, family).code == code
 
 
+def test_an_unanswered_txn_offset_commit_check_gets_load_in_progress_like_the_group_coordinator():
+    policy = policy_from_config({})
+    assert policy.error_for(TXN_OFFSET_COMMIT, Outcome.COORDINATOR_RETRIABLE, "java",
+                            "NETWORK_EXCEPTION").code == ErrorCode.coordinator_load_in_progress
+    assert policy.error_for(TXN_OFFSET_COMMIT, Outcome.COORDINATOR_RETRIABLE, "java",
+                            "NOT_COORDINATOR").code == ErrorCode.coordinator_not_available
+    assert policy.error_for(PRODUCE, Outcome.COORDINATOR_RETRIABLE, "java",
+                            "NETWORK_EXCEPTION").code == ErrorCode.not_enough_replicas
+
+
 def test_the_not_enough_replicas_message_names_the_underlying_error():
     choice = policy_from_config({}).error_for(PRODUCE, Outcome.COORDINATOR_RETRIABLE, "java")
     assert choice.render("NOT_COORDINATOR") == (

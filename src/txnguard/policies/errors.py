@@ -73,7 +73,18 @@ FAMILY_OVERRIDES: Mapping[str, ErrorTable] = {
 }
 
 
+# The coordinator could not be asked at all (network error, timeout). The group coordinator
+# (3.8+, maybeConvertOffsetCommitError) answers TxnOffsetCommit then with COORDINATOR_LOAD_IN_PROGRESS
+# rather than COORDINATOR_NOT_AVAILABLE: measured on Kafka 3.9.2 (test_coordinator_unavailable.py).
+UNREACHABLE_TXN_OFFSET_COMMIT = ErrorChoice(ErrorCode.coordinator_load_in_progress)
+
+
 def choose(api: str, outcome: Outcome, family: str,
-           overrides: Mapping[str, ErrorTable] = FAMILY_OVERRIDES) -> ErrorChoice:
+           overrides: Mapping[str, ErrorTable] = FAMILY_OVERRIDES, underlying: str | None = None) -> ErrorChoice:
     family_cells = overrides.get(family, {}).get(api, {})
-    return family_cells.get(outcome) or BROKER_PARITY[api][outcome]
+    chosen = family_cells.get(outcome)
+    if chosen is not None:
+        return chosen
+    if api == TXN_OFFSET_COMMIT and outcome is Outcome.COORDINATOR_RETRIABLE and underlying == "NETWORK_EXCEPTION":
+        return UNREACHABLE_TXN_OFFSET_COMMIT
+    return BROKER_PARITY[api][outcome]

@@ -25,8 +25,8 @@ class Policy:
     def family(self, software_name: str | None, client_id: str | None, listener: str | None) -> str:
         return classify(self.family_rules, software_name, client_id, listener)
 
-    def error_for(self, api: str, outcome: Outcome, family: str) -> ErrorChoice:
-        return choose(api, outcome, family, self.error_overrides)
+    def error_for(self, api: str, outcome: Outcome, family: str, underlying: str | None = None) -> ErrorChoice:
+        return choose(api, outcome, family, self.error_overrides, underlying)
 
     def mode_for(self, transactional_id: str, topic: str | None = None) -> Mode:
         return self.enforcement.mode_for(transactional_id, topic)

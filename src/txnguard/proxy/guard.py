@@ -257,7 +257,7 @@ class TransactionGuard:
         for tp, v in verdicts.items():
             self.metrics.verification_time.labels(v.evidence.value).observe(elapsed_ms)
             enforce = mode is Mode.ENFORCE and not v.passed
-            choice = None if v.passed else self.policy.error_for(api, v.outcome, family)
+            choice = None if v.passed else self.policy.error_for(api, v.outcome, family, v.underlying)
             if v.passed:
                 decision = "forwarded"
             else:

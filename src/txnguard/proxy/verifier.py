@@ -81,6 +81,7 @@ class _Batcher:
                         for f in futs:
                             if not f.done():
                                 f.set_exception(e)
+                                f.exception()  # its waiter may have timed out already: mark it read
                     continue
                 for key, futs in batch.items():
                     for f in futs:
@@ -139,13 +140,19 @@ class Verifier:
             del self._connecting[address]
 
     async def _any_broker(self, payload: Any) -> Any:
+        """Ask the first bootstrap broker that answers; the one that answered is tried first next time,
+        so a broker that is down costs one timeout, not one per question."""
         last: Exception | None = None
-        for address in self.bootstrap:
+        for address in list(self.bootstrap):
             try:
                 conn = await self._connection(address)
-                return await conn.request(payload, self.timeout_s)
-            except (UpstreamError, OSError, CodecError) as e:
+                answer = await conn.request(payload, self.timeout_s)
+            except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 last = e
+                continue
+            if self.bootstrap[0] != address:
+                self.bootstrap = (address, *(a for a in self.bootstrap if a != address))
+            return answer
         raise UpstreamError(f"no bootstrap broker answered: {last}")
 
     # -- the coordinator -----------------------------------------------------------------------------
@@ -164,20 +171,35 @@ class Verifier:
         return address
 
     async def describe(self, txn_id: str) -> DescribedTransaction:
-        """The coordinator's view of a transaction; NOT_COORDINATOR triggers one re-discovery."""
+        """The coordinator's view of a transaction; NOT_COORDINATOR triggers one re-discovery.
+
+        No answer at all (refused, timed out) also forgets the coordinator: after a failover the
+        next question finds the new one instead of waiting on the old node again.
+        """
         for attempt in range(2):
             address = await self.coordinator_of(txn_id, refresh=attempt > 0)
             batcher = self._describe.get(address)
             if batcher is None:
                 batcher = self._describe[address] = _Batcher(
                     "describe_transactions", functools.partial(self._send_describe, address), self.metrics)
-            desc: DescribedTransaction | None = await asyncio.wait_for(batcher.ask(txn_id), self.timeout_s)
+            try:
+                desc: DescribedTransaction | None = await asyncio.wait_for(batcher.ask(txn_id), self.timeout_s)
+            except (UpstreamError, OSError, CodecError, TimeoutError):
+                self._forget_coordinator(address)
+                raise
             if desc is None:
                 raise UpstreamError("the coordinator's answer did not name the transactional id")
             if desc.error_code not in (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available) or attempt:
                 return desc
             self._coordinators.pop(txn_id, None)
         raise AssertionError("unreachable")
+
+    def _forget_coordinator(self, address: HostPort) -> None:
+        for txn_id in [t for t, a in self._coordinators.items() if a == address]:
+            del self._coordinators[txn_id]
+        conn = self._connections.pop(address, None)
+        if conn is not None:
+            conn.close()
 
     async def _send_describe(self, address: HostPort, ids: list[str]) -> dict[str, DescribedTransaction]:
         conn = await self._connection(address)
