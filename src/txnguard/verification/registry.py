@@ -207,4 +207,4 @@ class Registry:
         if ttl is None:
             return True
         seen = rec.coordinator_seen_ms if rec.coordinator_seen_ms is not None else rec.last_seen_ms
-        return now_ms - seen <= ttl
+        return now_ms - seen < ttl  # 0 means never: not even within the same millisecond
