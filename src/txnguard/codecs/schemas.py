@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import struct
+from dataclasses import fields
 from functools import cache
 from typing import Any
 
@@ -15,6 +16,7 @@ from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
+from kio.static.primitive import i16, i32
 
 from txnguard.codecs.errors import DecodeFailed, UnsupportedApiVersion
 
@@ -99,6 +101,24 @@ def encode(header: Any, body: Any) -> bytes:
     out = buf.getbuffer()
     struct.pack_into(">i", out, 0, len(out) - 4)
     return bytes(out)
+
+
+def encode_request(payload: Any, correlation_id: int, client_id: str | None) -> bytes:
+    """A whole request frame: the header version the payload's schema names, then the payload."""
+    header_cls = payload.__header_schema__
+    args: dict[str, Any] = {
+        "request_api_key": i16(payload.__api_key__),
+        "request_api_version": i16(payload.__version__),
+        "correlation_id": i32(correlation_id),
+    }
+    if "client_id" in _field_names(header_cls):
+        args["client_id"] = client_id
+    return encode(header_cls(**args), payload)
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
 
 
 def response_header_for(api_key: int, api_version: int, correlation_id: int) -> Any:

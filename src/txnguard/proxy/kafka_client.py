@@ -12,10 +12,7 @@ import itertools
 import ssl
 import struct
 from collections import deque
-from dataclasses import fields
 from typing import Any, cast
-
-from kio.static.primitive import i16, i32
 
 from txnguard.codecs import schemas
 from txnguard.codecs.errors import CodecError
@@ -108,15 +105,7 @@ class BrokerConnection(asyncio.Protocol):
         if not self.is_open or self._transport is None:
             raise UpstreamError("connection is closed")
         correlation_id = next(self._ids)
-        header_cls = payload.__header_schema__
-        args: dict[str, Any] = {
-            "request_api_key": i16(payload.__api_key__),
-            "request_api_version": i16(payload.__version__),
-            "correlation_id": i32(correlation_id),
-        }
-        if "client_id" in {f.name for f in fields(header_cls)}:
-            args["client_id"] = CLIENT_ID
-        frame = schemas.encode(header_cls(**args), payload)
+        frame = schemas.encode_request(payload, correlation_id, CLIENT_ID)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((correlation_id, int(payload.__api_key__), int(payload.__version__), fut))
         self._transport.write(frame)

@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -25,8 +25,10 @@ from kio.index import load_request_schema, load_response_schema
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i8, i16, i32, i64
+
+from txnguard.codecs.schemas import encode_request
 
 # Attribute bits of a v2 record batch (DefaultRecordBatch.java).
 TRANSACTIONAL_BIT = 0x10
@@ -119,19 +121,7 @@ class RawClient:
     # -- framing ---------------------------------------------------------------
 
     def encode(self, payload: Any, correlation_id: int) -> bytes:
-        header_cls = payload.__header_schema__
-        header_args: dict[str, Any] = {
-            "request_api_key": i16(payload.__api_key__),
-            "request_api_version": i16(payload.__version__),
-            "correlation_id": i32(correlation_id),
-        }
-        if "client_id" in {f.name for f in fields(header_cls)}:
-            header_args["client_id"] = self.client_id
-        buf = io.BytesIO()
-        entity_writer(header_cls)(buf, header_cls(**header_args))
-        entity_writer(type(payload))(buf, payload)
-        body = buf.getvalue()
-        return struct.pack(">i", len(body)) + body
+        return encode_request(payload, correlation_id, self.client_id)
 
     def send_raw(self, frame: bytes) -> None:
         self._sock.sendall(frame)
