@@ -10,7 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from txnguard.codecs.errors import DecodeFailed
+from txnguard.codecs.errors import DecodeFailed, TruncatedFrame
+from txnguard.codecs.header import read_uvarint
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -39,16 +40,8 @@ class _Reader:
         return int(v)
 
     def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.data[self.pos]
-            self.pos += 1
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-            if shift > 35:
-                raise DecodeFailed("varint too long")
+        value, self.pos = read_uvarint(self.data, self.pos)
+        return value
 
     def string(self) -> str:
         n = self.uvarint() - 1
@@ -87,6 +80,6 @@ def read_describe_transactions_v0(body: bytes | memoryview) -> list[DescribedTra
             r.skip_tags()
             out.append(DescribedTransaction(error_code, txn_id, state, timeout, start, pid, epoch, frozenset(parts)))
         r.skip_tags()
-    except (struct.error, IndexError, UnicodeDecodeError) as e:
+    except (struct.error, IndexError, UnicodeDecodeError, TruncatedFrame) as e:
         raise DecodeFailed(f"DescribeTransactions response: {e!r}") from None
     return out

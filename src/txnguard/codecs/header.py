@@ -48,7 +48,8 @@ def peek_client_id(frame: bytes | memoryview) -> str | None:
     return bytes(frame[10:10 + n]).decode("utf-8", "replace")
 
 
-def _skip_uvarint(frame: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_uvarint(frame: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """(value, position after it) of an unsigned varint; the flexible versions' lengths and tags."""
     value = shift = 0
     while True:
         if pos >= len(frame):
@@ -78,10 +79,10 @@ def _request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
     n: int = _INT16.unpack_from(frame, 8)[0]
     pos: int = 10 + max(n, 0)
     if version >= 2:
-        count, pos = _skip_uvarint(frame, pos)
+        count, pos = read_uvarint(frame, pos)
         for _ in range(count):
-            _, pos = _skip_uvarint(frame, pos)
-            size, pos = _skip_uvarint(frame, pos)
+            _, pos = read_uvarint(frame, pos)
+            size, pos = read_uvarint(frame, pos)
             pos += size
     if pos > len(frame):
         raise TruncatedFrame("request header runs past the end of the frame")
@@ -113,7 +114,7 @@ def _produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) 
     if head.api_version < 3:
         return int(_INT16.unpack_from(frame, pos)[0]), True
     if head.api_version >= 9:
-        length_plus_one, pos = _skip_uvarint(frame, pos)
+        length_plus_one, pos = read_uvarint(frame, pos)
         is_null = length_plus_one == 0
         pos += max(length_plus_one - 1, 0)
     else:
