@@ -126,4 +126,7 @@ def test_valid_transactions_pass_with_local_evidence(cluster, start_proxy, uniqu
     assert actor.end(commit=True) == ErrorCode.none
     assert proxy.metric("txnguard_verifications_total",
                         {"evidence": "local", "outcome": "pass", "decision": "forwarded"}) == 2
-    assert offsets(cluster.bootstrap_servers, topic, 0) == (2, 2)
+    # EndTxn answers before the commit marker lands: wait for it, then both partitions hold record + marker.
+    for partition in (0, 1):
+        wait_stable(cluster.bootstrap_servers, topic, partition)
+        assert offsets(cluster.bootstrap_servers, topic, partition) == (2, 2)
