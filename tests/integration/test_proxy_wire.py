@@ -108,6 +108,24 @@ def test_pipelined_requests_come_back_in_order_under_a_tiny_in_flight_limit(clus
     assert got == list(range(100, 150))
 
 
+def _transactional_produce_cut_short() -> bytes:
+    """A transactional Produce v9 whose record set claims more bytes than the frame holds."""
+    import datetime
+    import sys
+
+    from kio.index import load_request_schema
+
+    from txnguard.codecs.schemas import encode_request
+
+    m = sys.modules[load_request_schema(0, 9).__module__]
+    batch = build_batch([b"v" * 50], producer_id=1, producer_epoch=0, base_sequence=0, transactional=True)
+    frame = encode_request(m.ProduceRequest(
+        transactional_id="t", acks=-1, timeout=datetime.timedelta(seconds=5), topic_data=(m.TopicProduceData(
+            name="x", partition_data=(m.PartitionProduceData(index=0, records=batch),)),)), 1, "c")
+    body = frame[4:-30]
+    return struct.pack(">i", len(body)) + body
+
+
 @pytest.mark.parametrize(
     ("garbage", "reason"),
     [
@@ -116,8 +134,10 @@ def test_pipelined_requests_come_back_in_order_under_a_tiny_in_flight_limit(clus
         (bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC]) + b"\x03\x03", "tls_on_plaintext"),
         # Produce v9 whose body ends inside the transactional id: the proxy must read acks, and cannot.
         (struct.pack(">i", 14) + struct.pack(">hhih", 0, 9, 1, 0) + b"\x00\x05ab", "truncated"),
+        # A transactional Produce the guard must inspect, its records cut short: the broker closes too.
+        (_transactional_produce_cut_short(), "decode_failed"),
     ],
-    ids=["negative-length", "oversize", "tls-client-hello", "truncated-produce"],
+    ids=["negative-length", "oversize", "tls-client-hello", "truncated-produce", "undecodable-txn-produce"],
 )
 def test_bad_frames_close_only_their_connection_with_a_reason(cluster, start_proxy, garbage, reason):
     proxy = gateway_for(cluster, start_proxy)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -24,10 +24,10 @@ from txnguard.codecs.produce import (
     ProducePartition,
     Rejection,
     merged_produce_response,
-    produce_partitions,
     txn_offset_commit_rejection,
     without_partitions,
 )
+from txnguard.codecs.produce_scan import scan_produce
 from txnguard.policies.enforcement import Mode
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.policy import Policy
@@ -41,6 +41,7 @@ from txnguard.verification.outcomes import Verdict
 from txnguard.verification.plan import (
     LAST_PRODUCE_VERSION_BEFORE_TV2,
     LAST_TXN_OFFSET_COMMIT_VERSION_BEFORE_TV2,
+    ProducePlan,
     plan_produce,
 )
 from txnguard.verification.registry import Registry, RegistryLimits
@@ -193,25 +194,33 @@ class TransactionGuard:
             return 3 <= version <= LAST_PRODUCE_VERSION_BEFORE_TV2
         return key == TXN_OFFSET_COMMIT_KEY and version <= LAST_TXN_OFFSET_COMMIT_VERSION_BEFORE_TV2
 
-    async def check_produce(self, session: Session, frame: memoryview, version: int) -> Decision:
+    def check_produce(self, session: Session, frame: memoryview,
+                      version: int) -> Decision | Coroutine[Any, Any, Decision]:
+        """A decision now when the registry can decide alone (the hot path), else a coroutine that asks."""
         started = time.perf_counter()
-        header, req = schemas.decode_request(frame[4:])
-        txn_id = str(req.transactional_id)
-        partitions = produce_partitions(req)
+        scan = scan_produce(frame[4:])
+        txn_id = scan.transactional_id or ""
+        partitions = scan.partitions
         mode = self.policy.mode_for(txn_id, partitions[0].topic if partitions else None)
         if mode is Mode.OFF:
             return Decision(forward=frame)
         plan = plan_produce(self.registry, txn_id, partitions, now_ms())
-        verdicts = dict(plan.verdicts)
         if plan.pending:
-            leader = session.upstream_address if self.use_leader else None
-            asked, desc = await self.verifier.verify(txn_id, plan.producer_id, plan.producer_epoch,
-                                                     plan.pending, leader)
-            verdicts.update(asked)
-            self._remember(txn_id, plan.producer_id, plan.producer_epoch, desc, asked)
+            return self._ask_for_produce(session, frame, version, txn_id, partitions, plan, mode, started)
+        return self._decide(session, PRODUCE, version, txn_id, plan.producer_id, plan.producer_epoch,
+                            plan.verdicts, (time.perf_counter() - started) * 1000, mode, frame, partitions)
+
+    async def _ask_for_produce(self, session: Session, frame: memoryview, version: int, txn_id: str,
+                               partitions: list[ProducePartition], plan: ProducePlan, mode: Mode,
+                               started: float) -> Decision:
+        verdicts = dict(plan.verdicts)
+        leader = session.upstream_address if self.use_leader else None
+        asked, desc = await self.verifier.verify(txn_id, plan.producer_id, plan.producer_epoch, plan.pending, leader)
+        verdicts.update(asked)
+        self._remember(txn_id, plan.producer_id, plan.producer_epoch, desc, asked)
         elapsed_ms = (time.perf_counter() - started) * 1000
         return self._decide(session, PRODUCE, version, txn_id, plan.producer_id, plan.producer_epoch,
-                            verdicts, elapsed_ms, mode, frame, header, req, partitions)
+                            verdicts, elapsed_ms, mode, frame, partitions)
 
     def _remember(self, txn_id: str, pid: int, epoch: int, desc: Any, asked: dict[TopicPartition, Verdict]) -> None:
         """Keep a coordinator's "Ongoing" as evidence for this generation (bounded by the registry's TTL)."""
@@ -222,7 +231,7 @@ class TransactionGuard:
 
     async def check_txn_offset_commit(self, session: Session, frame: memoryview, version: int) -> Decision:
         started = time.perf_counter()
-        header, req = schemas.decode_request(frame[4:])
+        _, req = schemas.decode_request(frame[4:])
         txn_id, group = str(req.transactional_id), str(req.group_id)
         pid, epoch = int(req.producer_id), int(req.producer_epoch)
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
@@ -234,7 +243,7 @@ class TransactionGuard:
         except Exception as e:  # noqa: BLE001 - no partition count: cannot verify, retriable
             v = coordinator_unreachable(f"cannot read __consumer_offsets metadata: {e!r}")
             return self._decide(session, TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, {(CONSUMER_OFFSETS, -1): v},
-                                (time.perf_counter() - started) * 1000, mode, frame, header, req, [], group=group)
+                                (time.perf_counter() - started) * 1000, mode, frame, [], group=group)
         local = self.registry.local_verdict(txn_id, pid, epoch, tp, now_ms(), group=group)
         if local is not None:
             verdicts = {tp: local}
@@ -242,13 +251,13 @@ class TransactionGuard:
             verdicts, desc = await self.verifier.verify(txn_id, pid, epoch, [tp], None)
             self._remember(txn_id, pid, epoch, desc, verdicts)
         return self._decide(session, TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, verdicts,
-                            (time.perf_counter() - started) * 1000, mode, frame, header, req, [], group=group)
+                            (time.perf_counter() - started) * 1000, mode, frame, [], group=group)
 
     # -- from verdicts to a decision ------------------------------------------------------------------------
 
     def _decide(self, session: Session, api: str, version: int, txn_id: str, pid: int, epoch: int,
                 verdicts: dict[TopicPartition, Verdict], elapsed_ms: float, mode: Mode, frame: memoryview,
-                header: Any, req: Any, partitions: list[ProducePartition], group: str | None = None) -> Decision:
+                partitions: list[ProducePartition], group: str | None = None) -> Decision:
         family = session.client_family
         client = ClientInfo(session.client_id, session.software_name, session.software_version, family,
                             session.listener.name, session.id)
@@ -284,6 +293,8 @@ class TransactionGuard:
         evidence = _weakest(passed) if passed else None
         if not rejections:
             return Decision(forward=frame, evidence_at=evidence_at, evidence=evidence)
+        # Only now the full decode: a rejection is answered or re-encoded from the request's objects.
+        header, req = schemas.decode_request(frame[4:])
         if api == TXN_OFFSET_COMMIT:
             code = next(iter(rejections.values())).error_code
             body = txn_offset_commit_rejection(req, version, code)

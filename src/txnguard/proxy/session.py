@@ -44,7 +44,6 @@ TXN_OFFSET_COMMIT = TXN_OFFSET_COMMIT_KEY
 
 # What to do with a response before it goes back to the client.
 PASS, REWRITE_API_VERSIONS, REWRITE_ADDRESSES, SASL_HANDSHAKE_DONE, SASL_AUTH_DONE, OBSERVE, MERGE_PRODUCE = range(7)
-NO_RESPONSE = -1  # not an action: the request gets no response
 
 _ids = itertools.count(1)
 
@@ -265,8 +264,10 @@ class Session:
                 self.metrics.frame_errors.labels(e.reason, CLIENT_TO_BROKER).inc()
                 self.close(e.reason, str(e), level="warning")
                 return
-            if forward:
-                out.append(frame)
+            if self.closed:
+                return
+            if forward is not None:
+                out.append(forward)
         if out:
             self._to_upstream(out[0] if len(out) == 1 else b"".join(out))
         if len(self._order) >= self.limits.max_in_flight:
@@ -277,8 +278,8 @@ class Session:
         if self.upstream is not None:
             self.upstream.write(data)
 
-    def _request(self, frame: memoryview) -> bool:
-        """Book-keep one request; True to forward it, False if it was answered here."""
+    def _request(self, frame: memoryview) -> bytes | memoryview | None:
+        """Book-keep one request; what to forward (the frame, or a reduced one), None if nothing."""
         body = frame[4:]
         head = peek_request(body)
         key, version = head.api_key, head.api_version
@@ -286,11 +287,19 @@ class Session:
         if self.client_id is None and key != SASL_HANDSHAKE:
             self.client_id = peek_client_id(body) or ""
             self.log = self.log.bind(client_id=self.client_id)
+        if key == PRODUCE:
+            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
+            if not txn_id_null and self.proxy.guard.wants(key, version):
+                return self._verify(frame, head, self.proxy.guard.check_produce(self, frame, version),
+                                    expect_response=acks != 0)
+            if acks == 0:
+                return frame  # no response will come, so it never enters the queue
+        elif key == TXN_OFFSET_COMMIT and self.proxy.guard.wants(key, version):
+            return self._verify(frame, head, self.proxy.guard.check_txn_offset_commit(self, frame, version),
+                                expect_response=True)
         action = self._classify(frame, body, head)
         if action is None:
-            return False  # answered here, or held for verification
-        if action == NO_RESPONSE:
-            return True  # acks=0 Produce: no response will come, so it never enters the queue
+            return None  # answered here, or held for verification
         entry = InFlight(head.correlation_id, key, version, action, time.monotonic())
         if action == OBSERVE:
             entry.context = self.proxy.guard.observe_request(key, version, body)
@@ -298,25 +307,13 @@ class Session:
         self._forwarded.append(entry)
         if self.proxy.debug:
             self.log.debug("request", api=schemas.api_name(key), version=version, correlation_id=head.correlation_id)
-        return True
+        return frame
 
     def _classify(self, frame: memoryview, body: memoryview, head: RequestHead) -> int | None:
         """What to do with a request's response (an action), or None if the proxy took the request."""
         key, version = head.api_key, head.api_version
-        guard = self.proxy.guard
-        if key == PRODUCE:
-            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
-            if not txn_id_null and guard.wants(key, version):
-                self._check(frame, head, guard.check_produce(self, frame, version), expect_response=acks != 0)
-                return None
-            if acks == 0:
-                return NO_RESPONSE
-            return REWRITE_ADDRESSES if addresses.carries_addresses(key, version) else PASS
         if key in OBSERVED:
             return OBSERVE
-        if key == TXN_OFFSET_COMMIT and guard.wants(key, version):
-            self._check(frame, head, guard.check_txn_offset_commit(self, frame, version), expect_response=True)
-            return None
         if key == API_VERSIONS:
             if version > api_versions.proxy_api_versions_range()[1]:
                 # A broker answers a too-new ApiVersions with v0 and UNSUPPORTED_VERSION (KIP-511).
@@ -329,24 +326,28 @@ class Session:
             return REWRITE_ADDRESSES
         return {SASL_HANDSHAKE: SASL_HANDSHAKE_DONE, SASL_AUTHENTICATE: SASL_AUTH_DONE}.get(key, PASS)
 
-    def _check(self, frame: memoryview, head: RequestHead, check: Coroutine[Any, Any, Decision],
-               expect_response: bool) -> None:
-        """Hold the connection while a write is verified, then forward, reduce or answer it."""
+    def _verify(self, frame: memoryview, head: RequestHead, check: Decision | Coroutine[Any, Any, Decision],
+                expect_response: bool) -> bytes | memoryview | None:
+        """Apply a verification's decision: now when the guard decided alone, else once it has asked.
+
+        While a check waits on a coordinator or leader, the connection is held (reading paused,
+        later frames queued) so that requests still reach the broker in the client's order.
+        """
         entry = InFlight(head.correlation_id, head.api_key, head.api_version, PASS, time.monotonic())
         if expect_response:
             self._order.append(entry)
+        if isinstance(check, Decision):
+            return self._apply(check, entry, expect_response)
         self._holding = True
         self.pause_reading("client", "verification")
         task = asyncio.get_running_loop().create_task(check)
-        task.add_done_callback(lambda t: self._decided(t, entry, frame, expect_response))
+        task.add_done_callback(lambda t: self._decided(t, entry, expect_response))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
+        return None
 
-    def _decided(self, task: asyncio.Task[Decision], entry: InFlight, frame: memoryview,
-                 expect_response: bool) -> None:
-        if self.closed:
-            return
-        if task.cancelled():
+    def _decided(self, task: asyncio.Task[Decision], entry: InFlight, expect_response: bool) -> None:
+        if self.closed or task.cancelled():
             return
         error = task.exception()
         if error is not None:
@@ -354,26 +355,11 @@ class Session:
             self.log.error("verification_error", error=repr(error), api=schemas.api_name(entry.api_key))
             self.close(reason, f"verifying a request failed: {error!r}", level="warning")
             return
-        decision = task.result()
-        if decision.rejections and not expect_response:
-            # acks=0 has no response to carry an error: the broker closes the connection instead.
-            self.close("rejected_without_response", "a transactional acks=0 write failed verification",
-                       level="warning")
+        forward = self._apply(task.result(), entry, expect_response)
+        if self.closed:
             return
-        if decision.forward is None:
-            if expect_response:
-                entry.response = decision.local_response
-                self.metrics.local_responses.labels(schemas.api_name(entry.api_key), "verification").inc()
-        else:
-            entry.sent_at = time.monotonic()
-            entry.context = decision
-            if decision.rejections:
-                entry.action = MERGE_PRODUCE
-            elif addresses.carries_addresses(entry.api_key, entry.api_version):
-                entry.action = REWRITE_ADDRESSES
-            if expect_response:
-                self._forwarded.append(entry)
-            self._to_upstream(decision.forward)
+        if forward is not None:
+            self._to_upstream(forward)
         self._holding = False
         self.resume_reading("client", "verification")
         held, self._held = self._held, []
@@ -381,6 +367,28 @@ class Session:
             self._process(held)
         else:
             self._flush()
+
+    def _apply(self, decision: Decision, entry: InFlight, expect_response: bool) -> bytes | memoryview | None:
+        """Book-keep a decision; what to forward (None: answered here, or the connection closed)."""
+        if decision.rejections and not expect_response:
+            # acks=0 has no response to carry an error: the broker closes the connection instead.
+            self.close("rejected_without_response", "a transactional acks=0 write failed verification",
+                       level="warning")
+            return None
+        if decision.forward is None:
+            if expect_response:
+                entry.response = decision.local_response
+                self.metrics.local_responses.labels(schemas.api_name(entry.api_key), "verification").inc()
+            return None
+        entry.sent_at = time.monotonic()
+        entry.context = decision
+        if decision.rejections:
+            entry.action = MERGE_PRODUCE
+        elif addresses.carries_addresses(entry.api_key, entry.api_version):
+            entry.action = REWRITE_ADDRESSES
+        if expect_response:
+            self._forwarded.append(entry)
+        return decision.forward
 
     def _note_client_software(self, body: memoryview, version: int) -> None:
         if version < 3:
