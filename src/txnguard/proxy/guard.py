@@ -24,10 +24,10 @@ from txnguard.codecs.produce import (
     ProducePartition,
     Rejection,
     merged_produce_response,
+    produce_partitions,
     txn_offset_commit_rejection,
     without_partitions,
 )
-from txnguard.codecs.produce_scan import scan_produce
 from txnguard.policies.enforcement import Mode
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.policy import Policy
@@ -197,22 +197,29 @@ class TransactionGuard:
     def check_produce(self, session: Session, frame: memoryview,
                       version: int) -> Decision | Coroutine[Any, Any, Decision]:
         """A decision now when the registry can decide alone (the hot path), else a coroutine that asks."""
+        parsing = time.perf_counter()
+        # kio's native decoder reads a typical Produce in a few microseconds; a hand-written
+        # in-place scanner measured 3-5x slower (it only wins above ~1 MB, where kio copies records).
+        header, req = schemas.decode_request(frame[4:])
+        txn_id = str(req.transactional_id)
+        partitions = produce_partitions(req)
+        # As in Kafka (AddPartitionsToTxnManager), verification starts once the request is parsed.
         started = time.perf_counter()
-        scan = scan_produce(frame[4:])
-        txn_id = scan.transactional_id or ""
-        partitions = scan.partitions
+        self.metrics.inspection_time.labels("produce").observe((started - parsing) * 1000)
         mode = self.policy.mode_for(txn_id, partitions[0].topic if partitions else None)
         if mode is Mode.OFF:
             return Decision(forward=frame)
         plan = plan_produce(self.registry, txn_id, partitions, now_ms())
         if plan.pending:
-            return self._ask_for_produce(session, frame, version, txn_id, partitions, plan, mode, started)
+            return self._ask_for_produce(session, frame, version, header, req, partitions, plan, mode, started)
         return self._decide(session, PRODUCE, version, txn_id, plan.producer_id, plan.producer_epoch,
-                            plan.verdicts, (time.perf_counter() - started) * 1000, mode, frame, partitions)
+                            plan.verdicts, (time.perf_counter() - started) * 1000, mode, frame, header, req,
+                            partitions)
 
-    async def _ask_for_produce(self, session: Session, frame: memoryview, version: int, txn_id: str,
+    async def _ask_for_produce(self, session: Session, frame: memoryview, version: int, header: Any, req: Any,
                                partitions: list[ProducePartition], plan: ProducePlan, mode: Mode,
                                started: float) -> Decision:
+        txn_id = str(req.transactional_id)
         verdicts = dict(plan.verdicts)
         leader = session.upstream_address if self.use_leader else None
         asked, desc = await self.verifier.verify(txn_id, plan.producer_id, plan.producer_epoch, plan.pending, leader)
@@ -220,7 +227,7 @@ class TransactionGuard:
         self._remember(txn_id, plan.producer_id, plan.producer_epoch, desc, asked)
         elapsed_ms = (time.perf_counter() - started) * 1000
         return self._decide(session, PRODUCE, version, txn_id, plan.producer_id, plan.producer_epoch,
-                            verdicts, elapsed_ms, mode, frame, partitions)
+                            verdicts, elapsed_ms, mode, frame, header, req, partitions)
 
     def _remember(self, txn_id: str, pid: int, epoch: int, desc: Any, asked: dict[TopicPartition, Verdict]) -> None:
         """Keep a coordinator's "Ongoing" as evidence for this generation (bounded by the registry's TTL)."""
@@ -230,9 +237,11 @@ class TransactionGuard:
                                                set(group_partitions(desc)), now_ms())
 
     async def check_txn_offset_commit(self, session: Session, frame: memoryview, version: int) -> Decision:
-        started = time.perf_counter()
-        _, req = schemas.decode_request(frame[4:])
+        parsing = time.perf_counter()
+        header, req = schemas.decode_request(frame[4:])
         txn_id, group = str(req.transactional_id), str(req.group_id)
+        started = time.perf_counter()
+        self.metrics.inspection_time.labels("txn_offset_commit").observe((started - parsing) * 1000)
         pid, epoch = int(req.producer_id), int(req.producer_epoch)
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
         if mode is Mode.OFF:
@@ -243,7 +252,7 @@ class TransactionGuard:
         except Exception as e:  # noqa: BLE001 - no partition count: cannot verify, retriable
             v = coordinator_unreachable(f"cannot read __consumer_offsets metadata: {e!r}")
             return self._decide(session, TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, {(CONSUMER_OFFSETS, -1): v},
-                                (time.perf_counter() - started) * 1000, mode, frame, [], group=group)
+                                (time.perf_counter() - started) * 1000, mode, frame, header, req, [], group=group)
         local = self.registry.local_verdict(txn_id, pid, epoch, tp, now_ms(), group=group)
         if local is not None:
             verdicts = {tp: local}
@@ -251,13 +260,13 @@ class TransactionGuard:
             verdicts, desc = await self.verifier.verify(txn_id, pid, epoch, [tp], None)
             self._remember(txn_id, pid, epoch, desc, verdicts)
         return self._decide(session, TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, verdicts,
-                            (time.perf_counter() - started) * 1000, mode, frame, [], group=group)
+                            (time.perf_counter() - started) * 1000, mode, frame, header, req, [], group=group)
 
     # -- from verdicts to a decision ------------------------------------------------------------------------
 
     def _decide(self, session: Session, api: str, version: int, txn_id: str, pid: int, epoch: int,
                 verdicts: dict[TopicPartition, Verdict], elapsed_ms: float, mode: Mode, frame: memoryview,
-                partitions: list[ProducePartition], group: str | None = None) -> Decision:
+                header: Any, req: Any, partitions: list[ProducePartition], group: str | None = None) -> Decision:
         family = session.client_family
         client = ClientInfo(session.client_id, session.software_name, session.software_version, family,
                             session.listener.name, session.id)
@@ -293,8 +302,6 @@ class TransactionGuard:
         evidence = _weakest(passed) if passed else None
         if not rejections:
             return Decision(forward=frame, evidence_at=evidence_at, evidence=evidence)
-        # Only now the full decode: a rejection is answered or re-encoded from the request's objects.
-        header, req = schemas.decode_request(frame[4:])
         if api == TXN_OFFSET_COMMIT:
             code = next(iter(rejections.values())).error_code
             body = txn_offset_commit_rejection(req, version, code)

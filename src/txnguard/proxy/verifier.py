@@ -247,30 +247,38 @@ class Verifier:
 
     async def verify(self, txn_id: str, producer_id: int, epoch: int, pending: Iterable[TopicPartition],
                      leader: HostPort | None) -> tuple[dict[TopicPartition, Verdict], DescribedTransaction | None]:
-        """Verdicts for the partitions the core could not decide alone, and the coordinator's answer if asked."""
+        """Verdicts for the partitions the core could not decide alone, and the coordinator's answer if asked.
+
+        With a leader to ask, the leader and the coordinator are asked at once: the leader answers
+        for a partition already written in this transaction, the coordinator for a first write. Asked
+        one after the other, a first write would wait two round trips. The extra coordinator
+        questions are cheap: they join the coordinator's batch, one request in flight per broker.
+        """
         pending = list(pending)
-        verdicts: dict[TopicPartition, Verdict] = {}
-        if leader is not None:
-            checks = await asyncio.gather(
-                *(self._leader_check(leader, tp, producer_id, epoch) for tp in pending))
-            for tp, is_open in zip(pending, checks, strict=True):
-                if is_open:
-                    verdicts[tp] = passed(Evidence.LEADER, "an open transaction of this producer on the leader")
-            pending = [tp for tp in pending if tp not in verdicts]
-        if not pending:
-            return verdicts, None
+        if leader is None:
+            return await self._ask_coordinator(txn_id, producer_id, epoch, pending)
+        coordinator = asyncio.ensure_future(self._ask_coordinator(txn_id, producer_id, epoch, pending))
+        checks = await asyncio.gather(*(self._leader_check(leader, tp, producer_id, epoch) for tp in pending))
+        verdicts = {tp: passed(Evidence.LEADER, "an open transaction of this producer on the leader")
+                    for tp, is_open in zip(pending, checks, strict=True) if is_open}
+        if len(verdicts) == len(pending):
+            return verdicts, None  # the coordinator's answer, when it comes, is not needed
+        asked, desc = await coordinator
+        return {tp: verdicts.get(tp) or asked[tp] for tp in pending}, desc
+
+    async def _ask_coordinator(self, txn_id: str, producer_id: int, epoch: int, pending: list[TopicPartition],
+                               ) -> tuple[dict[TopicPartition, Verdict], DescribedTransaction | None]:
+        """The coordinator's verdict on each partition; never raises (no answer is a retriable verdict)."""
         try:
             desc = await self.describe(txn_id)
         except _CoordinatorError as e:
             v = Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
                         f"FindCoordinator answered {error_name(e.code)}", error_name(e.code))
-            return {**verdicts, **{tp: v for tp in pending}}, None
+            return {tp: v for tp in pending}, None
         except (TimeoutError, UpstreamError, OSError, CodecError) as e:
             v = coordinator_unreachable(f"no answer from the coordinator: {e!r}")
-            return {**verdicts, **{tp: v for tp in pending}}, None
-        for tp in pending:
-            verdicts[tp] = judge_description(desc, producer_id, epoch, tp)
-        return verdicts, desc
+            return {tp: v for tp in pending}, None
+        return {tp: judge_description(desc, producer_id, epoch, tp) for tp in pending}, desc
 
     async def _leader_check(self, leader: HostPort, tp: TopicPartition, producer_id: int, epoch: int) -> bool:
         try:
