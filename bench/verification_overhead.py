@@ -13,6 +13,8 @@ It prints, as figures (nothing is asserted):
 * throughput of each side and the ratios proxy/direct;
 * VerificationTimeMs p50/p99 per evidence path, exact, from the proxy's audit records;
 * coordinator requests per transaction (EndTxn requests count the transactions);
+* in the sidecar run, one broker round trip (a DescribeTransactions sampled every 20 ms under the
+  same load), the yardstick of the coordinator-evidence target;
 * the check-to-append window (txnguard_verification_window_ms) per evidence path, the measured
   upper bound of the time in which a change at the coordinator could slip between check and write.
 """
@@ -24,6 +26,7 @@ import json
 import socket
 import statistics
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -34,6 +37,7 @@ from txnguard.testing import kafka
 from txnguard.testing.clients import java_producer_performance
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import ProxyProcess
+from txnguard.testing.raw import RawClient
 
 KAFKA_VERSION = "3.5.2"
 RECORD_SIZE = 100
@@ -172,6 +176,33 @@ def gateway_phase(tmp: Path, rounds: int, records: int, rate: int) -> dict[str, 
         cluster.down()
 
 
+class RoundTrips(threading.Thread):
+    """One broker round trip, sampled under the same load: a DescribeTransactions every 20 ms.
+
+    The coordinator-evidence target is "one broker round trip + 1 ms"; this is that round trip,
+    measured by a client on the same machine at the same time as the verifications.
+    """
+
+    def __init__(self, address: str) -> None:
+        super().__init__(daemon=True)
+        self.address = address
+        self.samples: list[float] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with RawClient.connect(self.address) as c:
+            while not self.stopping.wait(0.02):
+                t0 = time.perf_counter()
+                c.describe_transactions("bench-round-trip-probe")
+                self.samples.append((time.perf_counter() - t0) * 1000)
+
+    def figures(self) -> dict[str, Any]:
+        self.stopping.set()
+        self.join(10)
+        v = self.samples
+        return {"n": len(v), "p50": round(pct(v, 0.5), 3), "p99": round(pct(v, 0.99), 3)} if v else {"n": 0}
+
+
 def sidecar_phase(tmp: Path, records: int, rate: int) -> dict[str, Any]:
     cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka-sidecar", sidecars=True)
     node = cluster.nodes[0]
@@ -179,9 +210,14 @@ def sidecar_phase(tmp: Path, records: int, rate: int) -> dict[str, Any]:
     try:
         side = start_proxy("sidecar", f"{node.host}:{node.port}", tmp, mode="sidecar",
                            listen=f"{node.host}:{node.sidecar_port}")
+        probe = RoundTrips(f"{node.host}:{node.port}")
+        probe.start()
         res = run_load(side, cluster, records, rate)
-        print(f"  sidecar  {res.records_per_sec:9.1f} rec/s  avg {res.avg_latency_ms:6.2f} ms", flush=True)
-        return {"throughput_records_per_sec": res.records_per_sec, **verification_figures(side)}
+        rtt = probe.figures()
+        print(f"  sidecar  {res.records_per_sec:9.1f} rec/s  avg {res.avg_latency_ms:6.2f} ms  "
+              f"broker round trip p50 {rtt.get('p50')} / p99 {rtt.get('p99')} ms", flush=True)
+        return {"throughput_records_per_sec": res.records_per_sec, "broker_round_trip_ms": rtt,
+                **verification_figures(side)}
     finally:
         if side is not None and side.proc is not None:
             side.proc.terminate()

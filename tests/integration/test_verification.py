@@ -130,3 +130,44 @@ def test_valid_transactions_pass_with_local_evidence(cluster, start_proxy, uniqu
     for partition in (0, 1):
         wait_stable(cluster.bootstrap_servers, topic, partition)
         assert offsets(cluster.bootstrap_servers, topic, partition) == (2, 2)
+
+
+def test_verify_only_asks_the_coordinator_the_brokers_own_question(cluster, start_proxy, unique_name):
+    """The VerifyOnly option, with nothing the proxy saw to go on: every write is the coordinator's call.
+    (Kafka 3.5.2 offers v4 to brokers only, so there the proxy asks DescribeTransactions, with the same answers.)
+
+        client ─Init/AddPartitions(p0)/AddOffsets(g)─▶ coordinator           (direct: the proxy never sees them)
+        client ─Produce p0, p1 / TxnOffsetCommit g─▶ proxy
+            proxy ─AddPartitionsToTxn v4 VerifyOnly─▶ coordinator: p0 NONE, p1 not in the transaction
+            p0 forwarded; p1 INVALID_TXN_STATE; the offsets of g forwarded
+    """
+    topic = fresh_topic(cluster, unique_name("vo"), partitions=2)
+    proxy = gateway_for(cluster, start_proxy, verification={"coordinator_evidence": "verify_only",
+                                                           "leader_evidence": False})
+    actor = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    group = unique_name("group")
+    assert actor.add_offsets(group) == ErrorCode.none
+
+    actor.bootstrap = proxy.bootstrap  # from here on, through the proxy
+    assert actor.produce(topic, 0, [b"added"]).error_code == ErrorCode.none
+    refused = actor.produce(topic, 1, [b"never-added"])
+    assert error_name(refused.error_code) == "INVALID_TXN_STATE"
+    assert _commit_retrying(actor, group, {topic: {0: 1}}) == [ErrorCode.none]
+    assert actor.end(commit=True) == ErrorCode.none
+
+    # Kafka 3.5 offers AddPartitionsToTxn v4 only between brokers: the proxy falls back to DescribeTransactions.
+    asked, not_asked = (("add_partitions_to_txn_verify_only", "describe_transactions") if cluster.version != "3.5.2"
+                        else ("describe_transactions", "add_partitions_to_txn_verify_only"))
+    assert proxy.metric("txnguard_coordinator_requests_total", {"api": asked}) >= 2
+    assert proxy.metric("txnguard_coordinator_requests_total", {"api": not_asked}) == 0
+    # DescribeTransactions' "Ongoing" is kept for the rest of the transaction (evidence "cache"); VerifyOnly
+    # answers only for the partitions asked, so each check goes to the coordinator.
+    passes = {"outcome": "pass", "decision": "forwarded"}
+    assert sum(proxy.metric("txnguard_verifications_total", {"evidence": e, **passes})
+               for e in ("coordinator", "cache")) == 2
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 1
+    wait_stable(cluster.bootstrap_servers, topic, 0)
+    assert offsets(cluster.bootstrap_servers, topic, 0) == (2, 2)  # the record and its commit marker
+    assert offsets(cluster.bootstrap_servers, topic, 1) == (0, 0)  # nothing written

@@ -11,7 +11,7 @@ from txnguard.codecs.groups import java_string_hash, offsets_partition_for
 from txnguard.codecs.produce import ProducePartition
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.policy import PolicyError, policy_from_config
-from txnguard.verification.judge import judge_description, leader_has_open_transaction
+from txnguard.verification.judge import judge_description, judge_verify_only, leader_has_open_transaction
 from txnguard.verification.outcomes import Outcome
 from txnguard.verification.plan import plan_produce
 from txnguard.verification.registry import Registry
@@ -64,6 +64,30 @@ def test_unknown_transactions_are_asked_about():
 )
 def test_the_coordinators_answer_judged_with_its_own_rules(desc, outcome, underlying):
     v = judge_description(desc, 7, 0, T)
+    assert (v.outcome, v.underlying) == (outcome, underlying)
+
+
+@pytest.mark.parametrize(
+    ("top", "partition", "outcome", "underlying"),
+    [
+        (ErrorCode.none, ErrorCode.none, Outcome.PASS, None),
+        (ErrorCode.none, ErrorCode.invalid_txn_state, Outcome.NOT_IN_TRANSACTION, None),           # 3.5-3.7
+        (ErrorCode.none, ErrorCode.transaction_abortable, Outcome.NOT_IN_TRANSACTION, None),       # 3.8+
+        (ErrorCode.none, ErrorCode.invalid_producer_id_mapping, Outcome.PRODUCER_ID_MAPPING, None),
+        (ErrorCode.none, ErrorCode.producer_fenced, Outcome.FENCED, None),
+        (ErrorCode.none, ErrorCode.concurrent_transactions, Outcome.COORDINATOR_RETRIABLE, "CONCURRENT_TRANSACTIONS"),
+        (ErrorCode.none, ErrorCode.not_coordinator, Outcome.COORDINATOR_RETRIABLE, "NOT_COORDINATOR"),
+        (ErrorCode.none, None, Outcome.COORDINATOR_RETRIABLE, "NETWORK_EXCEPTION"),                # not answered
+        # The broker turns a top-level CLUSTER_AUTHORIZATION_FAILED into INVALID_TXN_STATE: fail closed.
+        (ErrorCode.cluster_authorization_failed, None, Outcome.NOT_IN_TRANSACTION, None),
+        (ErrorCode.coordinator_load_in_progress, ErrorCode.none, Outcome.COORDINATOR_RETRIABLE,
+         "COORDINATOR_LOAD_IN_PROGRESS"),                                                             # top wins
+    ],
+    ids=["in-txn", "not-in-txn-3.5", "not-in-txn-3.8", "unknown-pid", "fenced", "concurrent", "not-coordinator",
+         "unanswered", "no-cluster-action", "top-level-loading"],
+)
+def test_a_verify_only_answer_is_read_as_the_broker_reads_it(top, partition, outcome, underlying):
+    v = judge_verify_only(top, partition, T)
     assert (v.outcome, v.underlying) == (outcome, underlying)
 
 

@@ -63,10 +63,16 @@ class Limits:
     drain_timeout_s: float = 30.0
 
 
+COORDINATOR_EVIDENCE = ("describe_transactions", "verify_only")
+
+
 @dataclass(frozen=True)
 class Verification:
     enabled: bool = True
     leader_evidence: bool = True     # ask the partition leader (DescribeProducers) before the coordinator
+    # How the coordinator is asked: DescribeTransactions (needs DESCRIBE on the transactional id)
+    # or AddPartitionsToTxn v4 VerifyOnly (the broker's own check; needs CLUSTER_ACTION, Kafka 3.5+).
+    coordinator_evidence: str = "describe_transactions"
     timeout_s: float = 5.0           # bound on one verification's waits
     evidence_ttl_ms: int | None = None  # None: the mode's default (gateway: until EndTxn; sidecar: 0)
     registry_max_entries: int = 100_000
@@ -242,10 +248,12 @@ def _verification(raw: Any) -> Verification:
         ttl = raw["evidence_ttl_ms"]
         if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
             raise ConfigError(f"verification.evidence_ttl_ms: {ttl!r} is not a non-negative integer")
-        rest: Verification = _dataclass_from(
-            "verification", Verification, {k: v for k, v in raw.items() if k != "evidence_ttl_ms"})
+        rest = _verification({k: v for k, v in raw.items() if k != "evidence_ttl_ms"})
         return dataclasses.replace(rest, evidence_ttl_ms=ttl)
     result: Verification = _dataclass_from("verification", Verification, raw)
+    if result.coordinator_evidence not in COORDINATOR_EVIDENCE:
+        raise ConfigError(f"verification.coordinator_evidence: {result.coordinator_evidence!r} is not one of "
+                          f"{', '.join(COORDINATOR_EVIDENCE)}")
     return result
 
 

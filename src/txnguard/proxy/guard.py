@@ -133,7 +133,8 @@ class TransactionGuard:
                                                 idle_expiry_ms=int(v.registry_idle_expiry_s * 1000),
                                                 evidence_ttl_ms=evidence_ttl(config)))
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
-                                 connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of)
+                                 connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
+                                 coordinator_evidence=v.coordinator_evidence)
         self.audit = AuditLog(config.audit_path)
         self.log = logs.get(component="guard")
 

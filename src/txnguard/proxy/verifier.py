@@ -8,6 +8,9 @@ traffic; this module asks the rest, on the proxy's own connections:
   this transaction was verified" test (currentTxnFirstOffset).
 * DescribeTransactions to the coordinator (DESCRIBE on the transactional id):
   is the transaction Ongoing with this producer id and epoch, with the partition in it?
+* or, as an option, AddPartitionsToTxn v4 with VerifyOnly to the coordinator: the very
+  question the broker asks (TransactionCoordinator.handleVerifyPartitionsInTransaction),
+  answered per partition; it needs CLUSTER_ACTION on the cluster and a 3.5+ coordinator.
 
 Concurrent questions for one broker are batched into one request, with at most
 one request in flight per broker (as the broker's AddPartitionsToTxnManager does).
@@ -21,13 +24,19 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from kio.schema.add_partitions_to_txn.v4.request import (
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnTopic,
+    AddPartitionsToTxnTransaction,
+)
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v3.request import FindCoordinatorRequest
 from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.types import TopicName, TransactionalId
-from kio.static.primitive import i8, i32
+from kio.schema.types import ProducerId, TopicName, TransactionalId
+from kio.static.primitive import i8, i16, i32
 
 from txnguard.codecs.describe_transactions import DescribedTransaction, read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
@@ -40,12 +49,15 @@ from txnguard.verification.judge import (
     coordinator_unreachable,
     error_name,
     judge_description,
+    judge_verify_only,
     leader_has_open_transaction,
 )
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
 
 TopicPartition = tuple[str, int]
 Key = Any
+_VerifyAnswer = tuple[int, dict[TopicPartition, int]]  # (top-level error, error per partition)
+ADD_PARTITIONS_TO_TXN, VERIFY_ONLY_VERSION = 24, 4
 
 
 class _Batcher:
@@ -94,8 +106,10 @@ class _Batcher:
 class Verifier:
     def __init__(self, bootstrap: tuple[HostPort, ...], metrics: ProxyMetrics, *, ssl_context: Any = None,
                  timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
-                 address_of: Callable[[str, int], HostPort] | None = None) -> None:
+                 address_of: Callable[[str, int], HostPort] | None = None,
+                 coordinator_evidence: str = "describe_transactions") -> None:
         self.bootstrap = bootstrap
+        self.verify_only = coordinator_evidence == "verify_only"
         self.metrics = metrics
         self.ssl_context = ssl_context
         self.timeout_s = timeout_s
@@ -107,6 +121,8 @@ class Verifier:
         self._coordinators: dict[str, HostPort] = {}
         self._describe: dict[HostPort, _Batcher] = {}
         self._producers: dict[HostPort, _Batcher] = {}
+        self._verify: dict[HostPort, _Batcher] = {}
+        self._verify_only_versions: dict[HostPort, int] = {}
         self._offsets_partitions: int | None = None
         self.log = logs.get(component="verifier")
 
@@ -194,6 +210,77 @@ class Verifier:
             self._coordinators.pop(txn_id, None)
         raise AssertionError("unreachable")
 
+    async def _verify_only_supported(self, address: HostPort) -> bool:
+        """Does this coordinator take AddPartitionsToTxn v4 from us? Asked once per broker (ApiVersions).
+
+        Kafka 3.5 has v4 only between brokers (its ApiVersions names v3 to clients). Where it is
+        missing, the broker itself would skip verification; the proxy asks DescribeTransactions instead.
+        """
+        known = self._verify_only_versions.get(address)
+        if known is None:
+            conn = await self._connection(address)
+            resp = await conn.request(ApiVersionsRequest(client_software_name="txnguard",
+                                                         client_software_version="verifier"), self.timeout_s)
+            known = max((int(k.max_version) for k in resp.api_keys if int(k.api_key) == ADD_PARTITIONS_TO_TXN),
+                        default=-1)
+            self._verify_only_versions[address] = known
+            if known < VERIFY_ONLY_VERSION:
+                self.log.warning("verify_only_unsupported", coordinator=str(address), max_version=known,
+                                 detail="the coordinator offers AddPartitionsToTxn up to v"
+                                        f"{known}; VerifyOnly needs v4: asking DescribeTransactions instead")
+        return known >= VERIFY_ONLY_VERSION
+
+    async def verify_partitions(self, txn_id: str, producer_id: int, epoch: int,
+                                pending: list[TopicPartition]) -> dict[TopicPartition, Verdict]:
+        """AddPartitionsToTxn VerifyOnly; NOT_COORDINATOR (or not available) triggers one re-discovery."""
+        key = (txn_id, producer_id, epoch, tuple(pending))
+        for attempt in range(2):
+            address = await self.coordinator_of(txn_id, refresh=attempt > 0)
+            batcher = self._verify.get(address)
+            if batcher is None:
+                batcher = self._verify[address] = _Batcher(
+                    "add_partitions_to_txn_verify_only", functools.partial(self._send_verify_only, address),
+                    self.metrics)
+            try:
+                answer: _VerifyAnswer | None = await asyncio.wait_for(batcher.ask(key), self.timeout_s)
+            except (UpstreamError, OSError, CodecError, TimeoutError):
+                self._forget_coordinator(address)
+                raise
+            if answer is None:
+                # Another question for this id with another producer epoch took its place in the batch
+                # (the broker answers the replaced one NETWORK_EXCEPTION too): retriable.
+                raise UpstreamError("a concurrent VerifyOnly for this transactional id replaced this one")
+            top, codes = answer
+            moved = {top} if top != ErrorCode.none else set(codes.values())
+            if attempt or not moved <= {ErrorCode.not_coordinator, ErrorCode.coordinator_not_available}:
+                return {tp: judge_verify_only(top, codes.get(tp), tp) for tp in pending}
+            self._coordinators.pop(txn_id, None)
+        raise AssertionError("unreachable")
+
+    async def _send_verify_only(self, address: HostPort, keys: list[Key]) -> dict[Key, _VerifyAnswer]:
+        """One batched VerifyOnly request; questions for one id with one epoch share its entry."""
+        entries: dict[str, tuple[int, int, set[TopicPartition]]] = {}
+        for txn_id, pid, epoch, tps in keys:
+            entry = entries.setdefault(txn_id, (pid, epoch, set()))
+            if entry[:2] == (pid, epoch):
+                entry[2].update(tps)
+        transactions = []
+        for txn_id, (pid, epoch, tps) in entries.items():
+            by_topic: dict[str, list[int]] = {}
+            for topic, p in sorted(tps):
+                by_topic.setdefault(topic, []).append(p)
+            transactions.append(AddPartitionsToTxnTransaction(
+                transactional_id=TransactionalId(txn_id), producer_id=ProducerId(pid), producer_epoch=i16(epoch),
+                verify_only=True, topics=tuple(AddPartitionsToTxnTopic(name=TopicName(t), partitions=tuple(
+                    i32(p) for p in ps)) for t, ps in by_topic.items())))
+        conn = await self._connection(address)
+        resp = await conn.request(AddPartitionsToTxnRequest(transactions=tuple(transactions)), self.timeout_s)
+        codes: dict[str, dict[TopicPartition, int]] = {
+            str(r.transactional_id): {(str(t.name), int(p.partition_index)): int(p.partition_error_code)
+                                      for t in r.topic_results for p in t.results_by_partition}
+            for r in resp.results_by_transaction}
+        return {k: (int(resp.error_code), codes.get(k[0], {})) for k in keys if entries[k[0]][:2] == (k[1], k[2])}
+
     def _forget_coordinator(self, address: HostPort) -> None:
         for txn_id in [t for t, a in self._coordinators.items() if a == address]:
             del self._coordinators[txn_id]
@@ -270,6 +357,8 @@ class Verifier:
                                ) -> tuple[dict[TopicPartition, Verdict], DescribedTransaction | None]:
         """The coordinator's verdict on each partition; never raises (no answer is a retriable verdict)."""
         try:
+            if self.verify_only and await self._verify_only_supported(await self.coordinator_of(txn_id)):
+                return await self.verify_partitions(txn_id, producer_id, epoch, pending), None
             desc = await self.describe(txn_id)
         except _CoordinatorError as e:
             v = Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,

@@ -68,6 +68,37 @@ def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, 
                    f"transaction is {desc.state} and {tp[0]}-{tp[1]} is not in it")
 
 
+NOT_IN_TRANSACTION_ERRORS = frozenset({ErrorCode.invalid_txn_state, ErrorCode.transaction_abortable})
+FENCED_ERRORS = frozenset({ErrorCode.producer_fenced, ErrorCode.invalid_producer_epoch})
+
+
+def judge_verify_only(top_error: int, partition_error: int | None, tp: TopicPartition) -> Verdict:
+    """The coordinator's AddPartitionsToTxn VerifyOnly answer for one partition, as the broker reads it.
+
+    AddPartitionsToTxnManager: a top-level CLUSTER_AUTHORIZATION_FAILED becomes INVALID_TXN_STATE
+    (fail closed); any other top-level error applies to every partition; per partition, NONE means
+    "in the ongoing transaction", INVALID_TXN_STATE (TRANSACTION_ABORTABLE from 3.8) means not.
+    """
+    if top_error == ErrorCode.cluster_authorization_failed:
+        return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
+                       "the proxy may not send VerifyOnly (it needs CLUSTER_ACTION on the cluster)")
+    code = top_error if top_error != ErrorCode.none else partition_error
+    if code is None:
+        return coordinator_unreachable(f"the coordinator's answer did not name {tp[0]}-{tp[1]}")
+    if code == ErrorCode.none:
+        return passed(Evidence.COORDINATOR, "VerifyOnly: in the ongoing transaction")
+    if code in NOT_IN_TRANSACTION_ERRORS:
+        return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
+                       f"VerifyOnly answered {error_name(code)}: {tp[0]}-{tp[1]} is not in the transaction")
+    if code == ErrorCode.invalid_producer_id_mapping:
+        return Verdict(Outcome.PRODUCER_ID_MAPPING, Evidence.COORDINATOR, "VerifyOnly: another or no producer id")
+    if code in FENCED_ERRORS:
+        return Verdict(Outcome.FENCED, Evidence.COORDINATOR, f"VerifyOnly answered {error_name(code)}")
+    # CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, loading, and anything unexpected: retriable.
+    return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+                   f"VerifyOnly answered {error_name(code)}", error_name(code))
+
+
 def leader_has_open_transaction(partition_answer: Any, producer_id: int, epoch: int) -> bool:
     """DescribeProducers on the leader: does this producer have an open transaction on the partition?
 
