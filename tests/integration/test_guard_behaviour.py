@@ -65,3 +65,5 @@ def test_every_decision_leaves_one_audit_record(cluster, start_proxy, unique_nam
     assert (r["producer_id"], r["producer_epoch"]) == (actor.producer.producer_id, actor.producer.producer_epoch)
     assert r["api"] == "produce" and r["api_version"] == 9 and r["client_id"] == "txnguard-scenario"
     assert r["latency_ms"] >= 0 and r["mode"] == "enforce"
+    # The local decision was taken without waiting: its CPU time is known; the coordinator's was not.
+    assert records[0]["cpu_ms"] is not None and records[0]["cpu_ms"] >= 0 and r["cpu_ms"] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from typing import Any
 
@@ -21,12 +22,19 @@ def _reload(proxy: Proxy, path: str) -> None:
         proxy.log.error("policy_reload_failed", path=path, error=str(e))
 
 
-async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = None) -> None:
+async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = None,
+                freeze_heap: bool = False) -> None:
     proxy = Proxy(cfg)
     await proxy.start()
     admin = AdminServer(proxy, cfg.admin) if cfg.admin else None
     if admin is not None:
         await admin.start()
+    if freeze_heap:
+        # Everything alive now (modules, kio's schema classes: ~90k objects) lives as long as the
+        # process. A full collection walked them all: ~50 ms with the event loop stopped, measured
+        # as multi-millisecond VerificationTimeMs p99s. Frozen, the collector skips them.
+        gc.collect()
+        gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -49,6 +57,6 @@ def run(cfg: ProxyConfig, config_path: str | None = None) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
-        asyncio.run(serve(cfg, config_path=config_path))
+        asyncio.run(serve(cfg, config_path=config_path, freeze_heap=True))
         return
-    uvloop.run(serve(cfg, config_path=config_path))
+    uvloop.run(serve(cfg, config_path=config_path, freeze_heap=True))

@@ -26,12 +26,14 @@ class ClientInfo:
 def audit_record(
     *, time_ms: int, transactional_id: str, producer_id: int, producer_epoch: int, api: str, api_version: int,
     target: str, verdict: Verdict, decision: str, error_sent: int | None, error_name: str | None,
-    latency_ms: float, client: ClientInfo, mode: str,
+    latency_ms: float, client: ClientInfo, mode: str, cpu_ms: float | None = None,
 ) -> dict[str, Any]:
     """`target` is "topic-partition" for Produce or "group:<id>" for TxnOffsetCommit.
 
     `decision` is what happened to the write: "forwarded" (passed), "rejected"
     (enforce), "forwarded_unenforced" (monitor mode: would have been rejected).
+    `latency_ms` is VerificationTimeMs (wall clock); `cpu_ms` the proxy thread's CPU time for a
+    decision taken without waiting (None when it waited on a broker: other work ran meanwhile).
     """
     return {
         "schema_version": SCHEMA_VERSION,
@@ -56,5 +58,6 @@ def audit_record(
         "error_sent": error_sent,
         "error_name": error_name,
         "latency_ms": round(latency_ms, 4),
+        "cpu_ms": None if cpu_ms is None else round(cpu_ms, 4),
         "mode": mode,
     }

@@ -97,6 +97,11 @@ class RegistryLimits:
     evidence_ttl_ms: int | None = None
 
 
+# Verdicts are immutable: the hot path hands out these two instead of building one per partition.
+_PASSED_LOCALLY = passed(Evidence.LOCAL, "added to the ongoing transaction (observed)")
+_PASSED_FROM_CACHE = passed(Evidence.CACHE, "in the ongoing transaction (the coordinator said so)")
+
+
 class Registry:
     def __init__(self, limits: RegistryLimits | None = None) -> None:
         self.limits = limits or RegistryLimits()
@@ -198,8 +203,7 @@ class Registry:
                            "EndTxn was sent and no AddPartitionsToTxn followed")
         added = tp in rec.partitions or (group is not None and group in rec.groups)
         if rec.phase is Phase.ONGOING and added and self._fresh(rec, now_ms):
-            evidence = Evidence.CACHE if rec.coordinator_seen_ms is not None else Evidence.LOCAL
-            return passed(evidence, f"added in generation {rec.generation}")
+            return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
         return None
 
     def _fresh(self, rec: TxnRecord, now_ms: int) -> bool:
