@@ -207,7 +207,7 @@ def test_s6_confluent_kafka_loop_exactly_once_through_a_broker_crash(
         crash = _crash_midway(cluster, victim, lambda: copied[0], [loop], started)
         result = loop.result(COPY_TIMEOUT_S + 30)
     print(f"\nconfluent-kafka loop: {time.monotonic() - started:.0f}s, {crash}, {result.transactions} "
-          f"transactions, {result.aborted} aborted, errors {result.errors[:10]}")
+          f"transactions, {result.aborted} aborted, {result.producers} producer(s), errors {result.errors[:10]}")
 
     assert result.copied == RECORDS
     _assert_exactly_once(cluster, proxy, copy, clients.copy_of)

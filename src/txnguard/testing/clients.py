@@ -1834,6 +1834,7 @@ class ExactlyOnceCopy:
     transactions: int  # committed transactions
     aborted: int  # transactions aborted after an abortable error or a rebalance, then redone
     errors: list[str]  # every error the loop handled (retried or aborted), for the report
+    producers: int = 1  # producer instances used: a fatal error (e.g. fenced) replaces the producer
 
 
 def confluent_exactly_once_copy(
@@ -1848,11 +1849,17 @@ def confluent_exactly_once_copy(
     transaction (send_offsets_to_transaction with the consumer's group metadata) and it commits.
     Retriable errors on commit are retried; an abortable error (or a rebalance during a
     transaction) aborts the transaction and rewinds the consumer to the group's committed offsets,
-    so those records are copied again in a later transaction; a fatal error raises ClientError.
+    so those records are copied again in a later transaction; a fatal error (the producer fenced,
+    for instance because its transaction outlived transaction.timeout.ms and the coordinator
+    aborted it) replaces the producer, as librdkafka documents: a new instance with the same
+    transactional id fences the old one, and the consumer rewinds. At most `max_producers`.
     Stops once `count` input records were committed; `progress(copied)` runs after each commit.
     """
     loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s)
     return loop.run(count, commit_every, time.monotonic() + timeout_s, progress or (lambda _n: None))
+
+
+MAX_PRODUCERS = 3
 
 
 class _ExactlyOnceLoop:
@@ -1865,8 +1872,10 @@ class _ExactlyOnceLoop:
             "bootstrap.servers": bootstrap_servers, "group.id": group_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest", "session.timeout.ms": 30000,
         })
-        self.producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id,
-                                  "linger.ms": 5, "transaction.timeout.ms": 60000})
+        self.producer_config = {"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id,
+                                "linger.ms": 5, "transaction.timeout.ms": 60000}
+        self.producer = Producer(self.producer_config)
+        self.producers = 1
         self.rebalanced = threading.Event()
         self.errors: list[str] = []
         self.aborted = 0
@@ -1905,7 +1914,7 @@ class _ExactlyOnceLoop:
                         progress(copied)
         finally:
             self.consumer.close()
-        return ExactlyOnceCopy(copied, transactions, self.aborted, self.errors)
+        return ExactlyOnceCopy(copied, transactions, self.aborted, self.errors, self.producers)
 
     def _transform(self, batch: list[ConsumedRecord]) -> None:
         if batch and not self.in_txn:
@@ -1935,8 +1944,9 @@ class _ExactlyOnceLoop:
         except KafkaException as e:
             err = e.args[0]
             if err.fatal():
-                raise ClientError(f"confluent-kafka exactly-once copy: fatal {err}") from e
-            self._abort(str(err))
+                self._replace_producer(str(err))
+            else:
+                self._abort(str(err))
             return 0
         done = self.pending
         self.in_txn, self.pending, self.positions = False, 0, {}
@@ -1944,11 +1954,36 @@ class _ExactlyOnceLoop:
 
     def _abort(self, why: str) -> None:
         """Abort the transaction and rewind every assigned partition to the group's committed offset."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        from confluent_kafka import KafkaException
 
         self.errors.append(why)
         self.aborted += 1
-        self.producer.abort_transaction(self.timeout_s)
+        try:
+            self.producer.abort_transaction(self.timeout_s)
+        except KafkaException as e:
+            if not e.args[0].fatal():
+                raise
+            self._replace_producer(str(e.args[0]))
+            return
+        self._rewind()
+
+    def _replace_producer(self, why: str) -> None:
+        """A fatal error: this producer is done. A new one with the same transactional id fences it
+        (init_transactions aborts whatever it left open) and the consumer rewinds."""
+        from confluent_kafka import Producer
+
+        self.errors.append(f"fatal, producer replaced: {why}")
+        if self.producers >= MAX_PRODUCERS:
+            raise ClientError(f"confluent-kafka exactly-once copy: {self.producers} producers failed; last: {why}")
+        self.producer.purge()
+        self.producer = Producer(self.producer_config)
+        self.producers += 1
+        self.producer.init_transactions(self.timeout_s)
+        self._rewind()
+
+    def _rewind(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
         self.in_txn, self.pending, self.positions = False, 0, {}
         assigned = self.consumer.assignment()
         for tp in self.consumer.committed(assigned, self.timeout_s) if assigned else []:
