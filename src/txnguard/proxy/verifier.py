@@ -194,15 +194,8 @@ class Verifier:
         """
         for attempt in range(2):
             address = await self.coordinator_of(txn_id, refresh=attempt > 0)
-            batcher = self._describe.get(address)
-            if batcher is None:
-                batcher = self._describe[address] = _Batcher(
-                    "describe_transactions", functools.partial(self._send_describe, address), self.metrics)
-            try:
-                desc: DescribedTransaction | None = await asyncio.wait_for(batcher.ask(txn_id), self.timeout_s)
-            except (UpstreamError, OSError, CodecError, TimeoutError):
-                self._forget_coordinator(address)
-                raise
+            desc: DescribedTransaction | None = await self._ask_batched(
+                self._describe, "describe_transactions", self._send_describe, address, txn_id)
             if desc is None:
                 raise UpstreamError("the coordinator's answer did not name the transactional id")
             if desc.error_code not in (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available) or attempt:
@@ -236,16 +229,8 @@ class Verifier:
         key = (txn_id, producer_id, epoch, tuple(pending))
         for attempt in range(2):
             address = await self.coordinator_of(txn_id, refresh=attempt > 0)
-            batcher = self._verify.get(address)
-            if batcher is None:
-                batcher = self._verify[address] = _Batcher(
-                    "add_partitions_to_txn_verify_only", functools.partial(self._send_verify_only, address),
-                    self.metrics)
-            try:
-                answer: _VerifyAnswer | None = await asyncio.wait_for(batcher.ask(key), self.timeout_s)
-            except (UpstreamError, OSError, CodecError, TimeoutError):
-                self._forget_coordinator(address)
-                raise
+            answer: _VerifyAnswer | None = await self._ask_batched(
+                self._verify, "add_partitions_to_txn_verify_only", self._send_verify_only, address, key)
             if answer is None:
                 # Another question for this id with another producer epoch took its place in the batch
                 # (the broker answers the replaced one NETWORK_EXCEPTION too): retriable.
@@ -280,6 +265,18 @@ class Verifier:
                                       for t in r.topic_results for p in t.results_by_partition}
             for r in resp.results_by_transaction}
         return {k: (int(resp.error_code), codes.get(k[0], {})) for k in keys if entries[k[0]][:2] == (k[1], k[2])}
+
+    async def _ask_batched(self, batchers: dict[HostPort, _Batcher], api: str,
+                           send: Callable[[HostPort, list[Key]], Any], address: HostPort, key: Key) -> Any:
+        """One question in a coordinator's batch for `api`; no answer at all forgets that coordinator."""
+        batcher = batchers.get(address)
+        if batcher is None:
+            batcher = batchers[address] = _Batcher(api, functools.partial(send, address), self.metrics)
+        try:
+            return await asyncio.wait_for(batcher.ask(key), self.timeout_s)
+        except (UpstreamError, OSError, CodecError, TimeoutError):
+            self._forget_coordinator(address)
+            raise
 
     def _forget_coordinator(self, address: HostPort) -> None:
         for txn_id in [t for t, a in self._coordinators.items() if a == address]:

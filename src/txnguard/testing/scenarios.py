@@ -119,9 +119,21 @@ RETRIABLE = frozenset({ErrorCode.coordinator_load_in_progress, ErrorCode.not_coo
                        ErrorCode.coordinator_not_available, ErrorCode.concurrent_transactions})
 
 
-def _retrying(call: Callable[[], Any], code_of: Callable[[Any], int], attempts: int = 100) -> Any:
+def _retrying(call: Callable[[], Any], code_of: Callable[[Any], int], attempts: int = 100,
+              deadline_s: float = 60.0) -> Any:
+    """Retry retriable answers, and no answer at all (a request timeout, a closed connection), as
+    clients do: each attempt finds the coordinator again. A coordinator that has just come back from
+    a freeze can hold a request past the raw client's timeout until it learns it was replaced."""
+    end = time.monotonic() + deadline_s
+    r: Any = None
     for _ in range(attempts):
-        r = call()
+        try:
+            r = call()
+        except OSError:  # TimeoutError and ConnectionError included
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+            continue
         if code_of(r) not in RETRIABLE:
             return r
         time.sleep(0.1)
