@@ -6,6 +6,8 @@ prometheus_client `labels()` call costs more than the counting itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from txnguard.codecs.schemas import api_name
@@ -86,6 +88,15 @@ class ProxyMetrics:
             "txnguard_registry_transactional_ids", "Transactional ids in the transaction registry", registry=r)
         self._frames: dict[tuple[int, str], tuple[Counter, Counter]] = {}
         self._rtt: dict[int, Histogram] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Counter | Histogram, *values: str) -> Any:
+        """metric.labels(*values), looked up once: labels() costs microseconds on the per-request path."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def count_frame(self, api_key: int, direction: str, size: int) -> None:
         pair = self._frames.get((api_key, direction))

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from kio.schema.add_partitions_to_txn.v4.request import (
     AddPartitionsToTxnRequest,
@@ -58,6 +58,9 @@ TopicPartition = tuple[str, int]
 Key = Any
 _VerifyAnswer = tuple[int, dict[TopicPartition, int]]  # (top-level error, error per partition)
 ADD_PARTITIONS_TO_TXN, VERIFY_ONLY_VERSION = 24, 4
+COORDINATOR_MOVED = frozenset({ErrorCode.not_coordinator, ErrorCode.coordinator_not_available})
+_T = TypeVar("_T")
+_PASSED_BY_LEADER = passed(Evidence.LEADER, "an open transaction of this producer on the leader")
 
 
 class _Batcher:
@@ -187,19 +190,25 @@ class Verifier:
         return address
 
     async def describe(self, txn_id: str) -> DescribedTransaction:
-        """The coordinator's view of a transaction; NOT_COORDINATOR triggers one re-discovery.
-
-        No answer at all (refused, timed out) also forgets the coordinator: after a failover the
-        next question finds the new one instead of waiting on the old node again.
-        """
-        for attempt in range(2):
-            address = await self.coordinator_of(txn_id, refresh=attempt > 0)
+        """The coordinator's view of a transaction (DescribeTransactions)."""
+        async def ask(address: HostPort) -> DescribedTransaction:
             desc: DescribedTransaction | None = await self._ask_batched(
                 self._describe, "describe_transactions", self._send_describe, address, txn_id)
             if desc is None:
                 raise UpstreamError("the coordinator's answer did not name the transactional id")
-            if desc.error_code not in (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available) or attempt:
-                return desc
+            return desc
+
+        return await self._with_rediscovery(txn_id, ask, lambda desc: {desc.error_code})
+
+    async def _with_rediscovery(self, txn_id: str, ask: Callable[[HostPort], Awaitable[_T]],
+                                errors: Callable[[_T], set[int]]) -> _T:
+        """Ask the coordinator of `txn_id`; an answer made only of NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE
+        triggers one re-discovery. No answer at all forgets the coordinator (`_ask_batched`): after a
+        failover the next question finds the new one instead of waiting on the old node again."""
+        for attempt in range(2):
+            answer = await ask(await self.coordinator_of(txn_id, refresh=attempt > 0))
+            if attempt or not errors(answer) <= COORDINATOR_MOVED:
+                return answer
             self._coordinators.pop(txn_id, None)
         raise AssertionError("unreachable")
 
@@ -225,22 +234,21 @@ class Verifier:
 
     async def verify_partitions(self, txn_id: str, producer_id: int, epoch: int,
                                 pending: list[TopicPartition]) -> dict[TopicPartition, Verdict]:
-        """AddPartitionsToTxn VerifyOnly; NOT_COORDINATOR (or not available) triggers one re-discovery."""
+        """AddPartitionsToTxn VerifyOnly for these partitions, judged as the broker judges the answer."""
         key = (txn_id, producer_id, epoch, tuple(pending))
-        for attempt in range(2):
-            address = await self.coordinator_of(txn_id, refresh=attempt > 0)
+
+        async def ask(address: HostPort) -> _VerifyAnswer:
             answer: _VerifyAnswer | None = await self._ask_batched(
                 self._verify, "add_partitions_to_txn_verify_only", self._send_verify_only, address, key)
             if answer is None:
                 # Another question for this id with another producer epoch took its place in the batch
                 # (the broker answers the replaced one NETWORK_EXCEPTION too): retriable.
                 raise UpstreamError("a concurrent VerifyOnly for this transactional id replaced this one")
-            top, codes = answer
-            moved = {top} if top != ErrorCode.none else set(codes.values())
-            if attempt or not moved <= {ErrorCode.not_coordinator, ErrorCode.coordinator_not_available}:
-                return {tp: judge_verify_only(top, codes.get(tp), tp) for tp in pending}
-            self._coordinators.pop(txn_id, None)
-        raise AssertionError("unreachable")
+            return answer
+
+        top, codes = await self._with_rediscovery(
+            txn_id, ask, lambda a: {a[0]} if a[0] != ErrorCode.none else set(a[1].values()))
+        return {tp: judge_verify_only(top, codes.get(tp), tp) for tp in pending}
 
     async def _send_verify_only(self, address: HostPort, keys: list[Key]) -> dict[Key, _VerifyAnswer]:
         """One batched VerifyOnly request; questions for one id with one epoch share its entry."""
@@ -343,8 +351,7 @@ class Verifier:
             return await self._ask_coordinator(txn_id, producer_id, epoch, pending)
         coordinator = asyncio.ensure_future(self._ask_coordinator(txn_id, producer_id, epoch, pending))
         checks = await asyncio.gather(*(self._leader_check(leader, tp, producer_id, epoch) for tp in pending))
-        verdicts = {tp: passed(Evidence.LEADER, "an open transaction of this producer on the leader")
-                    for tp, is_open in zip(pending, checks, strict=True) if is_open}
+        verdicts = {tp: _PASSED_BY_LEADER for tp, is_open in zip(pending, checks, strict=True) if is_open}
         if len(verdicts) == len(pending):
             return verdicts, None  # the coordinator's answer, when it comes, is not needed
         asked, desc = await coordinator
