@@ -11,6 +11,9 @@ and the broker), then measures, each side alternately so slow drift cancels:
 3. A sequential Produce round trip from a raw Python client, with microsecond
    resolution, because both Java tools print latency percentiles in whole milliseconds.
 4. The proxy's resident memory with 5,000 idle client connections.
+5. Saturation: ProducerPerformance with --throughput -1 (as fast as the producer can) and
+   ConsumerPerformance reading back what it wrote, at 1 KiB and 16 KiB records, with the
+   proxy's CPU per MiB carried and the machine's busy share. `--only saturation` runs this alone.
 
 It prints figures and compares them with the targets as information: nothing here
 asserts on timing. The summary is also written to bench/results/ as JSON.
@@ -34,6 +37,7 @@ import signal
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,8 +57,15 @@ from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
-from txnguard.testing import kafka, raw
-from txnguard.testing.clients import java_command, java_producer_performance, run_tool
+from txnguard.testing import jars, kafka, raw
+from txnguard.testing.clients import (
+    TOOL_HEAP,
+    TOOLS_PACKAGE,
+    java_command,
+    java_producer_performance,
+    run_tool,
+    tools_log_config,
+)
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import ProxyProcess
 
@@ -76,6 +87,16 @@ TARGET_ADDED_P50_MS = 0.3
 TARGET_ADDED_P99_MS = 2.0
 TARGET_CPU_MS_PER_MB = 15.0
 TARGET_RSS_MIB = 200.0
+TARGET_SAT_RATIO = 0.95             # saturation throughput through the proxy, produce and consume (issue 9)
+TARGET_SAT_PRODUCE_MS_PER_MIB = 4.0
+TARGET_SAT_CONSUME_MS_PER_MIB = 1.5
+
+PARTS = ("fixed", "e2e", "rtt", "idle", "saturation")   # --only chooses among these
+SAT_RECORD_SIZES = (1024, 16 * 1024)
+SAT_MIB = 200                       # payload per saturation run (the issue read 200,000 x 1 KiB)
+SAT_WARMUP_SHARE = 0.25             # the untimed warm-up run per side carries this share of SAT_MIB
+SAT_CONSUMER_TIMEOUT_MS = 60000     # ConsumerPerformance --timeout: the longest wait between returned records
+SAT_IDLE_BUSY_PCT = 80              # a saturation run with the machine less busy than this did not saturate it
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,11 @@ class Settings:
     idle_connections: int = 5000
     open_concurrency: int = 200     # connections being opened at once (the proxy's backlog is 1024)
     rate: int = OFFERED_RATE        # ProducerPerformance --throughput, records/s
+    rounds: int = 3                 # saturation: direct+proxy rounds per record size
+    sat_mib: float = SAT_MIB        # saturation: payload MiB per run
+    record_sizes: tuple[int, ...] = SAT_RECORD_SIZES
+    parts: tuple[str, ...] = PARTS
+    profile_cmd: str | None = None  # attached to the proxy around each proxied saturation run of round 0
 
     @property
     def records(self) -> int:
@@ -95,7 +121,7 @@ class Settings:
 
 
 DEFAULT = Settings("default", seconds_per_run=15, pairs=3, e2e_messages=2000, rtt_requests=2000)
-QUICK = Settings("quick", seconds_per_run=3, pairs=2, e2e_messages=500, rtt_requests=500)
+QUICK = Settings("quick", seconds_per_run=3, pairs=2, e2e_messages=500, rtt_requests=500, rounds=2, sat_mib=50)
 
 
 def say(text: str) -> None:
@@ -105,12 +131,22 @@ def say(text: str) -> None:
 # -- the proxy process, read from /proc ------------------------------------------------------------
 
 
-def proxy_cpu_s(pid: int) -> float:
-    """utime + stime of one process, in seconds (fields 14 and 15 of /proc/<pid>/stat)."""
+def proxy_cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of one process, in seconds (fields 14 and 15 of /proc/<pid>/stat).
+
+    stime is the kernel's work on the process's behalf: socket reads and writes (the copies
+    to and from socket buffers), epoll. utime is everything in user space (Python, uvloop).
+    """
     with open(f"/proc/{pid}/stat") as f:
         # The command name (field 2) may contain spaces; everything after its ')' is fixed.
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def proxy_cpu_s(pid: int) -> float:
+    """utime + stime of one process, in seconds."""
+    return sum(proxy_cpu_times(pid))
 
 
 def proxy_rss_kib(pid: int) -> int:
@@ -140,10 +176,12 @@ def cpu_meter(pid: int) -> Iterator[dict[str, float]]:
     something else: on a busy host every latency here is mostly scheduling delay.
     """
     out: dict[str, float] = {}
-    cpu0, t0, (busy0, total0) = proxy_cpu_s(pid), time.monotonic(), host_cpu_ticks()
+    (user0, sys0), t0, (busy0, total0) = proxy_cpu_times(pid), time.monotonic(), host_cpu_ticks()
     yield out
     busy1, total1 = host_cpu_ticks()
-    out["proxy_cpu_s"] = proxy_cpu_s(pid) - cpu0
+    user1, sys1 = proxy_cpu_times(pid)
+    out["proxy_cpu_s"] = (user1 - user0) + (sys1 - sys0)
+    out["proxy_user_s"], out["proxy_sys_s"] = user1 - user0, sys1 - sys0
     out["wall_s"] = time.monotonic() - t0
     out["host_busy_pct"] = 100 * (busy1 - busy0) / max(1, total1 - total0)
 
@@ -228,6 +266,7 @@ class Bench:
     proxy: ProxyProcess
     listen: int
     admin: str
+    stamp: str = ""
 
     @property
     def pid(self) -> int:
@@ -301,7 +340,7 @@ def producer_perf_run(b: Bench, side: str, records: int, rate: int) -> dict[str,
 
 
 def producer_perf_phase(b: Bench, s: Settings) -> dict[str, Any]:
-    say(f"\n[1/4] ProducerPerformance: {s.records} x {RECORD_SIZE} B, acks=all, offered {s.rate} records/s, "
+    say(f"\n[1/5] ProducerPerformance: {s.records} x {RECORD_SIZE} B, acks=all, offered {s.rate} records/s, "
         f"{s.pairs} pairs")
     # One short untimed run per side: JIT of broker and client, the proxy's first connections and caches.
     for side in SIDES:
@@ -341,7 +380,7 @@ def e2e_run(b: Bench, side: str, messages: int) -> dict[str, Any]:
 
 
 def e2e_phase(b: Bench, s: Settings) -> dict[str, Any]:
-    say(f"\n[2/4] EndToEndLatency: {s.e2e_messages} x {RECORD_SIZE} B one at a time, acks=all, {s.pairs} pairs")
+    say(f"\n[2/5] EndToEndLatency: {s.e2e_messages} x {RECORD_SIZE} B one at a time, acks=all, {s.pairs} pairs")
     runs = []
     for i, side in alternating(s.pairs):
         run = {**e2e_run(b, side, s.e2e_messages), "pair": i}
@@ -403,7 +442,7 @@ def rtt_run(b: Bench, side: str, n: int, warmup: int = 50) -> dict[str, Any]:
 
 
 def rtt_phase(b: Bench, s: Settings) -> dict[str, Any]:
-    say(f"\n[3/4] raw Produce round trip: {s.rtt_requests} sequential 1-record requests of {RECORD_SIZE} B, "
+    say(f"\n[3/5] raw Produce round trip: {s.rtt_requests} sequential 1-record requests of {RECORD_SIZE} B, "
         f"acks=all, {s.pairs} pairs")
     runs = []
     for i, side in alternating(s.pairs):
@@ -507,7 +546,7 @@ async def _idle_connections(b: Bench, s: Settings) -> dict[str, Any]:
 
 
 def idle_phase(b: Bench, s: Settings) -> dict[str, Any]:
-    say(f"\n[4/4] idle connections: {s.idle_connections} clients on the bootstrap listener, one ApiVersions each")
+    say(f"\n[4/5] idle connections: {s.idle_connections} clients on the bootstrap listener, one ApiVersions each")
     out = asyncio.run(_idle_connections(b, s))
     say(f"  opened {out['opened']} in {out['open_s']:.1f} s (proxy CPU {out['open_proxy_cpu_s']:.2f} s, "
         f"host busy {out['open_host_busy_pct']:.0f}%), failures {out['failures'] or 'none'}; "
@@ -516,6 +555,281 @@ def idle_phase(b: Bench, s: Settings) -> dict[str, Any]:
         f"({out['kib_per_connection']:.1f} KiB per connection); after closing all: "
         f"{out['rss_after_close_kib'] / 1024:.1f} MiB, {out['active_after_close']:.0f} active, "
         f"fds {out['fds_after_close']}")
+    return out
+
+
+# -- 5. saturation: as fast as the producer can, then read it all back ----------------------------
+
+
+def consumer_perf_command(args: list[str]) -> list[str]:
+    """`java ... org.apache.kafka.tools.ConsumerPerformance args` from the cached kafka-tools jars.
+
+    kafka-tools has shipped ConsumerPerformance under org.apache.kafka.tools since 3.5; the
+    harness's `java_command` does not list it yet, so this builds the same command line.
+    """
+    logs = tools_log_config()
+    return ["java", f"-Xmx{TOOL_HEAP}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+            "-Duser.language=en", "-Duser.country=US",
+            f"-Dlog4j.configuration=file:{logs / 'log4j.properties'}",
+            f"-Dlog4j2.configurationFile={logs / 'log4j2.properties'}",
+            "-cp", jars.classpath(jars.resolve("kafka-tools", JAVA_CLIENT)), f"{TOOLS_PACKAGE}.ConsumerPerformance",
+            *args]
+
+
+def parse_consumer_performance(stdout: str) -> dict[str, float] | None:
+    """The header line and the value line ConsumerPerformance prints (without --show-detailed-stats).
+
+    start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
+    rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec. Its "MB" is a MiB.
+    """
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("start.time,"):
+            names = [n.strip() for n in line.split(",")]
+            values = [v.strip() for v in lines[i + 1].split(",")]
+            if len(values) != len(names):
+                return None
+            return {n: float(v) for n, v in zip(names, values, strict=True) if n not in ("start.time", "end.time")}
+    return None
+
+
+def end_offset(b: Bench, topic: str) -> int:
+    _, host, port = raw.leader_of(b.cluster.bootstrap_servers, topic, 0)
+    with raw.RawClient(host, port) as c:
+        return int(c.list_offsets(topic, 0, read_committed=False))
+
+
+def _through_proxy_mib(b: Bench, before: dict[str, float]) -> float:
+    after = scrape_metrics(b.admin)
+    return (metric_sum(after, "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")) / MIB
+
+
+@contextlib.contextmanager
+def profiled(b: Bench, template: str | None, name: str) -> Iterator[None]:
+    """Run `template` (a command line with {pid} and {out}) against the proxy for the block's duration.
+
+    Meant for `py-spy record --pid {pid} -o {out} ...` or `perf record -g -p {pid} -o {out}`: both
+    write their output when interrupted, so the block ends with SIGINT and a bounded wait.
+    """
+    if template is None:
+        yield
+        return
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / name
+    args = [a.format(pid=b.pid, out=out) for a in template.split()]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(0.5)  # let it attach before the load starts
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+        say(f"  profile: {out.name} (profiler exit {proc.returncode}) {err.decode(errors='replace').strip()[-200:]}")
+
+
+def sat_produce_run(b: Bench, side: str, size: int, records: int) -> dict[str, Any]:
+    """ProducerPerformance --throughput -1: the producer (Kafka's defaults, acks=all) is the only limit."""
+    topic = b.topic(f"sat{size}", side)
+    before = scrape_metrics(b.admin)
+    with cpu_meter(b.pid) as cpu:
+        r = java_producer_performance(b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=size,
+                                      throughput=-1, timeout_s=120 + records * size / MIB)  # >= 1 MiB/s
+    via = _through_proxy_mib(b, before)
+    payload = r.records * size / MIB
+    written = end_offset(b, topic)
+    problems = []
+    if r.records != records or written != records:
+        problems.append(f"produce {side} {size} B: {records} asked, the tool counted {r.records}, "
+                        f"the log ends at offset {written}")
+    return {**asdict(r), **cpu, "side": side, "topic": topic, "record_size": size, "payload_mib": payload,
+            "end_offset": written, "proxy_frame_mib": via, "problems": problems,
+            "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
+
+
+def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int) -> dict[str, Any]:
+    """ConsumerPerformance over `topic` from the beginning (its own new group), up to `records` records."""
+    args = ["--bootstrap-server", b.bootstrap(side), "--topic", topic, "--messages", str(records),
+            "--timeout", str(SAT_CONSUMER_TIMEOUT_MS), "--group", f"bench-{uuid.uuid4().hex[:10]}"]
+    before = scrape_metrics(b.admin)
+    with cpu_meter(b.pid) as cpu:
+        run = run_tool(consumer_perf_command(args),
+                       timeout_s=60 + 2 * SAT_CONSUMER_TIMEOUT_MS / 1000 + records * size / MIB)
+    via = _through_proxy_mib(b, before)
+    stats = parse_consumer_performance(run.stdout)
+    if stats is None:
+        raise RuntimeError(f"ConsumerPerformance printed no result:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+    consumed_msgs = int(stats["data.consumed.in.nMsg"])
+    consumed_mib = stats["data.consumed.in.MB"]
+    expected_mib = records * size / MIB
+    problems = []
+    # The tool counts key + value bytes; ProducerPerformance writes no key, so bytes = records x size.
+    if consumed_msgs != records or abs(consumed_mib - expected_mib) > 0.001 + 1e-6 * expected_mib:
+        problems.append(f"consume {side} {size} B: read {consumed_msgs} records / {consumed_mib:.4f} MiB, "
+                        f"produced {records} / {expected_mib:.4f} MiB")
+    if "WARNING" in run.stdout:
+        problems.append(f"consume {side} {size} B: " + next(x for x in run.stdout.splitlines() if "WARNING" in x))
+    payload = max(consumed_mib, 1e-9)
+    return {**cpu, "side": side, "topic": topic, "record_size": size, "records": records,
+            "consumed_records": consumed_msgs, "consumed_mib": consumed_mib,
+            "mb_per_sec": stats["MB.sec"], "fetch_mb_per_sec": stats["fetch.MB.sec"],
+            "fetch_records_per_sec": stats["fetch.nMsg.sec"], "rebalance_ms": stats["rebalance.time.ms"],
+            "fetch_ms": stats["fetch.time.ms"], "proxy_frame_mib": via, "problems": problems,
+            "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
+
+
+def _route_problems(run: dict[str, Any], payload_mib: float) -> list[str]:
+    """Did the run really go where its side says? The proxy's byte counters tell."""
+    via, side = run["proxy_frame_mib"], run["side"]
+    if side == "proxy" and via < 0.95 * payload_mib:
+        return [f"{side} run carried only {via:.1f} of {payload_mib:.1f} MiB through the proxy"]
+    if side == "direct" and via > 0.01 * payload_mib + 1:
+        return [f"{side} run sent {via:.1f} MiB through the proxy"]
+    return []
+
+
+def _sat_line(kind: str, label: str, run: dict[str, Any]) -> str:
+    if kind == "produce":
+        rate = f"{run['records_per_sec']:9.0f} rec/s {run['mb_per_sec']:7.2f} MB/s  p99 {run['p99_ms']} ms"
+    else:
+        rate = (f"{run['fetch_records_per_sec']:9.0f} rec/s {run['fetch_mb_per_sec']:7.2f} MB/s "
+                f"(fetch; {run['consumed_mib']:.1f} MiB read, join {run['rebalance_ms']:.0f} ms)")
+    return (f"  {label} {kind:7} {run['side']:6}: {rate}  proxy CPU {run['proxy_cpu_s']:.2f} s "
+            f"[sys {run['proxy_sys_s']:.2f}] "
+            f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_frame_mib']:.0f} MiB framed)  "
+            f"wall {run['wall_s']:.1f} s  host busy {run['host_busy_pct']:.0f}%"
+            + ("  PROBLEM" if run["problems"] else ""))
+
+
+def sat_pair(b: Bench, size: int, records: int, order: tuple[str, ...], label: str,
+             profile_cmd: str | None = None) -> list[dict[str, Any]]:
+    """Produce on each side in `order`, then consume each side's topic in the same order."""
+    runs = []
+    produced: dict[str, dict[str, Any]] = {}
+
+    def profile(side: str, kind: str) -> contextlib.AbstractContextManager[None]:
+        return profiled(b, profile_cmd if side == "proxy" else None, f"profile-{size}-{kind}-{b.stamp}")
+
+    for side in order:
+        with profile(side, "produce"):
+            run = sat_produce_run(b, side, size, records)
+        run["problems"] += _route_problems(run, run["payload_mib"])
+        produced[side] = run
+        runs.append({**run, "kind": "produce"})
+        say(_sat_line("produce", label, run))
+    for side in order:
+        with profile(side, "consume"):
+            run = sat_consume_run(b, side, size, produced[side]["topic"], records)
+        run["problems"] += _route_problems(run, run["consumed_mib"])
+        runs.append({**run, "kind": "consume"})
+        say(_sat_line("consume", label, run))
+    return runs
+
+
+def _median(runs: list[dict[str, Any]], kind: str, side: str, key: str) -> float:
+    return float(statistics.median(r[key] for r in runs if r["kind"] == kind and r["side"] == side))
+
+
+def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
+    records = max(1000, int(s.sat_mib * MIB / size))
+    warm = max(500, int(records * SAT_WARMUP_SHARE))
+    say(f"\n  -- {size} B records: {records} per run ({records * size / MIB:.0f} MiB), warm-up {warm} per side, "
+        f"{s.rounds} rounds --")
+    # Untimed: JIT of the broker, the page cache, the proxy's first connections and caches.
+    sat_pair(b, size, warm, SIDES, "warm-up")
+    runs = []
+    for i in range(s.rounds):
+        order = SIDES if i % 2 == 0 else tuple(reversed(SIDES))  # which side goes first alternates
+        profile_cmd = s.profile_cmd if i == 0 else None  # a profiler costs CPU: its round's figures are not clean
+        runs += [{**r, "round": i} for r in sat_pair(b, size, records, order, f"round {i}", profile_cmd)]
+    keys = {"produce": ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p99_ms", "proxy_cpu_s",
+                        "proxy_cpu_ms_per_mib", "wall_s", "host_busy_pct", "proxy_frame_mib", "proxy_user_s",
+                        "proxy_sys_s"),
+            "consume": ("fetch_mb_per_sec", "mb_per_sec", "fetch_records_per_sec", "proxy_cpu_s",
+                        "proxy_cpu_ms_per_mib", "wall_s", "fetch_ms", "rebalance_ms", "host_busy_pct",
+                        "proxy_frame_mib", "proxy_user_s", "proxy_sys_s")}
+    med = {kind: {side: {k: _median(runs, kind, side, k) for k in ks} for side in SIDES} for kind, ks in keys.items()}
+    # Each round's own proxied/direct ratio, so a reader sees the spread behind the ratio of medians.
+    paired: dict[str, list[float]] = {}
+    for kind, key in (("produce", "mb_per_sec"), ("consume", "fetch_mb_per_sec")):
+        paired[kind] = []
+        for i in range(s.rounds):
+            by_side = {r["side"]: r[key] for r in runs if r["kind"] == kind and r["round"] == i}
+            paired[kind].append(by_side["proxy"] / by_side["direct"])
+    warnings = [p for r in runs for p in r["problems"]]
+    for kind in ("produce", "consume"):
+        busy = statistics.median(r["host_busy_pct"] for r in runs if r["kind"] == kind)
+        if busy < SAT_IDLE_BUSY_PCT:
+            warnings.append(f"saturation {size} B {kind}: the machine was only {busy:.0f}% busy (median): something "
+                            "other than CPU limited the runs, so they may not measure the most either side can carry")
+    for w in warnings:
+        say(f"  WARNING: {w}")
+    return {"record_size": size, "records": records, "warmup_records": warm, "runs": runs, "median": med,
+            "paired_ratios": paired, "warnings": warnings}
+
+
+def saturation_phase(b: Bench, s: Settings) -> dict[str, Any]:
+    say(f"\n[5/5] saturation: ProducerPerformance --throughput -1 (acks=all, Kafka's producer defaults), then "
+        f"ConsumerPerformance over what it wrote; {s.sat_mib:g} MiB per run, record sizes "
+        f"{', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds, direct and proxied alternating")
+    sizes = [saturation_size(b, s, size) for size in s.record_sizes]
+    return {"sizes": sizes, "warnings": [w for x in sizes for w in x["warnings"]]}
+
+
+def _size_name(size: int) -> str:
+    return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
+
+
+def saturation_rows(sat: dict[str, Any]) -> list[Row]:
+    rows = []
+    for x in sat["sizes"]:
+        n = _size_name(x["record_size"])
+        p, c = x["median"]["produce"], x["median"]["consume"]
+        pr = p["proxy"]["mb_per_sec"] / p["direct"]["mb_per_sec"]
+        cr = c["proxy"]["fetch_mb_per_sec"] / c["direct"]["fetch_mb_per_sec"]
+        pcpu, ccpu = p["proxy"]["proxy_cpu_ms_per_mib"], c["proxy"]["proxy_cpu_ms_per_mib"]
+        rows += [
+            Row(f"{n}: produce at saturation (MB/s)", p["direct"]["mb_per_sec"], p["proxy"]["mb_per_sec"], pr,
+                "ratio", f"ratio >= {TARGET_SAT_RATIO}", pr >= TARGET_SAT_RATIO),
+            Row(f"{n}: produce at saturation (records/s)", p["direct"]["records_per_sec"],
+                p["proxy"]["records_per_sec"], p["proxy"]["records_per_sec"] / p["direct"]["records_per_sec"],
+                "ratio", "", None),
+            Row(f"{n}: consume at saturation (fetch MB/s)", c["direct"]["fetch_mb_per_sec"],
+                c["proxy"]["fetch_mb_per_sec"], cr, "ratio", f"ratio >= {TARGET_SAT_RATIO}", cr >= TARGET_SAT_RATIO),
+            Row(f"{n}: proxy CPU per MiB produced (ms)", None, pcpu, None, "",
+                f"<= {TARGET_SAT_PRODUCE_MS_PER_MIB:g} ms/MiB", pcpu <= TARGET_SAT_PRODUCE_MS_PER_MIB),
+            Row(f"{n}: proxy CPU per MiB consumed (ms)", None, ccpu, None, "",
+                f"<= {TARGET_SAT_CONSUME_MS_PER_MIB:g} ms/MiB", ccpu <= TARGET_SAT_CONSUME_MS_PER_MIB),
+            Row(f"{n}: proxy % of a core during produce", None,
+                100 * p["proxy"]["proxy_cpu_s"] / p["proxy"]["wall_s"], None, "", "", None),
+            Row(f"{n}: proxy % of a core during consume", None,
+                100 * c["proxy"]["proxy_cpu_s"] / c["proxy"]["wall_s"], None, "", "", None),
+            Row(f"{n}: kernel share of proxy CPU, produce (%)", None,
+                100 * p["proxy"]["proxy_sys_s"] / max(p["proxy"]["proxy_cpu_s"], 1e-9), None, "", "", None),
+            Row(f"{n}: kernel share of proxy CPU, consume (%)", None,
+                100 * c["proxy"]["proxy_sys_s"] / max(c["proxy"]["proxy_cpu_s"], 1e-9), None, "", "", None),
+            Row(f"{n}: machine busy during produce (%)", p["direct"]["host_busy_pct"], p["proxy"]["host_busy_pct"],
+                None, "", "", None),
+            Row(f"{n}: machine busy during consume (%)", c["direct"]["host_busy_pct"], c["proxy"]["host_busy_pct"],
+                None, "", "", None),
+            Row(f"{n}: producer latency at saturation avg (ms)", p["direct"]["avg_latency_ms"],
+                p["proxy"]["avg_latency_ms"], p["proxy"]["avg_latency_ms"] - p["direct"]["avg_latency_ms"], "diff",
+                "", None),
+        ]
+    return rows
+
+
+def saturation_notes(sat: dict[str, Any]) -> list[str]:
+    out = []
+    for x in sat["sizes"]:
+        pr = ", ".join(f"x{r:.3f}" for r in x["paired_ratios"]["produce"])
+        cr = ", ".join(f"x{r:.3f}" for r in x["paired_ratios"]["consume"])
+        out.append(f"{_size_name(x['record_size'])}: per-round proxied/direct: produce {pr}; consume {cr}")
     return out
 
 
@@ -572,13 +886,10 @@ def _diff_row(name: str, d: float, p: float, limit: float | None = None, unit: s
     return Row(name, d, p, added, "diff", target, None if limit is None else added <= limit)
 
 
-def summary_rows(perf: dict[str, Any], e2e: dict[str, Any], rtt: dict[str, Any], idle: dict[str, Any]) -> list[Row]:
+def perf_rows(perf: dict[str, Any]) -> list[Row]:
     pd, pp = perf["median"]["direct"], perf["median"]["proxy"]
-    ed, ep = e2e["median"]["direct"], e2e["median"]["proxy"]
-    rd, rp = rtt["median"]["direct"], rtt["median"]["proxy"]
     ratio = pp["records_per_sec"] / pd["records_per_sec"]
     cpu_share = 100 * pp["proxy_cpu_s"] / pp["wall_s"]
-    rss_mib = idle["rss_after_kib"] / 1024
     return [
         Row("ProducerPerf throughput (records/s)", pd["records_per_sec"], pp["records_per_sec"], ratio, "ratio",
             f"ratio >= {TARGET_THROUGHPUT_RATIO}", ratio >= TARGET_THROUGHPUT_RATIO),
@@ -591,11 +902,29 @@ def summary_rows(perf: dict[str, Any], e2e: dict[str, Any], rtt: dict[str, Any],
             f"<= {TARGET_CPU_MS_PER_MB:g} ms/MB", pp["proxy_cpu_ms_per_mb"] <= TARGET_CPU_MS_PER_MB),
         Row("Proxy CPU during proxied run (% of a core)", None, cpu_share, None, "", "", None),
         Row("Machine busy during ProducerPerf (%)", pd["host_busy_pct"], pp["host_busy_pct"], None, "", "", None),
+    ]
+
+
+def e2e_rows(e2e: dict[str, Any]) -> list[Row]:
+    ed, ep = e2e["median"]["direct"], e2e["median"]["proxy"]
+    return [
         _diff_row("EndToEnd latency avg (ms)", ed["avg_ms"], ep["avg_ms"]),
         _diff_row("EndToEnd latency p50 (ms, whole ms)", ed["p50_ms"], ep["p50_ms"], TARGET_ADDED_P50_MS),
         _diff_row("EndToEnd latency p99 (ms, whole ms)", ed["p99_ms"], ep["p99_ms"], TARGET_ADDED_P99_MS),
+    ]
+
+
+def rtt_rows(rtt: dict[str, Any]) -> list[Row]:
+    rd, rp = rtt["median"]["direct"], rtt["median"]["proxy"]
+    return [
         _diff_row("Raw Produce RTT p50 (us)", rd["p50_us"], rp["p50_us"], TARGET_ADDED_P50_MS * 1000, "us"),
         _diff_row("Raw Produce RTT p99 (us)", rd["p99_us"], rp["p99_us"], TARGET_ADDED_P99_MS * 1000, "us"),
+    ]
+
+
+def idle_rows(idle: dict[str, Any]) -> list[Row]:
+    rss_mib = idle["rss_after_kib"] / 1024
+    return [
         Row(f"Proxy RSS, {idle['opened']} idle conns (MiB)", None, rss_mib, None, "",
             f"<= {TARGET_RSS_MIB:g} MiB", rss_mib <= TARGET_RSS_MIB),
         Row("Proxy RSS before them (MiB)", None, idle["rss_before_kib"] / 1024, None, "", "", None),
@@ -630,13 +959,40 @@ def format_table(rows: list[Row]) -> str:
 # -- main ---------------------------------------------------------------------------------------------
 
 
-def start(tmp: Path, proxy_log: Path) -> Bench:
+def proxy_source(rev: str | None, tmp: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment that makes `python -m txnguard.cli` load the proxy of `rev` (None: this working tree).
+
+    `git archive <rev> src` into the temporary folder, first on PYTHONPATH (ahead of the
+    editable install), so a run can measure a commit while others edit the working tree.
+    """
+    repo = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(repo)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    if rev is None:
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "src"], capture_output=True, text=True,
+                               check=False).stdout.strip()
+        return {}, {"source": "working tree", "head": head, "src_modified": bool(dirty)}
+    commit = subprocess.run([*git, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    root = tmp / f"proxy-src-{commit[:12]}"
+    root.mkdir()
+    archive = subprocess.run([*git, "archive", commit, "src"], capture_output=True, check=True, timeout=60).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True, timeout=60)
+    env = {"PYTHONPATH": str(root / "src")}
+    where = subprocess.run([sys.executable, "-c", "import txnguard.cli as c; print(c.__file__)"],
+                           env={**os.environ, **env}, capture_output=True, text=True, check=True, timeout=60).stdout
+    if not where.strip().startswith(str(root)):
+        raise RuntimeError(f"txnguard.cli loads from {where.strip()}, not from {root}")
+    return env, {"source": f"git archive {rev}", "commit": commit, "head": head}
+
+
+def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None) -> Bench:
     say(f"starting Kafka {KAFKA_VERSION} (1 node) in {tmp} ...")
     cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka")
     listen, admin_port = proxy_ports()
     admin = f"{HOST}:{admin_port}"
     proxy = ProxyProcess(["--upstream", cluster.bootstrap_servers, "--listen", f"{HOST}:{listen}",
-                          "--admin", admin, "--mode", "gateway"], proxy_log)
+                          "--admin", admin, "--mode", "gateway"], proxy_log, env=proxy_env)
     b = Bench(cluster, proxy, listen, admin)
     try:
         proxy.start(wait_port=(HOST, listen))
@@ -663,16 +1019,31 @@ def stop(b: Bench | None, cluster_dir: Path) -> None:
         say("Kafka stopped")
 
 
+# part -> (key in the JSON, the phase, its summary rows); run in this order
+PHASES: dict[str, tuple[str, Callable[[Bench, Settings], dict[str, Any]], Callable[[dict[str, Any]], list[Row]]]] = {
+    "fixed": ("producer_performance", producer_perf_phase, perf_rows),
+    "e2e": ("end_to_end_latency", e2e_phase, e2e_rows),
+    "rtt": ("produce_rtt", rtt_phase, rtt_rows),
+    "idle": ("idle_connections", idle_phase, idle_rows),
+    "saturation": ("saturation", saturation_phase, saturation_rows),
+}
+
+
 def measure(b: Bench, s: Settings) -> dict[str, Any]:
-    perf = producer_perf_phase(b, s)
-    e2e = e2e_phase(b, s)
-    rtt = rtt_phase(b, s)
-    idle = idle_phase(b, s)
-    rows = summary_rows(perf, e2e, rtt, idle)
-    return {"producer_performance": perf, "end_to_end_latency": e2e, "produce_rtt": rtt, "idle_connections": idle,
-            "summary": [asdict(r) for r in rows], "table": format_table(rows),
-            "warnings": perf["warnings"] + e2e["warnings"] + rtt["warnings"],
-            "proxy_metrics": interesting_metrics(scrape_metrics(b.admin))}
+    out: dict[str, Any] = {"warnings": []}
+    rows: list[Row] = []
+    for part in PARTS:
+        if part not in s.parts:
+            continue
+        key, phase, to_rows = PHASES[part]
+        result = phase(b, s)
+        out[key] = result
+        rows += to_rows(result)
+        out["warnings"] += result.get("warnings", [])
+    out["notes"] = saturation_notes(out["saturation"]) if "saturation" in out else []
+    out.update(summary=[asdict(r) for r in rows], table=format_table(rows),
+               proxy_metrics=interesting_metrics(scrape_metrics(b.admin)))
+    return out
 
 
 def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
@@ -681,6 +1052,8 @@ def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
     say("\n=== proxy overhead: medians, direct vs through txnguard (targets are information only) ===")
     say(result["table"])
     say("(Java tool percentiles are truncated to whole ms; the raw RTT rows resolve microseconds.)")
+    for note in result.get("notes", []):
+        say(note)
     for w in result["warnings"]:
         say(f"WARNING: {w}")
     say(f"\nproxy log levels {log['levels']}; warnings/errors {log['problem_events'] or 'none'}; "
@@ -715,8 +1088,36 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=OFFERED_RATE,
                         help=f"ProducerPerformance offered rate in records/s (default {OFFERED_RATE}); "
                              "lower it if the direct runs do not reach it")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all); "
+                             "'fixed' is the fixed-rate ProducerPerformance")
+    parser.add_argument("--records", default=",".join(str(x) for x in SAT_RECORD_SIZES),
+                        help="saturation record sizes in bytes, comma-separated (default 1024,16384)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="saturation rounds (a direct and a proxied run each) per record size (default 3; "
+                             "2 with --quick)")
+    parser.add_argument("--sat-mib", type=float, default=None,
+                        help=f"saturation payload per run in MiB (default {SAT_MIB}; 50 with --quick)")
+    parser.add_argument("--proxy-rev", default=None,
+                        help="run the proxy of this git revision (git archive into the temporary folder) instead "
+                             "of the working tree's src/")
+    parser.add_argument("--profile-cmd", default=None,
+                        help="a profiler attached to the proxy around each proxied saturation run of round 0, "
+                             "with {pid} and {out} filled in, e.g. 'py-spy record --pid {pid} --format raw -o {out}' "
+                             "or 'perf record -g -p {pid} -o {out}'; stopped with SIGINT. Output in bench/results/")
     args = parser.parse_args()
-    s = dataclasses.replace(QUICK if args.quick else DEFAULT, rate=args.rate)
+    parts = tuple(p.strip() for p in args.only.split(",") if p.strip())
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        parser.error(f"--only: unknown part(s) {unknown}; choose among {', '.join(PARTS)}")
+    base = QUICK if args.quick else DEFAULT
+    s = dataclasses.replace(
+        base, rate=args.rate, parts=parts, record_sizes=tuple(int(x) for x in args.records.split(",") if x.strip()),
+        rounds=args.rounds if args.rounds is not None else base.rounds,
+        sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
+    )
+    if s.rounds < 1 or s.sat_mib <= 0 or not s.record_sizes or min(s.record_sizes) < 1:
+        parser.error("--rounds, --sat-mib and --records must be positive")
     signal.signal(signal.SIGTERM, _sigterm)
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     soft, hard = raise_fd_limit()
@@ -726,7 +1127,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": sys.version.split()[0],
                     "nofile": [soft, hard], "loadavg_at_start": os.getloadavg()},
     }
-    say(f"proxy_overhead ({s.mode}): RLIMIT_NOFILE {soft}/{hard}, {os.cpu_count()} CPUs, "
+    say(f"proxy_overhead ({s.mode}; parts {', '.join(s.parts)}): RLIMIT_NOFILE {soft}/{hard}, {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f}")
     early = busy_at_start()
     for w in early:
@@ -736,7 +1137,10 @@ def main() -> int:
     proxy_log = tmp / "proxy.log"
     b: Bench | None = None
     try:
-        b = start(tmp, proxy_log)
+        proxy_env, result["proxy_source"] = proxy_source(args.proxy_rev, tmp)
+        say(f"proxy code: {result['proxy_source']}")
+        b = start(tmp, proxy_log, proxy_env)
+        b.stamp = stamp
         result.update(measure(b, s))
         result["warnings"] = early + result["warnings"]
     finally:
