@@ -128,6 +128,8 @@ def verification_figures(side: Side) -> dict[str, Any]:
     outcomes: dict[str, int] = {}
     for line in side.audit.read_text().splitlines():
         r = json.loads(line)
+        if r.get("kind", "decision") != "decision":
+            continue  # schema_version 2 also has a record per closed client connection
         latencies.setdefault(r["evidence"], []).append(r["latency_ms"])
         if r.get("cpu_ms") is not None:
             cpu.setdefault(r["evidence"], []).append(r["cpu_ms"])

@@ -28,7 +28,7 @@ def test_monitor_mode_decides_counts_and_audits_but_forwards(cluster, start_prox
     assert offsets(cluster.bootstrap_servers, topic, 0)[0] == 1  # written: monitor does not protect
     assert proxy.metric("txnguard_verifications_total", {"evidence": "coordinator", "outcome": "not_in_transaction",
                                                          "decision": "forwarded_unenforced"}) == 1
-    record = json.loads(audit.read_text().splitlines()[-1])
+    record = [r for r in map(json.loads, audit.read_text().splitlines()) if r["kind"] == "decision"][-1]
     assert (record["decision"], record["error_sent"], record["mode"]) == ("forwarded_unenforced", None, "monitor")
 
 
@@ -55,13 +55,13 @@ def test_every_decision_leaves_one_audit_record(cluster, start_proxy, unique_nam
     assert actor.add_partitions(topic, 0) == {0: 0}
     assert actor.produce(topic, 0, [b"ok"]).error_code == 0
     assert error_name(actor.produce(topic, 1, [b"not-added"]).error_code) == "INVALID_TXN_STATE"
-    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    records = [r for r in map(json.loads, audit.read_text().splitlines()) if r["kind"] == "decision"]
     assert [(r["target"], r["outcome"], r["decision"], r["evidence"], r["error_name"]) for r in records] == [
         (f"{topic}-0", "pass", "forwarded", "local", None),
         (f"{topic}-1", "not_in_transaction", "rejected", "coordinator", "INVALID_TXN_STATE"),
     ]
     r = records[1]
-    assert r["schema_version"] == 1 and r["transactional_id"] == txn_id
+    assert r["schema_version"] == 2 and r["transactional_id"] == txn_id
     assert (r["producer_id"], r["producer_epoch"]) == (actor.producer.producer_id, actor.producer.producer_epoch)
     assert r["api"] == "produce" and r["api_version"] == 9 and r["client_id"] == "txnguard-scenario"
     assert r["latency_ms"] >= 0 and r["mode"] == "enforce"

@@ -80,6 +80,21 @@ class Verification:
 
 
 @dataclass(frozen=True)
+class Audit:
+    """Where audit records go: a JSON-lines file and/or a Kafka topic (see proxy/audit_sink.py)."""
+
+    path: str | None = None              # JSON lines; "-" for stdout (the top-level audit_path is an alias)
+    topic: str | None = None             # set: publish every record to this topic too
+    bootstrap: tuple[HostPort, ...] = ()  # the audit topic's cluster; default: upstream (straight to brokers)
+    proxy_id: str | None = None          # default: "<mode>@<advertised host>:<bootstrap listener port>"
+    queue_max_records: int = 100_000     # records waiting for Kafka; beyond: dropped and counted
+    linger_ms: int = 100                 # batching: how long a record may wait for others
+    delivery_timeout_ms: int = 300_000   # give up on a record after this (counted failed)
+    flush_timeout_s: float = 5.0         # bounded wait for queued records on stop
+    producer: Mapping[str, Any] = field(default_factory=dict)  # more librdkafka settings (security, ...)
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     mode: str = "gateway"                               # gateway | sidecar
     listen: HostPort = HostPort("127.0.0.1", 9192)      # the bootstrap listener
@@ -98,7 +113,8 @@ class ProxyConfig:
     ready_max_metadata_age_s: float = 30.0
     log_level: str = "info"
     verification: Verification = field(default_factory=Verification)
-    audit_path: str | None = None                       # JSON lines; "-" for stdout
+    audit_path: str | None = None                       # JSON lines; "-" for stdout (same as audit.path)
+    audit: Audit = field(default_factory=Audit)
     policy: Mapping[str, Any] = field(default_factory=dict)  # see txnguard.policies.policy
 
     @property
@@ -233,10 +249,9 @@ def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one bra
             kw[key] = _dataclass_from(key, Limits, v)
         elif key == "verification":
             kw[key] = _verification(v)
-        elif key == "audit_path":
-            if v is not None and not isinstance(v, str):
-                raise ConfigError(f"{key}: {v!r} is not a file path or -")
-            kw[key] = v
+        elif key in ("audit", "audit_path"):
+            kw["audit"] = _audit(raw)  # both keys: one Audit, and audit_path kept equal to audit.path
+            kw["audit_path"] = kw["audit"].path
         elif key == "policy":
             kw[key] = _policy(v)
     cfg = ProxyConfig(**kw)
@@ -255,6 +270,32 @@ def _verification(raw: Any) -> Verification:
         raise ConfigError(f"verification.coordinator_evidence: {result.coordinator_evidence!r} is not one of "
                           f"{', '.join(COORDINATOR_EVIDENCE)}")
     return result
+
+
+def _audit(raw: Mapping[str, Any]) -> Audit:
+    alias, section = raw.get("audit_path"), raw.get("audit") or {}
+    if alias is not None and not isinstance(alias, str):
+        raise ConfigError(f"audit_path: {alias!r} is not a file path or -")
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"audit: {section!r} is not a mapping")
+    special = {"path", "topic", "proxy_id", "bootstrap", "producer"}
+    values: dict[str, Any] = {}
+    for name in ("path", "topic", "proxy_id"):
+        v = section.get(name)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise ConfigError(f"audit.{name}: {v!r} is not a non-empty string")
+        values[name] = v
+    if alias is not None and values["path"] is not None and alias != values["path"]:
+        raise ConfigError(f"audit_path: {alias!r} differs from audit.path {values['path']!r} (set one)")
+    values["path"] = values["path"] or alias
+    if section.get("bootstrap") is not None:
+        values["bootstrap"] = _host_ports("audit.bootstrap", section["bootstrap"])
+    producer = section.get("producer") or {}
+    if not isinstance(producer, Mapping) or not all(isinstance(k, str) for k in producer):
+        raise ConfigError(f"audit.producer: {producer!r} is not a mapping of librdkafka settings")
+    values["producer"] = dict(producer)
+    rest: Audit = _dataclass_from("audit", Audit, {k: v for k, v in section.items() if k not in special})
+    return dataclasses.replace(rest, **values)
 
 
 def _policy(raw: Any) -> Mapping[str, Any]:

@@ -1,6 +1,9 @@
-"""The audit record: one JSON-ready dict per verification decision (schema_version 1).
+"""The audit records: JSON-ready dicts, pure (no IO, no clock: the time is passed in).
 
-The PySpark pipeline reads these; change a field only with a new schema_version.
+Two kinds in one stream (schema_version 2): a `decision` per partition verification, and a
+`connection` per client connection that identified itself, written when it closes (the client
+inventory needs clients that were never rejected too). The PySpark pipeline reads these; change a
+field only with a new schema_version. Version 1 was a decision record without `kind` and `proxy_id`.
 """
 
 from __future__ import annotations
@@ -8,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+DECISION, CONNECTION = "decision", "connection"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +31,7 @@ class ClientInfo:
 def audit_record(
     *, time_ms: int, transactional_id: str, producer_id: int, producer_epoch: int, api: str, api_version: int,
     target: str, verdict: Verdict, decision: str, error_sent: int | None, error_name: str | None,
-    latency_ms: float, client: ClientInfo, mode: str, cpu_ms: float | None = None,
+    latency_ms: float, client: ClientInfo, mode: str, proxy_id: str = "", cpu_ms: float | None = None,
 ) -> dict[str, Any]:
     """`target` is "topic-partition" for Produce or "group:<id>" for TxnOffsetCommit.
 
@@ -34,9 +39,12 @@ def audit_record(
     (enforce), "forwarded_unenforced" (monitor mode: would have been rejected).
     `latency_ms` is VerificationTimeMs (wall clock); `cpu_ms` the proxy thread's CPU time for a
     decision taken without waiting (None when it waited on a broker: other work ran meanwhile).
+    `proxy_id` names the proxy instance (the audit log's; see proxy/audit_sink.py).
     """
     return {
         "schema_version": SCHEMA_VERSION,
+        "kind": DECISION,
+        "proxy_id": proxy_id,
         "time_ms": time_ms,
         "transactional_id": transactional_id,
         "producer_id": producer_id,
@@ -61,3 +69,40 @@ def audit_record(
         "cpu_ms": None if cpu_ms is None else round(cpu_ms, 4),
         "mode": mode,
     }
+
+
+def identified(client: ClientInfo) -> bool:
+    """A connection is in the inventory once it named itself: a client id, or a KIP-511 software name."""
+    return bool(client.client_id) or bool(client.software_name)
+
+
+def connection_record(*, time_ms: int, proxy_id: str, client: ClientInfo, inventory: ConnectionInventory,
+                      close_reason: str) -> dict[str, Any]:
+    """One client connection, written when it closes (`time_ms`); `connected_ms` is when it was accepted."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": CONNECTION,
+        "proxy_id": proxy_id,
+        "time_ms": time_ms,
+        "connected_ms": inventory.connected_ms,
+        "connection_id": client.connection_id,
+        "listener": client.listener,
+        "client_address": inventory.client_address,
+        "client_id": client.client_id,
+        "client_software_name": client.software_name,
+        "client_software_version": client.software_version,
+        "client_family": client.family,
+        "first_transactional_id": inventory.first_transactional_id,
+        "used_transactions": inventory.used_transactions,
+        "produce_versions": sorted(inventory.produce_versions),
+        "txn_offset_commit_versions": sorted(inventory.txn_offset_commit_versions),
+        "close_reason": close_reason,
+    }
+
+
+def record_key(record: dict[str, Any]) -> str | None:
+    """The Kafka key of a record: its transactional id (a connection's first one; None if it had none)."""
+    if record.get("kind") == CONNECTION:
+        key: str | None = record.get("first_transactional_id")
+        return key
+    return record.get("transactional_id")
