@@ -5,9 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars
+.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium
 
-setup: $(STAMP) jars kcat
+setup: $(STAMP) jars kcat spark-jars chromium
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -25,6 +25,17 @@ kcat:
 	@command -v kcat > /dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
+
+# Spark's Kafka source (spark-sql-kafka-0-10, matching the pinned pyspark) into the same jar cache,
+# so the pipeline and its tests run offline.
+spark-jars: $(STAMP)
+	$(BIN)/python -m txnguard.pipeline.connector > /dev/null
+
+# Chromium from Debian: the pipeline test renders report.html in a real browser.
+chromium:
+	@command -v chromium > /dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

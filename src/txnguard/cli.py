@@ -131,10 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _kafka_parser(sub)
     _proxy_parsers(sub)
+    from txnguard.pipeline import options as report_options  # argparse only: pyspark loads in run()
+    report_options.add_parser(sub)
     args = parser.parse_args(argv)
     from txnguard.proxy.config import ConfigError
 
     try:
+        if args.command == "report":  # the fleet pipeline (PySpark)
+            return report_options.run(args)
         if args.command == "kafka":
             return _run_kafka(args)
         if args.command == "check-config":

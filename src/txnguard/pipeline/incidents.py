@@ -1,0 +1,53 @@
+"""What each rejected write would have done to the cluster without the proxy.
+
+Keyed on the verification outcome (`txnguard.policies.outcomes.Outcome`, values as the audit record
+writes them) and the API: the same outcome means a different incident for a Produce and for a
+TxnOffsetCommit. The scenarios named (S1, S2, S5) are those of the verification tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from txnguard.policies.outcomes import Outcome
+
+ANY_API = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    name: str
+    consequence: str
+
+
+INCIDENTS: dict[tuple[str, str], Incident] = {
+    (Outcome.NOT_IN_TRANSACTION.value, "produce"): Incident(
+        "hanging_transaction",
+        "a transactional write to a partition never added to the transaction: no marker would ever end it, "
+        "the partition's last stable offset stops and read_committed consumers stall (S1)"),
+    (Outcome.NOT_IN_TRANSACTION.value, "txn_offset_commit"): Incident(
+        "hanging_offset_commit",
+        "offsets committed for a group never added to the transaction: they would stay pending with no marker "
+        "to complete them, and the group's offsets stop moving (S5)"),
+    (Outcome.LATE_WRITE.value, ANY_API): Incident(
+        "late_write",
+        "a write after EndTxn with no new AddPartitionsToTxn: it would open a transaction nobody ends (hanging) "
+        "or join the next one, so aborted data is read as committed (S2)"),
+    (Outcome.FENCED.value, ANY_API): Incident(
+        "zombie_write",
+        "a producer fenced by a newer epoch (a zombie instance) would write beside its successor"),
+    (Outcome.PRODUCER_ID_MAPPING.value, ANY_API): Incident(
+        "unknown_producer",
+        "the coordinator does not map this transactional id to this producer id (expired or reassigned): "
+        "the write would belong to no transaction"),
+    (Outcome.COORDINATOR_RETRIABLE.value, ANY_API): Incident(
+        "unverified_write",
+        "the coordinator could not confirm the transaction (unavailable, loading, preparing): the write was "
+        "held back for a retry instead of landing unverified"),
+}
+
+UNCLASSIFIED = Incident("unclassified", "an outcome this pipeline version does not know")
+
+
+def classify(outcome: str, api: str) -> Incident:
+    return INCIDENTS.get((outcome, api)) or INCIDENTS.get((outcome, ANY_API)) or UNCLASSIFIED

@@ -1,0 +1,256 @@
+"""The report job: batch (`run_batch`) or Structured Streaming (`run_follow`), then the aggregates and the page.
+
+Stages, each timed:
+  ingest     read lines, parse and route once (cached), write decisions / connections / quarantine
+  aggregate  rejections, verification_latency, incidents_prevented, client_inventory from those tables
+  report     collect the small aggregates, plot, write report.html
+In --follow the ingest stage is three streaming queries with Parquet file sinks and checkpoints (Spark's
+exactly-once sink: a restarted query re-runs an uncommitted batch and the sink's log keeps only one
+copy), and aggregate + report rerun every --refresh-seconds from what the sinks committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from txnguard.pipeline import parse, report, session, tables
+
+RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
+    "decisions": tables.decisions, "connections": tables.connections, "quarantine": tables.quarantine,
+}
+AGGREGATE_TABLES = ("rejections", "verification_latency", "incidents_prevented", "client_inventory")
+
+log = structlog.get_logger("txnguard.pipeline")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str                 # "jsonl" or "kafka"
+    location: str             # a path, or bootstrap servers
+    topic: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Source:
+        kind, sep, rest = text.partition(":")
+        if sep and kind == "jsonl" and rest:
+            return cls("jsonl", rest)
+        if sep and kind == "kafka":
+            bootstrap, _, topic = rest.rpartition("/")
+            if bootstrap and topic:
+                return cls("kafka", bootstrap, topic)
+        raise ValueError(f"--source must be jsonl:PATH or kafka:BOOTSTRAP/TOPIC, not {text!r}")
+
+
+@dataclass
+class Summary:
+    """What a run did: rows per table and seconds per stage."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _kafka_reader(spark: SparkSession, source: Source, streaming: bool) -> Any:
+    reader = spark.readStream if streaming else spark.read
+    r = (reader.format("kafka").option("kafka.bootstrap.servers", source.location)
+         .option("subscribe", source.topic).option("startingOffsets", "earliest")
+         .option("failOnDataLoss", "false"))
+    return r if streaming else r.option("endingOffsets", "latest")
+
+
+def read_lines(spark: SparkSession, source: Source) -> DataFrame:
+    if source.kind == "jsonl":
+        return parse.jsonl_lines(spark, source.location)
+    return parse.kafka_lines(_kafka_reader(spark, source, streaming=False).load())
+
+
+def _schemas(spark: SparkSession) -> dict[str, T.StructType]:
+    """Each raw table's schema, from the transformations themselves (an empty input is still typed)."""
+    empty = spark.createDataFrame([], T.StructType([T.StructField("value", T.StringType()),
+                                                    T.StructField("source", T.StringType())]))
+    routed = parse.route(empty)
+    return {name: fn(routed).schema for name, fn in RAW_TABLES.items()}
+
+
+def read_table(spark: SparkSession, out: Path, name: str, schema: T.StructType) -> DataFrame:
+    path = out / name
+    if not path.exists():  # a streaming sink that has not committed its first batch yet
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(str(path))
+
+
+def _write(frame: DataFrame, out: Path, name: str) -> None:
+    frame.write.mode("overwrite").partitionBy("day").parquet(str(out / name))
+
+
+def ingest(spark: SparkSession, source: Source, out: Path) -> None:
+    routed = parse.route(read_lines(spark, source)).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        for name, fn in RAW_TABLES.items():
+            _write(fn(routed), out, name)
+    finally:
+        routed.unpersist()
+
+
+def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None) -> None:
+    schemas = _schemas(spark)
+    d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
+    c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
+    _write(tables.rejections(d), out, "rejections")
+    _write(tables.verification_latency(d), out, "verification_latency")
+    _write(tables.incidents_prevented(d), out, "incidents_prevented")
+    _write(tables.client_inventory(d, c), out, "client_inventory")
+
+
+def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
+                   title: str) -> report.ReportData:
+    schemas = _schemas(spark)
+    d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
+    c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
+    q = read_table(spark, out, "quarantine", schemas["quarantine"])
+    rej = spark.read.parquet(str(out / "rejections"))
+    inc = spark.read.parquet(str(out / "incidents_prevented"))
+    inv = spark.read.parquet(str(out / "client_inventory"))
+
+    decision_counts = {r["decision"]: int(r["n"]) for r in d.groupBy("decision").agg(F.count("*").alias("n"))
+                       .collect()}
+    totals = {
+        "decisions": sum(decision_counts.values()),
+        "passed and forwarded": decision_counts.get("forwarded", 0),
+        "rejected (enforce)": decision_counts.get("rejected", 0),
+        "would be rejected (monitor)": decision_counts.get("forwarded_unenforced", 0),
+        "client connections": c.count(),
+        "quarantined lines": q.count(),
+    }
+    by_hour = [(r["hour"], r["reason"], int(r["n"])) for r in rej.groupBy("hour", "reason")
+               .agg(F.sum("count").alias("n")).orderBy("hour").collect()]
+    pct = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], tables.LATENCY_ACCURACY)
+    latency = [(r["evidence"], int(r["n"]), float(r["p"][0]), float(r["p"][1]), float(r["p"][2]), float(r["mx"]))
+               for r in d.groupBy("evidence").agg(F.count("*").alias("n"), pct.alias("p"),
+                                                  F.max("latency_ms").alias("mx")).orderBy("evidence").collect()]
+    inventory = [r.asDict() for r in inv.groupBy("client_family", "client_software_name", "client_software_version")
+                 .agg(F.sum("connections").alias("connections"), F.sum("decisions").alias("decisions"),
+                      F.sum("rejections").alias("rejections"),
+                      F.sum("unenforced_rejections").alias("unenforced_rejections"),
+                      F.bool_or("pre_tv2").alias("pre_tv2"),
+                      F.array_sort(F.array_distinct(F.flatten(F.collect_list("client_ids")))).alias("client_ids"),
+                      F.min("first_seen").alias("first_seen"), F.max("last_seen").alias("last_seen"))
+                 .orderBy("client_family", "client_software_name", "client_software_version").collect()]
+    top = [(r["transactional_id"], int(r["n"])) for r in rej.groupBy("transactional_id")
+           .agg(F.sum("count").alias("n")).orderBy(F.desc("n"), "transactional_id").limit(report.TOP_IDS).collect()]
+    incidents = [(r["incident"], bool(r["prevented"]), int(r["n"]), r["consequence"]) for r in
+                 inc.groupBy("incident", "prevented").agg(F.count("*").alias("n"),
+                                                          F.first("consequence").alias("consequence"))
+                 .orderBy(F.desc("n")).collect()]
+    quarantine = [(r["reason_kind"], int(r["n"])) for r in q.groupBy("reason_kind").agg(F.count("*").alias("n"))
+                  .orderBy(F.desc("n")).collect()]
+    return report.ReportData(title, totals, by_hour, latency, inventory, top, incidents, quarantine)
+
+
+def _timed(summary: Summary, stage: str, fn: Callable[[], Any]) -> Any:
+    started = time.perf_counter()
+    result = fn()
+    summary.seconds[stage] = round(time.perf_counter() - started, 3)
+    log.info("stage_done", stage=stage, seconds=summary.seconds[stage])
+    return result
+
+
+def count_rows(spark: SparkSession, out: Path) -> dict[str, int]:
+    schemas = _schemas(spark)
+    rows = {name: read_table(spark, out, name, schema).count() for name, schema in schemas.items()}
+    for name in AGGREGATE_TABLES:
+        rows[name] = spark.read.parquet(str(out / name)).count()
+    return rows
+
+
+def refresh(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None, title: str,
+            summary: Summary) -> Path:
+    _timed(summary, "aggregate", lambda: aggregate(spark, out, since_ms, until_ms))
+    data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title))
+    return _timed(summary, "report", lambda: report.write(data, out))  # type: ignore[no-any-return]
+
+
+def run_batch(spark: SparkSession, source: Source, out: Path, since_ms: int | None = None,
+              until_ms: int | None = None) -> Summary:
+    summary = Summary()
+    out.mkdir(parents=True, exist_ok=True)
+    _timed(summary, "ingest", lambda: ingest(spark, source, out))
+    refresh(spark, out, since_ms, until_ms, _title(source), summary)
+    summary.rows = count_rows(spark, out)
+    log.info("report_written", out=str(out), rows=summary.rows, seconds=summary.seconds)
+    return summary
+
+
+def start_streams(spark: SparkSession, source: Source, out: Path, trigger_s: float) -> list[Any]:
+    if source.kind != "kafka":
+        raise ValueError("--follow reads a Kafka topic (a JSONL file has no end to wait at)")
+    routed = parse.route(parse.kafka_lines(_kafka_reader(spark, source, streaming=True).load()))
+    queries = []
+    for name, fn in RAW_TABLES.items():
+        queries.append(
+            fn(routed).writeStream.format("parquet").queryName(name)
+            .option("path", str(out / name)).option("checkpointLocation", str(out / "_checkpoints" / name))
+            .partitionBy("day").trigger(processingTime=f"{trigger_s} seconds").outputMode("append").start())
+    return queries
+
+
+def run_follow(spark: SparkSession, source: Source, out: Path, *, trigger_s: float, refresh_s: float,
+               since_ms: int | None = None, until_ms: int | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    queries = start_streams(spark, source, out, trigger_s)
+    log.info("follow_started", source=f"{source.location}/{source.topic}", out=str(out))
+    try:
+        while True:
+            if spark.streams.awaitAnyTermination(max(1, round(refresh_s))):
+                for q in queries:
+                    if q.exception() is not None:
+                        raise RuntimeError(f"streaming query {q.name} failed: {q.exception()}")
+                return
+            summary = Summary()
+            refresh(spark, out, since_ms, until_ms, _title(source), summary)
+            progress = {q.name: (q.lastProgress or {}).get("numInputRows") for q in queries}
+            log.info("report_refreshed", seconds=summary.seconds, last_batch_rows=progress)
+    finally:
+        for q in queries:
+            q.stop()
+
+
+def _title(source: Source) -> str:
+    where = source.location if source.kind == "jsonl" else f"{source.location}/{source.topic}"
+    return f"txnguard fleet report ({source.kind}:{where})"
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        source = Source.parse(args.source)
+    except ValueError as e:
+        log.error("bad_arguments", error=str(e))
+        return 2
+    if args.follow and source.kind != "kafka":
+        log.error("bad_arguments", error="--follow needs a kafka: source")
+        return 2
+    spark = session.build(args.master, kafka_jars=source.kind == "kafka" and args.cached_jars,
+                          shuffle_partitions=args.shuffle_partitions, driver_memory=args.driver_memory)
+    out = Path(args.out)
+    try:
+        if args.follow:
+            run_follow(spark, source, out, trigger_s=args.trigger_seconds, refresh_s=args.refresh_seconds,
+                       since_ms=args.since, until_ms=args.until)
+        else:
+            summary = run_batch(spark, source, out, args.since, args.until)
+            print(f"report: {out / 'report.html'}; rows: {summary.rows}; seconds: {summary.seconds}", flush=True)
+    except KeyboardInterrupt:
+        log.info("stopped")
+    finally:
+        session.stop(spark)
+    return 0

@@ -1,0 +1,100 @@
+"""What an audit record is, in plain Python: the fields of each schema version and kind, which are required.
+
+Schema version 1 is today's decision record (`txnguard.verification.audit`). Version 2 adds `kind`
+("decision" or "connection") and `proxy_id` to every record; a v2 decision carries every v1 field, a
+connection record describes one client connection (written when it closes or the proxy stops).
+Anything else is quarantined with a reason; this module names the reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+KINDS = ("decision", "connection")
+
+FieldType = Literal["long", "int", "string", "double", "boolean", "int_array"]
+
+# (name, type, required). Nullable in the proxy's own record means not required here.
+DECISION_V1: tuple[tuple[str, FieldType, bool], ...] = (
+    ("schema_version", "int", True),
+    ("time_ms", "long", True),
+    ("transactional_id", "string", True),
+    ("producer_id", "long", True),
+    ("producer_epoch", "int", True),
+    ("api", "string", True),
+    ("api_version", "int", True),
+    ("target", "string", True),
+    ("client_id", "string", False),
+    ("client_software_name", "string", False),
+    ("client_software_version", "string", False),
+    ("client_family", "string", True),
+    ("listener", "string", True),
+    ("connection_id", "long", True),
+    ("outcome", "string", True),
+    ("decision", "string", True),
+    ("reason", "string", False),
+    ("underlying_error", "string", False),
+    ("evidence", "string", True),
+    ("error_sent", "int", False),
+    ("error_name", "string", False),
+    ("latency_ms", "double", True),
+    ("cpu_ms", "double", False),
+    ("mode", "string", True),
+)
+
+V2_COMMON: tuple[tuple[str, FieldType, bool], ...] = (
+    ("kind", "string", True),
+    ("proxy_id", "string", True),
+)
+
+CONNECTION_V2: tuple[tuple[str, FieldType, bool], ...] = (
+    ("schema_version", "int", True),
+    ("kind", "string", True),
+    ("proxy_id", "string", True),
+    ("time_ms", "long", True),
+    ("connected_ms", "long", True),
+    ("connection_id", "long", True),
+    ("listener", "string", True),
+    ("client_address", "string", True),
+    ("client_id", "string", False),
+    ("client_software_name", "string", False),
+    ("client_software_version", "string", False),
+    ("client_family", "string", True),
+    ("first_transactional_id", "string", False),
+    ("used_transactions", "boolean", True),
+    ("produce_versions", "int_array", True),
+    ("txn_offset_commit_versions", "int_array", True),
+    ("close_reason", "string", True),
+)
+
+
+def union_fields() -> list[tuple[str, FieldType]]:
+    """Every field any supported record may carry, once: the one schema a line is parsed with."""
+    seen: dict[str, FieldType] = {}
+    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2):
+        seen.setdefault(name, kind)
+    return list(seen.items())
+
+
+def required(schema_version: int, kind: str) -> list[str]:
+    if kind == "connection":
+        return [name for name, _, req in CONNECTION_V2 if req]
+    fields = DECISION_V1 + (V2_COMMON if schema_version == 2 else ())
+    return [name for name, _, req in fields if req]
+
+
+# Quarantine reasons (a reason may carry a detail after a colon, e.g. "missing_fields:time_ms,api").
+TOO_LARGE = "too_large"
+EMPTY = "empty"
+MALFORMED_JSON = "malformed_json"
+UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
+UNKNOWN_KIND = "unknown_kind"
+MISSING_FIELDS = "missing_fields"
+
+# A record is a few hundred bytes; a line past this is not an audit record and is not parsed at all.
+MAX_RECORD_CHARS = 64 * 1024
+
+# Pre-TV2 (KIP-890 transaction version 1) clients: the proxy verifies Produce up to v11 and
+# TxnOffsetCommit up to v4; newer versions have the broker add partitions itself.
+LAST_PRE_TV2_VERSION = {"produce": 11, "txn_offset_commit": 4}

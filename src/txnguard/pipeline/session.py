@@ -1,0 +1,31 @@
+"""The SparkSession: UTC, quiet, and the Kafka connector from the local jar cache when asked."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from txnguard.pipeline import connector
+
+
+def build(master: str | None, *, kafka_jars: bool, shuffle_partitions: int = 8,
+          driver_memory: str | None = None, app: str = "txnguard-report") -> SparkSession:
+    """`master` None leaves it to spark-submit; `kafka_jars` adds the cached connector (offline after setup)."""
+    b = SparkSession.builder.appName(app)
+    if master:
+        b = b.master(master)
+    b = (b.config("spark.sql.session.timeZone", "UTC")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+         # A 10 MB line is legal input (it is quarantined): keep Spark from refusing it on the way.
+         .config("spark.sql.files.maxPartitionBytes", str(128 << 20)))
+    if kafka_jars:
+        b = b.config("spark.jars", ",".join(str(p) for p in connector.jars()))
+    if driver_memory:
+        b = b.config("spark.driver.memory", driver_memory)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stop(spark: SparkSession) -> None:
+    spark.stop()

@@ -1,0 +1,183 @@
+"""The output tables, each a function of the routed records (or of the tables before it).
+
+Times are UTC (the session's time zone is set to UTC); `day` is the partition column of every table.
+`decisions`, `connections` and `quarantine` hold one row per input record; the others are aggregates
+recomputed from `decisions` and `connections`, so a streaming run can refresh them at any time.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from txnguard.pipeline import records as R
+from txnguard.pipeline.incidents import ANY_API, INCIDENTS, UNCLASSIFIED
+from txnguard.pipeline.parse import CONNECTION, DECISION, QUARANTINE
+
+DECISION_FIELDS = [name for name, _, _ in R.DECISION_V1 if name != "schema_version"]
+CONNECTION_FIELDS = [name for name, _, _ in R.CONNECTION_V2 if name not in ("schema_version", "kind", "proxy_id")]
+QUARANTINE_PREFIX_CHARS = 1024
+LATENCY_ACCURACY = 10_000  # percentile_approx: relative error 1/10,000
+
+
+def _day(time_ms: Column) -> Column:
+    return F.to_date(F.timestamp_millis(time_ms))
+
+
+def _pre_tv2(api: Column, version: Column) -> Column:
+    return ((api == "produce") & (version <= R.LAST_PRE_TV2_VERSION["produce"])) | \
+        ((api == "txn_offset_commit") & (version <= R.LAST_PRE_TV2_VERSION["txn_offset_commit"]))
+
+
+def decisions(routed: DataFrame) -> DataFrame:
+    """One row per verification decision (v1 and v2), with the target split into topic/partition or group."""
+    rows = routed.where(F.col("route") == DECISION)
+    target = F.col("r.target")
+    is_group = target.startswith("group:")
+    return rows.select(
+        _day(F.col("r.time_ms")).alias("day"),
+        F.timestamp_millis(F.col("r.time_ms")).alias("event_time"),
+        F.col("r.schema_version").alias("schema_version"),
+        F.col("r.proxy_id").alias("proxy_id"),
+        *[F.col(f"r.{n}").alias(n) for n in DECISION_FIELDS],
+        F.when(~is_group, F.regexp_extract(target, r"^(.*)-\d+$", 1)).alias("topic"),
+        F.when(~is_group, F.regexp_extract(target, r"-(\d+)$", 1).cast("int")).alias("partition"),
+        F.when(is_group, F.substring(target, 7, 1 << 20)).alias("group_id"),
+        F.col("source"),
+    )
+
+
+def connections(routed: DataFrame) -> DataFrame:
+    """One row per client connection record (schema v2)."""
+    rows = routed.where(F.col("route") == CONNECTION)
+    return rows.select(
+        _day(F.col("r.time_ms")).alias("day"),
+        F.timestamp_millis(F.col("r.time_ms")).alias("event_time"),
+        F.timestamp_millis(F.col("r.connected_ms")).alias("connected_time"),
+        F.col("r.proxy_id").alias("proxy_id"),
+        *[F.col(f"r.{n}").alias(n) for n in CONNECTION_FIELDS],
+        F.col("source"),
+    )
+
+
+def quarantine(routed: DataFrame) -> DataFrame:
+    """Lines that are not a supported record: the reason, where from, and the start of the line."""
+    rows = routed.where(F.col("route") == QUARANTINE)
+    return rows.select(
+        F.current_date().alias("day"),
+        F.current_timestamp().alias("ingested_at"),
+        F.col("source"),
+        F.col("quarantine_reason").alias("reason"),
+        F.regexp_extract(F.col("quarantine_reason"), r"^([a-z_]+)", 1).alias("reason_kind"),
+        F.col("chars"),
+        F.substring(F.col("value"), 1, QUARANTINE_PREFIX_CHARS).alias("line_prefix"),
+    )
+
+
+def window(frame: DataFrame, since_ms: int | None, until_ms: int | None) -> DataFrame:
+    """Keep records with since <= time < until (either bound optional)."""
+    t = F.unix_millis(F.col("event_time"))
+    if since_ms is not None:
+        frame = frame.where(t >= since_ms)
+    if until_ms is not None:
+        frame = frame.where(t < until_ms)
+    return frame
+
+
+def _failed(decisions_: DataFrame) -> DataFrame:
+    return decisions_.where(F.col("outcome") != "pass")
+
+
+def rejections(decisions_: DataFrame) -> DataFrame:
+    """Failed verifications (rejected, or forwarded in monitor mode) by reason, family, topic, id and hour."""
+    return (
+        _failed(decisions_)
+        .groupBy(
+            "day", F.date_trunc("hour", "event_time").alias("hour"), F.col("outcome").alias("reason"), "decision",
+            "client_family", "api", F.coalesce(F.col("topic"), F.concat(F.lit("group:"), F.col("group_id")))
+            .alias("topic"), "transactional_id")
+        .agg(F.count(F.lit(1)).alias("count"), F.min("event_time").alias("first_time"),
+             F.max("event_time").alias("last_time"))
+    )
+
+
+def verification_latency(decisions_: DataFrame) -> DataFrame:
+    """VerificationTimeMs percentiles per evidence path and hour."""
+    pct = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], LATENCY_ACCURACY)
+    return (
+        decisions_.groupBy("day", F.date_trunc("hour", "event_time").alias("hour"), "evidence")
+        .agg(F.count(F.lit(1)).alias("count"), pct.alias("p"), F.max("latency_ms").alias("max_ms"),
+             F.avg("latency_ms").alias("mean_ms"))
+        .select("day", "hour", "evidence", "count", F.col("p")[0].alias("p50_ms"), F.col("p")[1].alias("p95_ms"),
+                F.col("p")[2].alias("p99_ms"), "max_ms", "mean_ms")
+    )
+
+
+def _incident_map(field: str) -> Column:
+    entries = {f"{outcome}|{api}": getattr(incident, field) for (outcome, api), incident in INCIDENTS.items()}
+    return F.create_map(*[F.lit(x) for x in chain.from_iterable(entries.items())])
+
+
+def incidents_prevented(decisions_: DataFrame) -> DataFrame:
+    """Each failed verification, classified by what it would have done (`prevented` false in monitor mode)."""
+    def lookup(field: str) -> Column:
+        m = _incident_map(field)
+        exact = m[F.concat_ws("|", F.col("outcome"), F.col("api"))]
+        general = m[F.concat_ws("|", F.col("outcome"), F.lit(ANY_API))]
+        return F.coalesce(exact, general, F.lit(getattr(UNCLASSIFIED, field)))
+
+    return _failed(decisions_).select(
+        "day", "event_time", "proxy_id", "transactional_id", "producer_id", "producer_epoch", "api", "api_version",
+        "target", "topic", "group_id", "client_family", "client_software_name", "client_software_version",
+        "outcome", "evidence", "reason", "decision", "error_name",
+        lookup("name").alias("incident"), lookup("consequence").alias("consequence"),
+        (F.col("decision") == "rejected").alias("prevented"),
+    )
+
+
+def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFrame:
+    """Every client (family, software name and version) seen per day, from its connections and its decisions."""
+    from_decisions = decisions_.select(
+        "day", "client_family", "client_software_name", "client_software_version", "client_id",
+        "transactional_id", "listener", "proxy_id", F.col("event_time").alias("first_seen"),
+        F.col("event_time").alias("last_seen"), F.lit(0).alias("connection"), F.lit(1).alias("decision_"),
+        (F.col("decision") == "rejected").cast("int").alias("rejected"),
+        (F.col("decision") == "forwarded_unenforced").cast("int").alias("unenforced"),
+        F.lit(True).alias("used_transactions"), _pre_tv2(F.col("api"), F.col("api_version")).alias("pre_tv2"),
+        F.when(F.col("api") == "produce", F.array(F.col("api_version"))).otherwise(F.array().cast("array<int>"))
+        .alias("produce_versions"),
+        F.when(F.col("api") == "txn_offset_commit", F.array(F.col("api_version")))
+        .otherwise(F.array().cast("array<int>")).alias("txn_offset_commit_versions"),
+    )
+    old_produce = F.exists("produce_versions", lambda v: v <= R.LAST_PRE_TV2_VERSION["produce"])
+    old_commit = F.exists("txn_offset_commit_versions", lambda v: v <= R.LAST_PRE_TV2_VERSION["txn_offset_commit"])
+    from_connections = connections_.select(
+        "day", "client_family", "client_software_name", "client_software_version", "client_id",
+        F.col("first_transactional_id").alias("transactional_id"), "listener", "proxy_id",
+        F.col("connected_time").alias("first_seen"), F.col("event_time").alias("last_seen"),
+        F.lit(1).alias("connection"), F.lit(0).alias("decision_"), F.lit(0).alias("rejected"),
+        F.lit(0).alias("unenforced"), "used_transactions",
+        (F.col("used_transactions") & (old_produce | old_commit)).alias("pre_tv2"),
+        "produce_versions", "txn_offset_commit_versions",
+    )
+    both = from_decisions.unionByName(from_connections)
+
+    def sorted_set(col: str, limit: int = 100) -> Column:
+        return F.slice(F.array_sort(F.collect_set(col)), 1, limit)
+
+    return (
+        both.groupBy("day", "client_family", "client_software_name", "client_software_version")
+        .agg(sorted_set("client_id").alias("client_ids"),
+             sorted_set("transactional_id").alias("transactional_ids"),
+             F.approx_count_distinct("transactional_id").alias("transactional_id_count"),
+             sorted_set("listener").alias("listeners"), sorted_set("proxy_id").alias("proxy_ids"),
+             F.min("first_seen").alias("first_seen"), F.max("last_seen").alias("last_seen"),
+             F.sum("connection").alias("connections"), F.sum("decision_").alias("decisions"),
+             F.sum("rejected").alias("rejections"), F.sum("unenforced").alias("unenforced_rejections"),
+             F.bool_or("used_transactions").alias("used_transactions"), F.bool_or("pre_tv2").alias("pre_tv2"),
+             F.array_sort(F.array_distinct(F.flatten(F.collect_set("produce_versions")))).alias("produce_versions"),
+             F.array_sort(F.array_distinct(F.flatten(F.collect_set("txn_offset_commit_versions"))))
+             .alias("txn_offset_commit_versions"))
+    )
