@@ -191,10 +191,14 @@ def run_batch(spark: SparkSession, source: Source, out: Path, since_ms: int | No
     return summary
 
 
-def start_streams(spark: SparkSession, source: Source, out: Path, trigger_s: float) -> list[Any]:
+def start_streams(spark: SparkSession, source: Source, out: Path, trigger_s: float,
+                  max_offsets_per_trigger: int | None = None) -> list[Any]:
     if source.kind != "kafka":
         raise ValueError("--follow reads a Kafka topic (a JSONL file has no end to wait at)")
-    routed = parse.route(parse.kafka_lines(_kafka_reader(spark, source, streaming=True).load()))
+    reader = _kafka_reader(spark, source, streaming=True)
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    routed = parse.route(parse.kafka_lines(reader.load()))
     queries = []
     for name, fn in RAW_TABLES.items():
         queries.append(
@@ -205,9 +209,10 @@ def start_streams(spark: SparkSession, source: Source, out: Path, trigger_s: flo
 
 
 def run_follow(spark: SparkSession, source: Source, out: Path, *, trigger_s: float, refresh_s: float,
-               since_ms: int | None = None, until_ms: int | None = None) -> None:
+               since_ms: int | None = None, until_ms: int | None = None,
+               max_offsets_per_trigger: int | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    queries = start_streams(spark, source, out, trigger_s)
+    queries = start_streams(spark, source, out, trigger_s, max_offsets_per_trigger)
     log.info("follow_started", source=f"{source.location}/{source.topic}", out=str(out))
     try:
         while True:
@@ -245,7 +250,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.follow:
             run_follow(spark, source, out, trigger_s=args.trigger_seconds, refresh_s=args.refresh_seconds,
-                       since_ms=args.since, until_ms=args.until)
+                       since_ms=args.since, until_ms=args.until,
+                       max_offsets_per_trigger=args.max_offsets_per_trigger)
         else:
             summary = run_batch(spark, source, out, args.since, args.until)
             print(f"report: {out / 'report.html'}; rows: {summary.rows}; seconds: {summary.seconds}", flush=True)

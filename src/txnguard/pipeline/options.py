@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser, default_master: str | None = DEFAU
     p.add_argument("--trigger-seconds", type=float, default=5.0, help="--follow: micro-batch interval")
     p.add_argument("--refresh-seconds", type=float, default=30.0,
                    help="--follow: how often the aggregate tables and report.html are rebuilt")
+    p.add_argument("--max-offsets-per-trigger", type=int,
+                   help="--follow: at most this many Kafka records per micro-batch (default: all available)")
     p.add_argument("--shuffle-partitions", type=int, default=8,
                    help="spark.sql.shuffle.partitions (small suits local runs; raise it on a cluster)")
     p.add_argument("--driver-memory", help="spark.driver.memory for local runs (e.g. 2g)")

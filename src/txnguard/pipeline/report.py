@@ -134,6 +134,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _some(values: Sequence[Any], shown: int = 4) -> str:
+    """A long list (a client id per instance) cut to its first few, with how many there are."""
+    values = list(values or [])
+    head = ", ".join(str(v) for v in values[:shown])
+    return head if len(values) <= shown else f"{head} ... ({len(values)} in all)"
+
+
 def _text(value: Any) -> str:
     if value is None:
         return "-"
@@ -164,7 +171,7 @@ def render_html(data: ReportData) -> str:
 
     inventory_rows = [
         (r["client_family"], r["client_software_name"], r["client_software_version"], "yes" if r["pre_tv2"] else "no",
-         r["connections"], r["decisions"], r["rejections"], r["unenforced_rejections"], r["client_ids"],
+         r["connections"], r["decisions"], r["rejections"], r["unenforced_rejections"], _some(r["client_ids"]),
          r["first_seen"], r["last_seen"]) for r in data.inventory]
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

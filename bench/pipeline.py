@@ -1,0 +1,141 @@
+"""How fast is the fleet pipeline? Synthetic audit records through `txnguard report` on local[2].
+
+Run: `.venv/bin/python bench/pipeline.py [--records 1000000] [--sources jsonl,kafka] [--driver-memory 3g]`
+
+For each source it writes N synthetic records (`txnguard.pipeline.synthetic`: a realistic mix of client
+families, outcomes and latencies; ~2% connection records, v1 and v2 decisions) to a JSONL file, or
+produces them with confluent-kafka to a topic of a 1-node Kafka 3.5.2 started for the run, then runs the
+batch job in this process and prints, as figures (nothing is asserted):
+* events/s end to end (ingest + aggregate + collect + report) and per stage
+  (ingest: read, parse, route, write decisions/connections/quarantine; aggregate: the four derived
+  tables; collect: the report's queries; report: plots and page);
+* the SparkSession start (not in the end-to-end rate: a long-running job pays it once);
+* driver peak memory: the Spark JVM's peak resident set (VmHWM; on local[*] the executors are inside
+  it) and the Python process's own peak.
+Target: >= 200,000 events/s from JSONL on local[2].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from txnguard.pipeline import job, session
+from txnguard.pipeline.synthetic import Generator
+from txnguard.testing import kafka
+from txnguard.testing.fixtures import fresh_topic
+
+
+def write_jsonl(path: Path, n: int) -> float:
+    started = time.perf_counter()
+    with path.open("w") as f:
+        chunk: list[str] = []
+        for line in Generator(seed=1).lines(n):
+            chunk.append(line)
+            if len(chunk) == 10_000:
+                f.write("\n".join(chunk) + "\n")
+                chunk.clear()
+        if chunk:
+            f.write("\n".join(chunk) + "\n")
+    return time.perf_counter() - started
+
+
+def produce(bootstrap: str, topic: str, n: int) -> float:
+    from confluent_kafka import Producer
+
+    started = time.perf_counter()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
+                         "compression.type": "lz4", "queue.buffering.max.messages": 1_000_000})
+    for record in Generator(seed=1).records(n):
+        key = record.get("transactional_id") or record.get("first_transactional_id")
+        value = json.dumps(record, separators=(",", ":")).encode()
+        while True:
+            try:
+                producer.produce(topic, key=key.encode() if key else None, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(300) != 0:
+        raise RuntimeError("records not delivered")
+    return time.perf_counter() - started
+
+
+def jvm_peak_rss_mb(spark: Any) -> float:
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(spark: Any, source: job.Source, out: Path, n: int) -> dict[str, Any]:
+    summary = job.run_batch(spark, source, out)
+    stages = summary.seconds
+    total = sum(stages.values())
+    return {"rows": summary.rows, "stages": stages, "total_s": total,
+            "end_to_end_events_per_s": n / total,
+            "events_per_s_by_stage": {k: (n / v if v else float("inf")) for k, v in stages.items()}}
+
+
+def print_result(name: str, n: int, prepared_s: float, result: dict[str, Any]) -> None:
+    print(f"\n== {name}: {n:,} records (prepared in {prepared_s:.1f} s) ==")
+    print(f"  end to end: {result['total_s']:.1f} s = {result['end_to_end_events_per_s']:,.0f} events/s")
+    for stage, seconds in result["stages"].items():
+        rate = result["events_per_s_by_stage"][stage]
+        print(f"  {stage:<10} {seconds:8.1f} s  {rate:14,.0f} events/s")
+    rows = result["rows"]
+    print(f"  rows: decisions {rows['decisions']:,}, connections {rows['connections']:,}, "
+          f"quarantine {rows['quarantine']:,}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--sources", default="jsonl,kafka")
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--driver-memory", default="3g")
+    p.add_argument("--shuffle-partitions", type=int, default=8)
+    p.add_argument("--dir", help="working folder (default: a temporary one, removed after)")
+    args = p.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="txnguard-bench-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    sources = args.sources.split(",")
+    cluster = None
+    try:
+        started = time.perf_counter()
+        spark = session.build(args.master, kafka_jars="kafka" in sources, shuffle_partitions=args.shuffle_partitions,
+                              driver_memory=args.driver_memory)
+        print(f"SparkSession ({args.master}, driver memory {args.driver_memory}) started in "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+        if "jsonl" in sources:
+            path = work / "audit.jsonl"
+            prepared = write_jsonl(path, args.records)
+            result = run(spark, job.Source("jsonl", str(path)), work / "out-jsonl", args.records)
+            print_result(f"jsonl ({path.stat().st_size / 1e6:,.0f} MB)", args.records, prepared, result)
+            path.unlink()
+        if "kafka" in sources:
+            cluster = kafka.up("3.5.2", 1, work / "kafka", {"log.retention.bytes": "-1"})
+            topic = fresh_topic(cluster, "audit", partitions=2)
+            prepared = produce(cluster.bootstrap_servers, topic, args.records)
+            result = run(spark, job.Source("kafka", cluster.bootstrap_servers, topic), work / "out-kafka",
+                         args.records)
+            print_result(f"kafka (topic {topic}, 2 partitions)", args.records, prepared, result)
+        print(f"\ndriver peak memory: JVM {jvm_peak_rss_mb(spark):,.0f} MB resident (VmHWM), "
+              f"Python {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB", flush=True)
+        spark.stop()
+    finally:
+        if cluster is not None:
+            cluster.down()
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""spark-submit entry point for the fleet report: the same job as `txnguard report`, master left to spark-submit.
+
+    spark-submit --master spark://host:7077 \
+        --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1 \
+        pipeline/report_job.py --source kafka:broker:9092/txnguard-audit --out /mnt/shared/txnguard-report
+
+The driver needs `txnguard` importable (`pip install .` on the submitting host, client deploy mode, or
+`--py-files` with a zip of src/txnguard); the executors do not: the job uses no Python UDFs. --out is
+a filesystem path that the driver and every executor see (a shared mount): report.html is written by the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from txnguard.pipeline import options
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="report_job.py", description="txnguard fleet report (spark-submit)")
+    options.add_arguments(parser, default_master=None)
+    args = parser.parse_args(argv)
+    if args.master is None:
+        args.cached_jars = False  # spark-submit --packages brings the Kafka connector
+    return options.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
