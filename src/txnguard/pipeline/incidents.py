@@ -44,6 +44,11 @@ INCIDENTS: dict[tuple[str, str], Incident] = {
         "unverified_write",
         "the coordinator could not confirm the transaction (unavailable, loading, preparing): the write was "
         "held back for a retry instead of landing unverified"),
+    # Spelled as the audit record writes it: the outcome is newer than some proxies that feed this pipeline.
+    ("invalid_record", ANY_API): Incident(
+        "invalid_batch",
+        "a record batch the proxy cannot read (truncated, or its length inconsistent): the broker refuses it "
+        "too (INVALID_RECORD), so nothing is prevented but the client is told why"),
 }
 
 UNCLASSIFIED = Incident("unclassified", "an outcome this pipeline version does not know")
