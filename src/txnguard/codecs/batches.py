@@ -47,4 +47,7 @@ def batch_heads(records: bytes | memoryview | None) -> list[BatchHead]:
             out.append(BatchHead(pid, epoch, seq, bool(attributes & TRANSACTIONAL_FLAG),
                                  bool(attributes & CONTROL_FLAG)))
         pos += 12 + batch_length
+    if pos != end:
+        # Produce v3+ (every transactional one) carries v2 batches only, none shorter than the header.
+        raise DecodeFailed(f"record batch at {pos} is truncated: {end - pos} bytes, less than its header")
     return out

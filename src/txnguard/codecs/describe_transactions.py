@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from txnguard.codecs.errors import DecodeFailed, TruncatedFrame
 from txnguard.codecs.header import read_uvarint
+from txnguard.codecs.schemas import check_response_body
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -59,6 +60,7 @@ class _Reader:
 
 def read_describe_transactions_v0(body: bytes | memoryview) -> list[DescribedTransaction]:
     """Parse a response body (header already removed)."""
+    check_response_body(body, 65, 0)  # the same size rules as every decoded frame
     try:
         r = _Reader(body, 0)
         r.fixed(_I32)  # throttle time

@@ -43,6 +43,19 @@ class TruncatedFrame(CodecError):
     reason = "truncated"
 
 
+class BoundsExceeded(CodecError):
+    """A length or count the frame cannot hold: refused before kio allocates for it (the broker closes too)."""
+
+    reason = "bounds_exceeded"
+    error_code = ErrorCode.corrupt_message
+
+
+class TooManyTaggedFields(BoundsExceeded):
+    """More tagged fields in one struct than any Kafka schema defines: walking them would stall the loop."""
+
+    reason = "too_many_tagged_fields"
+
+
 class UnsupportedApiVersion(CodecError):
     """kio (our pinned decoder) has no schema for this API key and version."""
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from txnguard.codecs.errors import TruncatedFrame, UnsupportedApiVersion
+from txnguard.codecs.bounds import MAX_TAGGED_FIELDS
+from txnguard.codecs.errors import TooManyTaggedFields, TruncatedFrame, UnsupportedApiVersion
 from txnguard.codecs.schemas import request_header_version
 
 _KEY_VERSION_CORRELATION = struct.Struct(">hhi")
@@ -80,6 +81,9 @@ def _request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
     pos: int = 10 + max(n, 0)
     if version >= 2:
         count, pos = read_uvarint(frame, pos)
+        if count > MAX_TAGGED_FIELDS:
+            # Millions of empty tags fit in a legal frame; walking them stalled every connection for seconds.
+            raise TooManyTaggedFields(f"request header with {count} tagged fields (at most {MAX_TAGGED_FIELDS})")
         for _ in range(count):
             _, pos = read_uvarint(frame, pos)
             size, pos = read_uvarint(frame, pos)

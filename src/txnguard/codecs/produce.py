@@ -18,6 +18,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs.batches import BatchHead, batch_heads
+from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.schemas import response_schema
 
 TopicPartition = tuple[str, int]
@@ -34,6 +35,7 @@ class ProducePartition:
     topic: str
     partition: int
     heads: list[BatchHead]
+    invalid: str | None = None  # why its record batches cannot be read (the broker answers INVALID_RECORD)
 
     @property
     def transactional_heads(self) -> list[BatchHead]:
@@ -41,11 +43,15 @@ class ProducePartition:
 
 
 def produce_partitions(body: Any) -> list[ProducePartition]:
-    return [
-        ProducePartition(str(t.name), int(p.index), batch_heads(p.records))
-        for t in body.topic_data
-        for p in t.partition_data
-    ]
+    return [_partition(str(t.name), int(p.index), p.records) for t in body.topic_data for p in t.partition_data]
+
+
+def _partition(topic: str, index: int, records: bytes | None) -> ProducePartition:
+    try:
+        return ProducePartition(topic, index, batch_heads(records))
+    except DecodeFailed as e:
+        # One partition's broken batch costs that partition, as on the broker, not the connection.
+        return ProducePartition(topic, index, [], invalid=str(e))
 
 
 def without_partitions(body: Any, rejected: Mapping[TopicPartition, Rejection]) -> Any:

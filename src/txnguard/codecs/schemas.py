@@ -18,7 +18,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32
 
-from txnguard.codecs.errors import DecodeFailed, UnsupportedApiVersion
+from txnguard.codecs import bounds
+from txnguard.codecs.errors import CodecError, DecodeFailed, TruncatedFrame, UnsupportedApiVersion
 
 _KIO_FAILURES = (SerialError, KeyError, ValueError, IndexError, TypeError, struct.error, OverflowError)
 
@@ -64,9 +65,16 @@ def api_name(api_key: int) -> str:
 
 
 def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
-    """(header, body) of a request frame (without its length prefix)."""
+    """(header, body) of a request frame (without its length prefix).
+
+    Every size in the frame is checked against its bytes first (`bounds`): kio's
+    native decoder would allocate for whatever count a frame claims.
+    """
+    if len(frame) < 4:
+        raise TruncatedFrame(f"request frame of {len(frame)} bytes has no header")
     api_key, api_version = struct.unpack_from(">hh", frame, 0)
     cls = request_schema(api_key, api_version)
+    _checked(bounds.check, cls.__header_schema__, cls, frame, bounds.REQUEST_MAX_ELEMENTS)
     try:
         header, used = entity_reader(cls.__header_schema__)(frame, 0)
         body, used_body = entity_reader(cls)(frame, used)
@@ -78,7 +86,9 @@ def decode_request(frame: bytes | memoryview) -> tuple[Any, Any]:
 
 
 def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -> tuple[Any, Any]:
+    """(header, body) of a response frame (without its length prefix), sizes checked first."""
     cls = response_schema(api_key, api_version)
+    _checked(bounds.check, cls.__header_schema__, cls, frame, bounds.RESPONSE_MAX_ELEMENTS)
     try:
         header, used = entity_reader(cls.__header_schema__)(frame, 0)
         body, used_body = entity_reader(cls)(frame, used)
@@ -87,6 +97,20 @@ def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -
     if used + used_body != len(frame):
         raise DecodeFailed(f"api {api_key} v{api_version} response: {len(frame) - used - used_body} trailing bytes")
     return header, body
+
+
+def check_response_body(body: bytes | memoryview, api_key: int, api_version: int) -> None:
+    """Bounds-check a response body read by hand (no header), as decode_response would."""
+    _checked(bounds.check_body, response_schema(api_key, api_version), body, bounds.RESPONSE_MAX_ELEMENTS)
+
+
+def _checked(check: Any, *args: Any) -> None:
+    try:
+        check(*args)
+    except CodecError:
+        raise
+    except _KIO_FAILURES as e:  # a schema the walker has no rule for must not pass unchecked
+        raise DecodeFailed(f"bounds check: {e!r}") from e
 
 
 def encode(header: Any, body: Any) -> bytes:

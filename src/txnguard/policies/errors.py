@@ -20,6 +20,7 @@ from txnguard.policies.outcomes import Outcome
 PRODUCE, TXN_OFFSET_COMMIT = "produce", "txn_offset_commit"
 
 NOT_ADDED_MESSAGE = "Partition was not added to the transaction"
+INVALID_RECORD_MESSAGE = "The record batch is truncated or its length is inconsistent"
 UNVERIFIED_MESSAGE = "Unable to verify the partition has been added to the transaction. Underlying error: {underlying}"
 
 
@@ -50,6 +51,8 @@ BROKER_PARITY: ErrorTable = {
         Outcome.COORDINATOR_RETRIABLE: ErrorChoice(ErrorCode.not_enough_replicas, UNVERIFIED_MESSAGE),
         Outcome.FENCED: ErrorChoice(ErrorCode.invalid_producer_epoch),
         Outcome.PRODUCER_ID_MAPPING: ErrorChoice(ErrorCode.invalid_producer_id_mapping),
+        # What Kafka answers for that partition (and it keeps the connection): measured on 3.5.2.
+        Outcome.INVALID_RECORD: ErrorChoice(ErrorCode.invalid_record, INVALID_RECORD_MESSAGE),
     },
     TXN_OFFSET_COMMIT: {
         Outcome.NOT_IN_TRANSACTION: ErrorChoice(ErrorCode.invalid_txn_state),
@@ -57,6 +60,7 @@ BROKER_PARITY: ErrorTable = {
         Outcome.COORDINATOR_RETRIABLE: ErrorChoice(ErrorCode.coordinator_not_available),
         Outcome.FENCED: ErrorChoice(ErrorCode.invalid_producer_epoch),
         Outcome.PRODUCER_ID_MAPPING: ErrorChoice(ErrorCode.invalid_producer_id_mapping),
+        Outcome.INVALID_RECORD: ErrorChoice(ErrorCode.invalid_record),  # carries no records: never chosen
     },
 }
 

@@ -16,6 +16,7 @@ class Outcome(enum.Enum):
     COORDINATOR_RETRIABLE = "coordinator_unavailable"  # unavailable, not coordinator, loading, network, concurrent
     FENCED = "producer_fenced"
     PRODUCER_ID_MAPPING = "producer_id_mapping"
+    INVALID_RECORD = "invalid_record"                  # a batch the proxy cannot read (the broker refuses it too)
 
     @property
     def failed(self) -> bool:

@@ -40,6 +40,9 @@ def plan_produce(registry: Registry, txn_id: str, partitions: list[ProducePartit
     producer: tuple[int, int] | None = None
     mixed = False
     for p in partitions:
+        if p.invalid is not None:
+            plan.verdicts[(p.topic, p.partition)] = Verdict(Outcome.INVALID_RECORD, Evidence.REQUEST, p.invalid)
+            continue
         heads = p.transactional_heads
         if not heads:
             plan.unverified.append((p.topic, p.partition))
