@@ -89,3 +89,24 @@ def test_sigterm_drains_and_exits(cluster, tmp_path):
     assert '"reason": "draining"' in log  # the idle client was closed by the drain, not killed
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_sighup_without_a_config_file_is_logged_and_survived(cluster, tmp_path):
+    # `make run` starts the proxy without --config; SIGHUP's default action used to end it.
+    port = _free_port()
+    proxy = ProxyProcess(["--upstream", cluster.bootstrap_servers, "--listen", f"127.0.0.1:{port}"],
+                         tmp_path / "proxy.log").start(wait_port=("127.0.0.1", port))
+    try:
+        with RawClient("127.0.0.1", port) as c:
+            c.api_versions()
+            assert proxy.proc is not None
+            proxy.proc.send_signal(signal.SIGHUP)
+            for _ in range(50):
+                if "policy_reload_ignored" in proxy.log():
+                    break
+                time.sleep(0.1)
+            assert '"reason": "no_config_file"' in proxy.log()
+            assert proxy.proc.poll() is None
+            assert c.metadata().brokers  # the connection open at the signal still works
+    finally:
+        assert proxy.terminate() == 0

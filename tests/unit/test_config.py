@@ -57,3 +57,28 @@ def test_broker_ports_follow_the_bootstrap_port_unless_mapped(tmp_path):
     cfg = load(None, {"upstream": "a:1", "listen": "127.0.0.1:9092", "broker_port_base": 30000,
                       "broker_ports": {2: 31000}}, environ={})
     assert (cfg.broker_port(1), cfg.broker_port(2)) == (30001, 31000)
+
+
+def test_yaml_off_is_a_policy_mode_not_a_boolean(tmp_path):
+    # YAML 1.1 reads `off` as False: the example rule in the policy docs was refused.
+    path = _write(tmp_path, 'upstream: a:1\npolicy:\n  mode: monitor\n  rules: [{topic: "audit.*", mode: off}]\n')
+    cfg = load(path, environ={})
+    assert cfg.policy["rules"] == [{"topic": "audit.*", "mode": "off"}]
+
+
+def test_environment_off_is_a_policy_mode_and_true_stays_a_boolean(tmp_path):
+    cfg = load(None, environ={"TXNGUARD_UPSTREAM": "a:1", "TXNGUARD_POLICY__MODE": "off",
+                              "TXNGUARD_VERIFICATION__ENABLED": "true"})
+    assert cfg.policy["mode"] == "off"
+    assert cfg.verification.enabled is True
+
+
+def test_a_bracketed_ipv6_upstream_from_the_environment_is_a_host_port():
+    cfg = load(None, environ={"TXNGUARD_UPSTREAM": "[::1]:9092"})
+    assert [(u.host, u.port) for u in cfg.upstream] == [("::1", 9092)]
+
+
+def test_yes_and_no_are_not_booleans_so_a_boolean_setting_says_what_it_wants(tmp_path):
+    path = _write(tmp_path, "upstream: a:1\nverification: {enabled: no}\n")
+    with pytest.raises(ConfigError, match=r"verification\.enabled: 'no' is not true or false"):
+        load(path, environ={})

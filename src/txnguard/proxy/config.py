@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,13 +326,33 @@ def validate(cfg: ProxyConfig) -> ProxyConfig:
     return cfg
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true/false.
+
+    YAML 1.1 reads on/off/yes/no as booleans, so `mode: off` (a policy mode) arrived
+    as False and was refused. Settings that are booleans are spelt true/false.
+    """
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if raw is None:
@@ -354,12 +375,25 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name in ("TXNGUARD_CACHE", "TXNGUARD_TEST_DIR"):
             continue
         path = name[len(ENV_PREFIX):].lower().split("__")
-        parsed = yaml.safe_load(value) if value else value
+        parsed = _env_value(value)
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = parsed
     return out
+
+
+def _env_value(value: str) -> Any:
+    """A YAML scalar, so numbers and booleans keep their types; anything else stays the string given.
+
+    `[::1]:9092` is not YAML (a flow sequence followed by text) but is a fine host:port.
+    """
+    if not value:
+        return value
+    try:
+        return parse_yaml(value)
+    except yaml.YAMLError:
+        return value
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,12 @@ from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.server import Proxy
 
 
-def _reload(proxy: Proxy, path: str) -> None:
+def _reload(proxy: Proxy, path: str | None) -> None:
     """SIGHUP: re-read the file's policy section; a broken file keeps the running policy."""
+    if path is None:
+        proxy.log.warning("policy_reload_ignored", reason="no_config_file",
+                          detail="started without --config: there is no file to re-read")
+        return
     try:
         fresh = config.load(path)
         proxy.reload_policy(fresh.policy)
@@ -39,8 +43,8 @@ async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if config_path is not None:
-        loop.add_signal_handler(signal.SIGHUP, lambda: _reload(proxy, config_path))
+    # SIGHUP's default action ends the process: always handle it, even with nothing to re-read.
+    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(proxy, config_path))
     print(f"txnguard {cfg.mode} listening on {proxy.bootstrap_address} "
           f"(upstream {','.join(str(u) for u in cfg.upstream)})", flush=True)
     if ready is not None:
