@@ -220,7 +220,9 @@ def alongside(bootstrap: str, stop: Any, out: Any) -> None:
 class Tally:
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
     by_kind: collections.Counter[str] = field(default_factory=collections.Counter)
+    by_api: collections.Counter[str] = field(default_factory=collections.Counter)
     in_flight: dict[int, dict[str, Any]] = field(default_factory=dict)
+    timeouts: list[int] = field(default_factory=list)  # the first few, to look at
     done: int = 0
 
 
@@ -250,12 +252,14 @@ class Fuzzer:
         i, self.next_index = self.next_index, self.next_index + 1
         return i
 
-    def build(self, index: int) -> tuple[bytes, str]:
+    def build(self, index: int) -> tuple[bytes, str, int]:
         """Case `index` of this run: a mutated request, or a marked request whose answer the relay mutates."""
         rng = random.Random(f"{self.args.seed}:pick:{index}")
         if self.response_seeds and rng.random() < self.args.response_share:
-            return _marked_request(rng.choice(self.response_seeds), index), "response"
-        return self.mutator.case(index).stream, "request"
+            seed = rng.choice(self.response_seeds)
+            return _marked_request(seed, index), "response", seed.api_key
+        case = self.mutator.case(index)
+        return case.stream, "request", case.api_key
 
     def describe(self, index: int, kind: str) -> dict[str, Any]:
         """What a suspect case was, rebuilt from its index (cheaper than keeping it for every case)."""
@@ -265,12 +269,15 @@ class Fuzzer:
 
     async def worker(self) -> None:
         while (index := self._take()) is not None:
-            stream, kind = self.build(index)
+            stream, kind, api_key = self.build(index)
             self.tally.in_flight[index] = {"index": index, "kind": kind}
             outcome = await self._send(stream, self.ports[-1] if kind == "response" else self.ports[0])
             del self.tally.in_flight[index]
             self.tally.outcomes[outcome] += 1
             self.tally.by_kind[f"{kind}:{outcome}"] += 1
+            self.tally.by_api[f"{api_key}:{outcome}"] += 1
+            if outcome == "timeout" and len(self.tally.timeouts) < 50:
+                self.tally.timeouts.append(index)
             self.tally.done += 1
 
     async def _send(self, stream: bytes, port: int) -> str:
@@ -387,7 +394,7 @@ def _summary(args: argparse.Namespace, tally: Tally, elapsed: float, sampler: Sa
     return {
         "cases": tally.done, "seconds": round(elapsed, 1), "cases_per_s": round(tally.done / max(elapsed, 1e-9), 1),
         "seed": args.seed, "parallel": args.parallel, "kafka": args.kafka,
-        "outcomes": dict(tally.outcomes), "by_kind": dict(tally.by_kind),
+        "outcomes": dict(tally.outcomes), "by_kind": dict(tally.by_kind), "by_api": dict(sorted(tally.by_api.items())),
         "relay_mutated_responses": relay.mutated, "relay_unparsable_responses": relay.unparsable,
         "proxy_alive": alive, "proxy_exit_code": exit_code,
         "rss_kib": {"min": min(rss, default=0), "max": max(rss, default=0),
@@ -516,6 +523,8 @@ def run(args: argparse.Namespace) -> int:
         summary["cpu_seconds"] = {"proxy": round(cpu[0], 1), "bench (fuzzer + relay)": round(cpu[1], 1)}
         summary["load_average"] = os.getloadavg()
         summary["codecs_fingerprint"] = fingerprint
+        summary["first_timeouts"] = [fz.describe(i, "request") for i in fz.tally.timeouts
+                                     if fz.build(i)[1] == "request"][:20]
         if not alive:
             summary["suspects"] = suspects
             summary["recent_mutated_responses"] = list(relay.recent)[-64:]
