@@ -1,0 +1,653 @@
+"""One client connection and its broker connection, as a pure state machine.
+
+Requests are framed whole (`FrameSplitter`), peeked, book-kept and forwarded as
+their original bytes. Kafka answers a connection's requests in order, so an
+in-order queue (`_order`) pairs every response with its request; requests the
+proxy answers itself sit in the same queue and leave in turn. acks=0 Produce
+gets no response and never enters the queue.
+
+Responses are read as a stream, not as frames: after a response's 8-byte head
+(length, correlation id) the core knows its request. A response that needs no
+rewrite and is next in order is relayed chunk by chunk as it arrives (cut-through:
+a 50 MB Fetch answer is never assembled), and consecutive such frames of one
+chunk leave as one slice of it. Only responses the core must read (ApiVersions,
+addresses, the transaction life cycle, merges, SASL) are assembled and decoded.
+
+While a verification waits, the connection holds: reading the client pauses and
+later frames queue, so the broker sees requests in the client's order.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kio.schema.errors import ErrorCode
+
+from txnguard.codecs import addresses, api_versions, schemas
+from txnguard.codecs.errors import CodecError, FrameTooLarge, InvalidFrameLength, TruncatedFrame
+from txnguard.codecs.framing import FrameSplitter
+from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
+from txnguard.codecs.produce import merged_produce_response
+from txnguard.codecs.synthesis import api_versions_unsupported
+from txnguard.connection.apis import ACTION_BY_KEY, ApiKey, ResponseAction
+from txnguard.connection.commands import (
+    AnsweredLocally,
+    Ask,
+    Authenticated,
+    Chunk,
+    ClientIdentified,
+    ClientSoftware,
+    Close,
+    Command,
+    Decided,
+    Direction,
+    PauseReading,
+    RawMode,
+    RequestSeen,
+    ResumeReading,
+    Rewritten,
+    SendToBroker,
+    SendToClient,
+    Side,
+    WriteAnswered,
+)
+from txnguard.connection.traffic import Traffic
+from txnguard.verification.audit import ClientInfo
+from txnguard.verification.decisions import Answer, Clock, Decision, PendingCheck, TransactionRules
+from txnguard.verification.inventory import ConnectionInventory
+
+# Responses are bounded by the broker's own limits; ours only guards against garbage.
+RESPONSE_MAX_FRAME = 2 * 1024 * 1024 * 1024 - 1
+_RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
+
+_PASS = ResponseAction.PASS
+_PRODUCE, _TXN_OFFSET_COMMIT = ApiKey.PRODUCE.value, ApiKey.TXN_OFFSET_COMMIT.value
+_SASL_HANDSHAKE, _API_VERSIONS = ApiKey.SASL_HANDSHAKE.value, ApiKey.API_VERSIONS.value
+
+
+class Pause(enum.Enum):
+    """Why the core stops reading the client."""
+
+    VERIFICATION = "verification"
+    MAX_IN_FLIGHT = "max_in_flight"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    connection_id: int
+    listener: str
+    max_frame_bytes: int
+    pre_auth_max_frame_bytes: int | None   # the limit until SASL completes; None: no SASL expected
+    max_in_flight: int
+    partial_frame_timeout_s: float
+    idle_timeout_s: float
+    debug: bool = False                    # a RequestSeen fact per request
+
+
+class Cluster(Protocol):
+    """The shell's view of the cluster, consulted synchronously (addresses, ApiVersions)."""
+
+    version_policy: api_versions.VersionPolicy
+
+    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]: ...
+    def learn_brokers(self, found: list[tuple[int, str, int]]) -> None: ...
+    def remember_broker_api_versions(self, body: Any) -> None: ...
+    def advertised_api_versions(self) -> list[tuple[int, int, int]]: ...
+
+
+class ResponseOutOfOrder(CodecError):
+    reason = "response_out_of_order"
+
+
+class InFlight:
+    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "response", "sent_at", "window")
+
+    def __init__(self, correlation_id: int, api_key: int, api_version: int, action: ResponseAction,
+                 sent_at: float) -> None:
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.action = action
+        self.sent_at = sent_at
+        self.response: list[Chunk] | None = None   # complete and waiting its turn
+        self.context: Any = None                    # the decoded request, or the Decision to merge
+        self.window: Decision | None = None         # a verified write: its answer closes the window
+
+
+class _Waiting:
+    """The one verification a connection can wait for (later requests are held behind it)."""
+
+    __slots__ = ("check", "entry", "expect_response", "id")
+
+    def __init__(self, check_id: int, check: PendingCheck, entry: InFlight, expect_response: bool) -> None:
+        self.id = check_id
+        self.check = check
+        self.entry = entry
+        self.expect_response = expect_response
+
+
+class Connection:
+    def __init__(self, settings: Settings, rules: TransactionRules, cluster: Cluster, clock: Clock,
+                 traffic: Traffic | None = None, inventory: ConnectionInventory | None = None) -> None:
+        self.settings = settings
+        self.inventory = inventory  # what the client showed of itself, for the audit's connection record
+        self.rules = rules
+        self.cluster = cluster
+        self.clock = clock
+        self.traffic = traffic or Traffic()
+        limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
+        self.requests = FrameSplitter(limit)
+        self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
+        self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
+        self._waiting: _Waiting | None = None
+        self._held: list[memoryview] = []
+        self._checks = 0
+        self._paused: set[Pause] = set()
+        self.raw = False
+        self._raw_after_flush = False
+        self.draining = False
+        self.closed = False
+        self.client_id: str | None = None
+        self.software_name: str | None = None
+        self.software_version: str | None = None
+        self._family: str | None = None
+        self.last_activity = clock.perf()
+        self.partial_since: float | None = None
+        self._now = self.last_activity
+        # The response being read: bytes of its body still to come, its request, whether it is
+        # streamed to the client, and the pieces kept when it is not.
+        self._head = bytearray()
+        self._left = 0
+        self._entry: InFlight | None = None
+        self._streaming = False
+        self._parts: list[Chunk] = []
+
+    # -- who the client is ----------------------------------------------------------------------------
+
+    @property
+    def family(self) -> str:
+        if self._family is None:
+            self._family = self.rules.policy.family(self.software_name, self.client_id, self.settings.listener)
+        return self._family
+
+    def forget_family(self) -> None:
+        """A new policy may classify the client differently."""
+        self._family = None
+
+    def client_info(self) -> ClientInfo:
+        return ClientInfo(self.client_id, self.software_name, self.software_version, self.family,
+                          self.settings.listener, self.settings.connection_id)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._order)
+
+    # -- events in ----------------------------------------------------------------------------------
+
+    def receive_from_client(self, data: bytes) -> list[Command]:
+        if self.closed:
+            return []
+        self._now = self.last_activity = self.clock.perf()
+        if self.raw:
+            return [SendToBroker([data])]
+        try:
+            frames = self.requests.feed(data)
+        except CodecError as e:
+            return [self._close_on(e, Direction.CLIENT_TO_BROKER)]
+        self.partial_since = (self.partial_since or self._now) if self.requests.buffered else None
+        out: list[Command] = []
+        if frames:
+            to_broker: list[Chunk] = []
+            self._requests(frames, out, to_broker)
+            self._after_requests(out, to_broker)
+        return out
+
+    def receive_from_broker(self, data: bytes) -> list[Command]:
+        if self.closed:
+            return []
+        self._now = self.last_activity = self.clock.perf()
+        if self.raw:
+            return [SendToClient([data])]
+        out: list[Command] = []
+        try:
+            to_client = self._responses(data, out)
+        except CodecError as e:
+            out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
+            return out
+        self._after_responses(out, to_client)
+        return out
+
+    def answered(self, check_id: int, answer: Answer) -> list[Command]:
+        """The verifier's answer to an Ask."""
+        waiting = self._waiting
+        if self.closed or waiting is None or waiting.id != check_id:
+            return []  # the connection closed while the question was out
+        self._now = self.clock.perf()
+        out: list[Command] = []
+        try:
+            result = self.rules.resume(waiting.check, answer, self.clock)
+        except CodecError as e:
+            return [self._close_on(e, Direction.CLIENT_TO_BROKER)]
+        if isinstance(result, PendingCheck):
+            waiting.check = result
+            out.append(Ask(check_id, result.question))
+            return out
+        self._waiting = None
+        to_broker: list[Chunk] = []
+        forward = self._apply(result, waiting.entry, waiting.expect_response, out)
+        if self.closed:
+            return out
+        if forward is not None:
+            to_broker.append(forward)
+        self._resume(Pause.VERIFICATION, out)
+        held, self._held = self._held, []
+        if held:
+            self._requests(held, out, to_broker)
+        if not self.closed:
+            self._after_requests(out, to_broker)
+        return out
+
+    def verification_failed(self, check_id: int, reason: str, detail: str) -> list[Command]:
+        waiting = self._waiting
+        if self.closed or waiting is None or waiting.id != check_id:
+            return []
+        return [self._close(reason, f"verifying a request failed: {detail}", "warning")]
+
+    def connection_lost(self) -> None:
+        """The shell closed (either side went away): nothing more comes out."""
+        self.closed = True
+
+    def drain(self) -> list[Command]:
+        """Stop reading new requests; close once every in-flight response is delivered."""
+        if self.closed:
+            return []
+        self.draining = True
+        out: list[Command] = []
+        self._pause(Pause.DRAINING, out)
+        if not self._order:
+            out.append(self._close("draining", "proxy shutting down"))
+        return out
+
+    def tick(self) -> list[Command]:
+        """Timeouts: a partial frame sitting too long, an idle connection."""
+        if self.closed:
+            return []
+        now, s = self.clock.perf(), self.settings
+        if self.partial_since is not None and now - self.partial_since > s.partial_frame_timeout_s:
+            return [self._close("partial_frame_timeout",
+                                f"{self.requests.buffered} bytes of an incomplete frame for "
+                                f"{s.partial_frame_timeout_s}s", "warning", Direction.CLIENT_TO_BROKER)]
+        if not self._order and now - self.last_activity > s.idle_timeout_s:
+            return [self._close("idle", f"no traffic for {s.idle_timeout_s}s")]
+        return []
+
+    # -- client -> broker ---------------------------------------------------------------------------
+
+    def _requests(self, frames: list[memoryview], out: list[Command], to_broker: list[Chunk]) -> None:
+        for i, frame in enumerate(frames):
+            if self._waiting is not None:
+                self._held.extend(frames[i:])
+                return
+            try:
+                forward = self._request(frame, out)
+            except CodecError as e:
+                out.append(self._close_on(e, Direction.CLIENT_TO_BROKER))
+                return
+            if self.closed:
+                return
+            if forward is not None:
+                to_broker.append(forward)
+
+    def _after_requests(self, out: list[Command], to_broker: list[Chunk]) -> None:
+        if self.closed:
+            return
+        if to_broker:
+            out.append(SendToBroker(to_broker))
+        if len(self._order) >= self.settings.max_in_flight:
+            self._pause(Pause.MAX_IN_FLIGHT, out)
+        to_client: list[Chunk] = []
+        self._take_ready(to_client)
+        self._after_responses(out, to_client)
+
+    def _request(self, frame: memoryview, out: list[Command]) -> Chunk | None:
+        """Book-keep one request; what to forward (the frame, or a reduced one), None if nothing."""
+        body = frame[4:]
+        head = peek_request(body)
+        key, version, correlation_id = head.api_key, head.api_version, head.correlation_id
+        t, slot = self.traffic, (key if 0 <= key < 127 else 127)
+        t.frames_in[slot] += 1
+        t.bytes_in[slot] += len(frame)
+        if self.inventory is not None:
+            self.inventory.request(head, body)
+        if self.client_id is None and key != _SASL_HANDSHAKE:
+            self.client_id = peek_client_id(body) or ""
+            self._family = None
+            out.append(ClientIdentified(self.client_id))
+        if self.settings.debug:
+            out.append(RequestSeen(key, version, correlation_id))
+        if key == _PRODUCE:
+            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
+            if self.inventory is not None:
+                self.inventory.produce(head, body, not txn_id_null)
+            if not txn_id_null and self.rules.wants(key, version):
+                return self._check(head, self.rules.check_produce(frame, version, self.client_info(), self.clock),
+                                   acks != 0, out)
+            if acks == 0:
+                return frame  # no response will come, so it never enters the queue
+        elif key == _TXN_OFFSET_COMMIT and self.rules.wants(key, version):
+            return self._check(head, self.rules.check_txn_offset_commit(frame, version, self.client_info(),
+                                                                         self.clock), True, out)
+        action = self._classify(body, head, out)
+        if action is None:
+            return None  # answered here
+        entry = InFlight(correlation_id, key, version, action, self._now)
+        if action is ResponseAction.OBSERVE:
+            entry.context = self.rules.observe_request(key, version, body, self.clock.wall_ms())
+        self._order.append(entry)
+        self._forwarded.append(entry)
+        return frame
+
+    def _classify(self, body: memoryview, head: RequestHead, out: list[Command]) -> ResponseAction | None:
+        """What to do with a request's response, or None if the proxy answered the request itself."""
+        key, version = head.api_key, head.api_version
+        action = ACTION_BY_KEY.get(key)
+        if action is not None:
+            return action
+        if key == _API_VERSIONS:
+            if version > api_versions.proxy_api_versions_range()[1]:
+                # A broker answers a too-new ApiVersions with v0 and UNSUPPORTED_VERSION (KIP-511).
+                response = api_versions_unsupported(head.correlation_id, self.cluster.advertised_api_versions())
+                self._answer(head, response, "unsupported_version", out)
+                return None
+            self._note_client_software(body, version, out)
+            return ResponseAction.REWRITE_API_VERSIONS
+        if addresses.carries_addresses(key, version):
+            return ResponseAction.REWRITE_ADDRESSES
+        return _PASS
+
+    def _check(self, head: RequestHead, result: Decision | PendingCheck, expect_response: bool,
+               out: list[Command]) -> Chunk | None:
+        """A checked request: apply the decision now, or ask and hold the connection until the answer."""
+        entry = InFlight(head.correlation_id, head.api_key, head.api_version, _PASS, self._now)
+        if expect_response:
+            self._order.append(entry)
+        if isinstance(result, Decision):
+            return self._apply(result, entry, expect_response, out)
+        self._checks += 1
+        self._waiting = _Waiting(self._checks, result, entry, expect_response)
+        self._pause(Pause.VERIFICATION, out)
+        out.append(Ask(self._checks, result.question))
+        return None
+
+    def _apply(self, decision: Decision, entry: InFlight, expect_response: bool,
+               out: list[Command]) -> Chunk | None:
+        """Book-keep a decision; what to forward (None: answered here, or the connection closed)."""
+        if decision.context is not None:
+            out.append(Decided(decision))
+        if decision.rejections and not expect_response:
+            # acks=0 has no response to carry an error: the broker closes the connection instead.
+            out.append(self._close("rejected_without_response", "a transactional acks=0 write failed verification",
+                                   "warning"))
+            return None
+        if decision.forward is None:
+            if expect_response:
+                entry.response = [decision.local_response or b""]
+                out.append(AnsweredLocally(entry.api_key, entry.api_version, entry.correlation_id, "verification"))
+            return None
+        entry.sent_at = self._now
+        if decision.rejections:
+            entry.action = ResponseAction.MERGE_PRODUCE
+            entry.context = decision
+        elif addresses.carries_addresses(entry.api_key, entry.api_version):
+            entry.action = ResponseAction.REWRITE_ADDRESSES
+        if decision.evidence_at is not None:
+            entry.window = decision
+        if expect_response:
+            self._forwarded.append(entry)
+        return decision.forward
+
+    def _note_client_software(self, body: memoryview, version: int, out: list[Command]) -> None:
+        if version < 3:
+            return
+        try:
+            _, req = schemas.decode_request(body)
+        except CodecError:
+            return  # the broker will judge the request; we only wanted names for the logs
+        self.software_name = str(req.client_software_name)
+        self.software_version = str(req.client_software_version)
+        self._family = None
+        out.append(ClientSoftware(self.software_name, self.software_version))
+
+    def _answer(self, head: RequestHead, response: bytes, reason: str, out: list[Command]) -> None:
+        entry = InFlight(head.correlation_id, head.api_key, head.api_version, _PASS, self._now)
+        entry.response = [response]
+        self._order.append(entry)
+        out.append(AnsweredLocally(head.api_key, head.api_version, head.correlation_id, reason))
+
+    # -- broker -> client ---------------------------------------------------------------------------
+
+    def _responses(self, data: bytes, out: list[Command]) -> list[Chunk]:  # noqa: C901 - the relay loop: one frame per turn, no helper calls on the streamed path
+        """Read a chunk of the broker's stream; the bytes for the client, in order."""
+        to_client: list[Chunk] = []
+        view = memoryview(data)
+        end, pos = len(data), 0
+        # A run of this chunk streamed to the client, sent as one slice: [run_start, run_end).
+        run_start = run_end = -1
+        while pos < end:
+            left = self._left
+            if left:  # inside a response body
+                take = left if left <= end - pos else end - pos
+                if self._streaming:
+                    if run_end == pos:
+                        run_end += take
+                    else:
+                        if run_start >= 0:
+                            to_client.append(view[run_start:run_end])
+                        run_start, run_end = pos, pos + take
+                else:
+                    self._parts.append(view[pos:pos + take])
+                pos += take
+                self._left = left - take
+                if not self._left:
+                    self._response_done(out)
+                continue
+            # The 8-byte head of the next response: length and correlation id.
+            head_in_chunk = not self._head and end - pos >= 8
+            if head_in_chunk:
+                size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
+                head: Chunk = view[pos:pos + 8]
+                head_at = pos
+            else:
+                need = 8 - len(self._head)
+                self._head += view[pos:pos + need]
+                if len(self._head) < 8:
+                    break
+                pos += need
+                head = bytes(self._head)
+                self._head.clear()
+                size, correlation_id = _RESPONSE_HEAD.unpack(head)
+                head_at = -1
+            entry = self._response_started(size, correlation_id, out)
+            if entry.action is _PASS:
+                order = self._order
+                if order[0] is not entry:
+                    # Earlier responses (local answers, buffered ones) may be complete: send them first.
+                    if run_start >= 0:
+                        to_client.append(view[run_start:run_end])
+                        run_start = run_end = -1
+                    self._take_ready(to_client)
+                self._streaming = order[0] is entry
+            else:
+                self._streaming = False
+            if self._streaming:
+                if head_at >= 0 and run_end == head_at:
+                    run_end += 8
+                elif head_at >= 0:
+                    if run_start >= 0:
+                        to_client.append(view[run_start:run_end])
+                    run_start, run_end = head_at, head_at + 8
+                else:
+                    if run_start >= 0:
+                        to_client.append(view[run_start:run_end])
+                        run_start = run_end = -1
+                    to_client.append(head)
+            else:
+                self._parts = [head]
+            if head_in_chunk:
+                pos += 8
+            if not self._left:
+                self._response_done(out)
+        if run_start >= 0:
+            to_client.append(data if run_start == 0 and run_end == end else view[run_start:run_end])
+        return to_client
+
+    def _response_started(self, size: int, correlation_id: int, out: list[Command]) -> InFlight:
+        if size < 4:
+            if size < 0:
+                raise InvalidFrameLength(f"negative frame length {size}")
+            raise TruncatedFrame(f"response frame of {size} bytes has no correlation id")
+        if size > RESPONSE_MAX_FRAME:
+            raise FrameTooLarge(size, RESPONSE_MAX_FRAME)
+        if not self._forwarded:
+            raise ResponseOutOfOrder(f"response {correlation_id} with no request in flight")
+        entry = self._forwarded.popleft()
+        if entry.correlation_id != correlation_id:
+            raise ResponseOutOfOrder(f"response {correlation_id} arrived for request {entry.correlation_id}")
+        key = entry.api_key
+        t, slot = self.traffic, (key if 0 <= key < 127 else 127)
+        t.frames_out[slot] += 1
+        t.bytes_out[slot] += size + 4
+        t.round_trip(slot, self._now - entry.sent_at)
+        decision = entry.window
+        if decision is not None and decision.evidence_at is not None and decision.evidence is not None:
+            out.append(WriteAnswered(decision.evidence, (self.clock.perf() - decision.evidence_at) * 1000))
+        self._entry = entry
+        self._left = size - 4
+        return entry
+
+    def _response_done(self, out: list[Command]) -> None:
+        entry = self._entry
+        assert entry is not None
+        self._entry = None
+        if self._streaming:
+            self._streaming = False
+            self._order.popleft()  # it was the head of the queue all along
+            return
+        parts, self._parts = self._parts, []
+        if entry.action is _PASS:
+            entry.response = parts  # complete, waiting its turn
+            return
+        frame = memoryview(b"".join(parts))
+        entry.response = [self._rewrite(entry, frame, out)]
+
+    def _rewrite(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
+        action = entry.action
+        if action is ResponseAction.REWRITE_ADDRESSES:
+            return self._rewrite_addresses(entry, frame, out)
+        if action is ResponseAction.REWRITE_API_VERSIONS:
+            return self._rewrite_api_versions(entry, frame, out)
+        if action is ResponseAction.OBSERVE:
+            self.rules.observe_response(entry.api_key, entry.api_version, entry.context, frame[4:],
+                                        self.clock.wall_ms())
+            return frame
+        if action is ResponseAction.MERGE_PRODUCE:
+            return self._merge_produce(entry, frame)
+        self._sasl_progress(entry, frame[4:], out)
+        return frame
+
+    def _rewrite_addresses(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
+        header, body = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
+        self.cluster.learn_brokers(addresses.broker_addresses(entry.api_key, body))
+        new = addresses.rewrite_addresses(entry.api_key, body, self.cluster.client_address_for)
+        if new is body:
+            return frame
+        out.append(Rewritten(entry.api_key, "addresses"))
+        return schemas.encode(header, new)
+
+    def _merge_produce(self, entry: InFlight, frame: memoryview) -> bytes:
+        """The broker's answer for the forwarded partitions plus the proxy's rejections, in request order."""
+        decision: Decision = entry.context
+        assert decision.context is not None
+        header, broker = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
+        merged = merged_produce_response(decision.context.request, entry.api_version, broker, decision.rejections)
+        if addresses.carries_addresses(entry.api_key, entry.api_version):
+            merged = addresses.rewrite_addresses(entry.api_key, merged, self.cluster.client_address_for)
+        return schemas.encode(header, merged)
+
+    def _rewrite_api_versions(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
+        body = frame[4:]
+        # The response header is v0 (correlation id only) for every ApiVersions version. A broker
+        # that does not support the request's version answers in v0 with UNSUPPORTED_VERSION.
+        if len(body) >= 6 and int.from_bytes(body[4:6], "big", signed=True) == ErrorCode.unsupported_version:
+            return frame
+        header, decoded = schemas.decode_response(body, entry.api_key, entry.api_version)
+        self.cluster.remember_broker_api_versions(decoded)
+        new = api_versions.intersect(decoded, self.cluster.version_policy)
+        if new is decoded:
+            return frame
+        out.append(Rewritten(entry.api_key, "intersect"))
+        return schemas.encode(header, new)
+
+    def _sasl_progress(self, entry: InFlight, body: memoryview, out: list[Command]) -> None:
+        _, decoded = schemas.decode_response(body, entry.api_key, entry.api_version)
+        if decoded.error_code != ErrorCode.none:
+            return
+        if entry.action is ResponseAction.SASL_HANDSHAKE and entry.api_version == 0:
+            # SASL v0: raw, header-less tokens follow, once every earlier response is out.
+            self._raw_after_flush = True
+        elif entry.action is ResponseAction.SASL_AUTHENTICATE:
+            self.requests.max_frame = self.settings.max_frame_bytes
+            out.append(Authenticated())
+
+    def _take_ready(self, to_client: list[Chunk]) -> None:
+        order = self._order
+        while order and order[0].response is not None:
+            to_client.extend(order.popleft().response)  # type: ignore[arg-type]
+
+    def _after_responses(self, out: list[Command], to_client: list[Chunk]) -> None:
+        """Send what is ready, then the state changes that wait for an empty queue."""
+        self._take_ready(to_client)
+        if to_client:
+            out.append(SendToClient(to_client))
+        order = self._order
+        if self._raw_after_flush and not order:
+            self._enter_raw_mode(out)
+        if len(order) < self.settings.max_in_flight and Pause.MAX_IN_FLIGHT in self._paused:
+            self._resume(Pause.MAX_IN_FLIGHT, out)
+        if self.draining and not order:
+            out.append(self._close("draining", "proxy shutting down"))
+
+    def _enter_raw_mode(self, out: list[Command]) -> None:
+        self.raw = True
+        self._raw_after_flush = False
+        out.append(RawMode("sasl_handshake_v0"))
+        leftover = self.requests.take_buffered()
+        if leftover:
+            out.append(SendToBroker([leftover]))
+        if self._head:
+            out.append(SendToClient([bytes(self._head)]))
+            self._head.clear()
+
+    # -- pausing and closing --------------------------------------------------------------------------
+
+    def _pause(self, cause: Pause, out: list[Command]) -> None:
+        if cause not in self._paused:
+            self._paused.add(cause)
+            out.append(PauseReading(Side.CLIENT, cause.value))
+
+    def _resume(self, cause: Pause, out: list[Command]) -> None:
+        if cause in self._paused:
+            self._paused.discard(cause)
+            out.append(ResumeReading(Side.CLIENT, cause.value))
+
+    def _close(self, reason: str, detail: str, level: str = "info", frame_error: Direction | None = None) -> Close:
+        self.closed = True
+        return Close(reason, detail, level, frame_error)
+
+    def _close_on(self, error: CodecError, direction: Direction, prefix: str = "") -> Close:
+        return self._close(error.reason, f"{prefix}{error}", "warning", direction)

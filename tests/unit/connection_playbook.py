@@ -1,0 +1,270 @@
+"""A playbook for the connection core: real Kafka frames in, commands out, no event loop.
+
+Frames are built with kio's own encoders (`schemas.encode_request`, the raw client's
+batch writer); the helpers read what the core emitted back as bytes per side.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16, i32, i64
+
+from txnguard.codecs import schemas
+from txnguard.codecs.api_versions import VersionPolicy
+from txnguard.connection.commands import Command, SendToBroker, SendToClient
+from txnguard.connection.core import Connection, Settings
+from txnguard.connection.traffic import Traffic
+from txnguard.policies.policy import policy_from_config
+from txnguard.testing.raw import build_batch
+from txnguard.verification.decisions import TransactionRules
+from txnguard.verification.registry import Registry
+
+TXN, PID, EPOCH = "app", 7, 0
+T0, T1 = ("orders", 0), ("orders", 1)
+
+
+def request_module(api_key: int, version: int) -> Any:
+    return sys.modules[schemas.request_schema(api_key, version).__module__]
+
+
+def response_module(api_key: int, version: int) -> Any:
+    return sys.modules[schemas.response_schema(api_key, version).__module__]
+
+
+def request(payload: Any, correlation_id: int) -> bytes:
+    return schemas.encode_request(payload, correlation_id, "playbook-client")
+
+
+def response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    return schemas.encode(schemas.response_header_for(api_key, version, correlation_id), body)
+
+
+# -- requests ----------------------------------------------------------------------------------------------
+
+
+def produce(correlation_id: int, partitions: list[tuple[str, int]], *, transactional: bool = True,
+            acks: int = -1, version: int = 9, value: bytes = b"v") -> bytes:
+    m = request_module(0, version)
+    by_topic: dict[str, list[Any]] = {}
+    for topic, p in partitions:
+        records = build_batch([value], producer_id=PID if transactional else -1,
+                              producer_epoch=EPOCH if transactional else -1, base_sequence=0,
+                              transactional=transactional,
+                              timestamp=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+        by_topic.setdefault(topic, []).append(m.PartitionProduceData(index=i32(p), records=records))
+    return request(m.ProduceRequest(
+        transactional_id=TXN if transactional else None, acks=i16(acks),
+        timeout=datetime.timedelta(seconds=30),
+        topic_data=tuple(m.TopicProduceData(name=t, partition_data=tuple(ps)) for t, ps in by_topic.items()),
+    ), correlation_id)
+
+
+def heartbeat(correlation_id: int) -> bytes:
+    m = request_module(12, 4)
+    return request(m.HeartbeatRequest(group_id="g", generation_id=i32(1), member_id="m", group_instance_id=None),
+                   correlation_id)
+
+
+def api_versions_request(correlation_id: int, version: int = 3) -> bytes:
+    """ApiVersions of any version: a newer one than kio knows is written as v3 with the version patched."""
+    m = request_module(18, 3)
+    frame = bytearray(request(m.ApiVersionsRequest(client_software_name="playbook",
+                                                   client_software_version="1.0"), correlation_id))
+    struct.pack_into(">h", frame, 6, version)
+    return bytes(frame)
+
+
+def sasl_handshake(correlation_id: int, version: int = 0) -> bytes:
+    m = request_module(17, version)
+    return request(m.SaslHandshakeRequest(mechanism="PLAIN"), correlation_id)
+
+
+def sasl_authenticate(correlation_id: int, token: bytes = b"\0user\0secret") -> bytes:
+    m = request_module(36, 2)
+    return request(m.SaslAuthenticateRequest(auth_bytes=token), correlation_id)
+
+
+def init_producer_id(correlation_id: int) -> bytes:
+    m = request_module(22, 3)
+    return request(m.InitProducerIdRequest(transactional_id=TXN, transaction_timeout=datetime.timedelta(minutes=1),
+                                           producer_id=i64(-1), producer_epoch=i16(-1)), correlation_id)
+
+
+def add_partitions(correlation_id: int, partitions: list[tuple[str, int]]) -> bytes:
+    m = request_module(24, 3)
+    topics: dict[str, list[int]] = {}
+    for t, p in partitions:
+        topics.setdefault(t, []).append(p)
+    return request(m.AddPartitionsToTxnRequest(
+        v3_and_below_transactional_id=TXN, v3_and_below_producer_id=i64(PID), v3_and_below_producer_epoch=i16(EPOCH),
+        v3_and_below_topics=tuple(m.AddPartitionsToTxnTopic(name=t, partitions=tuple(i32(p) for p in ps))
+                                  for t, ps in topics.items())), correlation_id)
+
+
+# -- responses ---------------------------------------------------------------------------------------------
+
+
+def produce_response(correlation_id: int, partitions: list[tuple[str, int]], version: int = 9,
+                     error: ErrorCode = ErrorCode.none) -> bytes:
+    m = response_module(0, version)
+    by_topic: dict[str, list[Any]] = {}
+    for topic, p in partitions:
+        by_topic.setdefault(topic, []).append(m.PartitionProduceResponse(
+            index=i32(p), error_code=error, base_offset=i64(100 + p), log_append_time=None,
+            log_start_offset=i64(0), record_errors=(), error_message=None))
+    return response(0, version, correlation_id, m.ProduceResponse(
+        responses=tuple(m.TopicProduceResponse(name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items()),
+        throttle_time=datetime.timedelta(0)))
+
+
+def heartbeat_response(correlation_id: int) -> bytes:
+    m = response_module(12, 4)
+    return response(12, 4, correlation_id, m.HeartbeatResponse(throttle_time=datetime.timedelta(0),
+                                                               error_code=ErrorCode.none))
+
+
+def fetch_response(correlation_id: int, records: bytes) -> bytes:
+    m = response_module(1, 11)
+    return response(1, 11, correlation_id, m.FetchResponse(
+        throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(0),
+        responses=(m.FetchableTopicResponse(topic="orders", partitions=(m.PartitionData(
+            partition_index=i32(0), error_code=ErrorCode.none, high_watermark=i64(1), last_stable_offset=i64(1),
+            log_start_offset=i64(0), aborted_transactions=None, preferred_read_replica=i32(-1), records=records),)),)))
+
+
+def fetch_request(correlation_id: int) -> bytes:
+    m = request_module(1, 11)
+    return request(m.FetchRequest(
+        replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1),
+        max_bytes=i32(50 << 20), isolation_level=i16(0), session_id=i32(0), session_epoch=i32(-1), topics=(),
+        forgotten_topics_data=(), rack_id=""), correlation_id)
+
+
+def sasl_handshake_response(correlation_id: int, version: int = 0) -> bytes:
+    m = response_module(17, version)
+    return response(17, version, correlation_id, m.SaslHandshakeResponse(error_code=ErrorCode.none,
+                                                                         mechanisms=("PLAIN",)))
+
+
+def sasl_authenticate_response(correlation_id: int) -> bytes:
+    m = response_module(36, 2)
+    return response(36, 2, correlation_id, m.SaslAuthenticateResponse(
+        error_code=ErrorCode.none, error_message=None, auth_bytes=b"", session_lifetime=datetime.timedelta(0)))
+
+
+def init_producer_id_response(correlation_id: int) -> bytes:
+    m = response_module(22, 3)
+    return response(22, 3, correlation_id, m.InitProducerIdResponse(
+        throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, producer_id=i64(PID),
+        producer_epoch=i16(EPOCH)))
+
+
+def add_partitions_response(correlation_id: int, partitions: list[tuple[str, int]]) -> bytes:
+    m = response_module(24, 3)
+    topics: dict[str, list[int]] = {}
+    for t, p in partitions:
+        topics.setdefault(t, []).append(p)
+    return response(24, 3, correlation_id, m.AddPartitionsToTxnResponse(
+        throttle_time=datetime.timedelta(0),
+        results_by_topic_v3_and_below=tuple(m.AddPartitionsToTxnTopicResult(name=t, results_by_partition=tuple(
+            m.AddPartitionsToTxnPartitionResult(partition_index=i32(p), partition_error_code=ErrorCode.none)
+            for p in ps)) for t, ps in topics.items())))
+
+
+def decode_produce_response(frame: bytes, version: int = 9) -> list[tuple[str, int, int, str | None]]:
+    """(topic, partition, error code, message) in the order the response lists them."""
+    _, body = schemas.decode_response(frame[4:], 0, version)
+    return [(str(t.name), int(p.index), int(p.error_code), p.error_message)
+            for t in body.responses for p in t.partition_responses]
+
+
+def correlation_ids(stream: bytes) -> list[int]:
+    """The correlation ids of a stream of response frames."""
+    out, pos = [], 0
+    while pos < len(stream):
+        size, cid = struct.unpack_from(">ii", stream, pos)
+        out.append(cid)
+        pos += 4 + size
+    return out
+
+
+# -- the parts around the core -----------------------------------------------------------------------------
+
+
+@dataclass
+class FakeClock:
+    seconds: float = 1000.0
+
+    def wall_ms(self) -> int:
+        return int(self.seconds * 1000)
+
+    def perf(self) -> float:
+        return self.seconds
+
+    def cpu(self) -> float:
+        return 0.0
+
+
+@dataclass
+class FakeCluster:
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    learned: list[tuple[int, str, int]] = field(default_factory=list)
+
+    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        return "proxy.local", 19100 + node_id
+
+    def learn_brokers(self, found: list[tuple[int, str, int]]) -> None:
+        self.learned.extend(found)
+
+    def remember_broker_api_versions(self, body: Any) -> None:
+        pass
+
+    def advertised_api_versions(self) -> list[tuple[int, int, int]]:
+        return [(0, 3, 9), (18, 0, 3)]
+
+
+class Playbook:
+    """One connection core with its registry, policy, clock and cluster."""
+
+    def __init__(self, *, max_in_flight: int = 100, policy: dict[str, Any] | None = None,
+                 pre_auth_max_frame_bytes: int | None = None, max_frame_bytes: int = 100 << 20) -> None:
+        self.clock = FakeClock()
+        self.cluster = FakeCluster()
+        self.registry = Registry()
+        self.rules = TransactionRules(self.registry, policy_from_config(policy or {}))
+        self.traffic = Traffic()
+        self.conn = Connection(
+            Settings(connection_id=1, listener="bootstrap", max_frame_bytes=max_frame_bytes,
+                     pre_auth_max_frame_bytes=pre_auth_max_frame_bytes, max_in_flight=max_in_flight,
+                     partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
+            self.rules, self.cluster, self.clock, self.traffic)
+
+    def transaction_with(self, *partitions: tuple[str, int]) -> None:
+        """The proxy saw InitProducerId and AddPartitionsToTxn for these partitions (local evidence)."""
+        now = self.clock.wall_ms()
+        self.registry.init_producer_id(TXN, PID, EPOCH, 60_000, now)
+        self.registry.added(TXN, PID, EPOCH, now, partitions=set(partitions))
+
+    def client_sends(self, *frames: bytes) -> list[Command]:
+        return self.conn.receive_from_client(b"".join(frames))
+
+    def broker_answers(self, *frames: bytes) -> list[Command]:
+        return self.conn.receive_from_broker(b"".join(frames))
+
+
+def to_broker(commands: list[Command]) -> bytes:
+    return b"".join(bytes(c) for cmd in commands if isinstance(cmd, SendToBroker) for c in cmd.data)
+
+
+def to_client(commands: list[Command]) -> bytes:
+    return b"".join(bytes(c) for cmd in commands if isinstance(cmd, SendToClient) for c in cmd.data)
+
+
+def of_type(commands: list[Command], kind: type) -> list[Any]:
+    return [c for c in commands if isinstance(c, kind)]
