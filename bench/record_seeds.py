@@ -64,7 +64,8 @@ class Seed:
     shape: str  # a sub-kind worth keeping apart (transactional Produce, batched FindCoordinator, ...)
     kafka: str
     via: str  # "direct" (client -> broker) or "proxy" (client -> txnguard -> broker)
-    client: str
+    client: str  # the adapter that was running (the proxy's own requests happen while one runs)
+    client_id: str  # the request header's client id: who really sent it (txnguard's own, rdkafka, ...)
     frame: bytes
 
     @property
@@ -82,7 +83,7 @@ class Corpus:
     counts: dict[tuple[int, int, str, str], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def offer(self, api_key: int, api_version: int, direction: str, frame: bytes) -> None:
+    def offer(self, api_key: int, api_version: int, direction: str, frame: bytes, client_id: str) -> None:
         if api_key not in DECODED_KEYS or len(frame) > MAX_FRAME:
             return
         if not _follows_schema(api_key, api_version, direction, frame):
@@ -92,7 +93,7 @@ class Corpus:
         with self.lock:
             if self.counts.get(key, 0) >= PER_SHAPE:
                 return
-            seed = Seed(api_key, api_version, direction, shape, self.kafka, self.via, self.client, frame)
+            seed = Seed(api_key, api_version, direction, shape, self.kafka, self.via, self.client, client_id, frame)
             if seed.name in self.seeds:
                 return
             self.seeds[seed.name] = seed
@@ -153,13 +154,13 @@ class RecordingRelay:
             except OSError:
                 client_w.close()
                 return
-            inflight: dict[int, tuple[int, int]] = {}
+            inflight: dict[int, tuple[int, int, str]] = {}
             await asyncio.gather(self._pump(client_r, broker_w, inflight, True),
                                  self._pump(broker_r, client_w, inflight, False), return_exceptions=True)
 
         return handle
 
-    async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, inflight: dict[int, tuple[int, int]],
+    async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, inflight: dict[int, tuple[int, int, str]],
                     requests: bool) -> None:
         try:
             while True:
@@ -174,17 +175,18 @@ class RecordingRelay:
             with contextlib.suppress(OSError, RuntimeError):
                 w.close()
 
-    def _observe(self, body: bytes, inflight: dict[int, tuple[int, int]], requests: bool) -> None:
+    def _observe(self, body: bytes, inflight: dict[int, tuple[int, int, str]], requests: bool) -> None:
         if requests:
-            if len(body) < 8:
+            if len(body) < 10:
                 return
-            api_key, api_version, correlation = struct.unpack_from(">hhi", body, 0)
-            inflight[correlation] = (api_key, api_version)
-            self.corpus.offer(api_key, api_version, "request", body)
+            api_key, api_version, correlation, n = struct.unpack_from(">hhih", body, 0)
+            client_id = body[10:10 + max(n, 0)].decode("utf-8", "replace")
+            inflight[correlation] = (api_key, api_version, client_id)
+            self.corpus.offer(api_key, api_version, "request", body, client_id)
         elif len(body) >= 4:
             known = inflight.pop(struct.unpack_from(">i", body, 0)[0], None)
             if known is not None:
-                self.corpus.offer(known[0], known[1], "response", body)
+                self.corpus.offer(known[0], known[1], "response", body, known[2])
 
 
 def _exercise(client_name: str, bootstrap: str, run: str) -> list[str]:
@@ -280,6 +282,7 @@ def write(corpus: Corpus, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     frames = [{"name": name, "api_key": s.api_key, "api": api_name(s.api_key), "api_version": s.api_version,
                "direction": s.direction, "shape": s.shape, "kafka": s.kafka, "via": s.via, "client": s.client,
+               "client_id": s.client_id,
                "hex": s.frame.hex()}
               for name, s in sorted(corpus.seeds.items())]
     doc = {"about": "Kafka frames recorded by bench/record_seeds.py from real clients; hex is the frame "
