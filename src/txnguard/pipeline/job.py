@@ -12,6 +12,7 @@ copy), and aggregate + report rerun every --refresh-seconds from what the sinks 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from txnguard.pipeline import parse, report, session, tables
 RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
     "decisions": tables.decisions, "connections": tables.connections, "quarantine": tables.quarantine,
 }
-AGGREGATE_TABLES = ("rejections", "verification_latency", "incidents_prevented", "client_inventory")
 
 log = structlog.get_logger("txnguard.pipeline")
 
@@ -74,12 +74,31 @@ def read_lines(spark: SparkSession, source: Source) -> DataFrame:
     return parse.kafka_lines(_kafka_reader(spark, source, streaming=False).load())
 
 
-def _schemas(spark: SparkSession) -> dict[str, T.StructType]:
-    """Each raw table's schema, from the transformations themselves (an empty input is still typed)."""
+def raw_table_schemas(spark: SparkSession) -> dict[str, T.StructType]:
+    """Each raw table's schema, from the transformations themselves (an empty input is still typed).
+
+    Tables are always read with their schema: an empty table (or a streaming sink before its first
+    commit) has no file Spark could infer one from.
+    """
     empty = spark.createDataFrame([], T.StructType([T.StructField("value", T.StringType()),
                                                     T.StructField("source", T.StringType())]))
     routed = parse.route(empty)
     return {name: fn(routed).schema for name, fn in RAW_TABLES.items()}
+
+
+def _aggregates(decisions: DataFrame, connections: DataFrame) -> dict[str, DataFrame]:
+    return {"rejections": tables.rejections(decisions),
+            "verification_latency": tables.verification_latency(decisions),
+            "incidents_prevented": tables.incidents_prevented(decisions),
+            "client_inventory": tables.client_inventory(decisions, connections)}
+
+
+def table_schemas(spark: SparkSession) -> dict[str, T.StructType]:
+    """Every table's schema, raw and aggregate."""
+    raw = raw_table_schemas(spark)
+    empty = {name: spark.createDataFrame([], schema) for name, schema in raw.items()}
+    aggregates = _aggregates(empty["decisions"], empty["connections"])
+    return {**raw, **{name: frame.schema for name, frame in aggregates.items()}}
 
 
 def read_table(spark: SparkSession, out: Path, name: str, schema: T.StructType) -> DataFrame:
@@ -103,24 +122,22 @@ def ingest(spark: SparkSession, source: Source, out: Path) -> None:
 
 
 def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None) -> None:
-    schemas = _schemas(spark)
+    schemas = raw_table_schemas(spark)
     d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
     c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
-    _write(tables.rejections(d), out, "rejections")
-    _write(tables.verification_latency(d), out, "verification_latency")
-    _write(tables.incidents_prevented(d), out, "incidents_prevented")
-    _write(tables.client_inventory(d, c), out, "client_inventory")
+    for name, frame in _aggregates(d, c).items():
+        _write(frame, out, name)
 
 
 def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
                    title: str) -> report.ReportData:
-    schemas = _schemas(spark)
+    schemas = table_schemas(spark)
     d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
     c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
     q = read_table(spark, out, "quarantine", schemas["quarantine"])
-    rej = spark.read.parquet(str(out / "rejections"))
-    inc = spark.read.parquet(str(out / "incidents_prevented"))
-    inv = spark.read.parquet(str(out / "client_inventory"))
+    rej = read_table(spark, out, "rejections", schemas["rejections"])
+    inc = read_table(spark, out, "incidents_prevented", schemas["incidents_prevented"])
+    inv = read_table(spark, out, "client_inventory", schemas["client_inventory"])
 
     decision_counts = {r["decision"]: int(r["n"]) for r in d.groupBy("decision").agg(F.count("*").alias("n"))
                        .collect()}
@@ -166,11 +183,7 @@ def _timed(summary: Summary, stage: str, fn: Callable[[], Any]) -> Any:
 
 
 def count_rows(spark: SparkSession, out: Path) -> dict[str, int]:
-    schemas = _schemas(spark)
-    rows = {name: read_table(spark, out, name, schema).count() for name, schema in schemas.items()}
-    for name in AGGREGATE_TABLES:
-        rows[name] = spark.read.parquet(str(out / name)).count()
-    return rows
+    return {name: read_table(spark, out, name, schema).count() for name, schema in table_schemas(spark).items()}
 
 
 def refresh(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None, title: str,
@@ -235,7 +248,16 @@ def _title(source: Source) -> str:
     return f"txnguard fleet report ({source.kind}:{where})"
 
 
+def _configure_logging() -> None:
+    """One JSON object per line on stderr, like the proxy's logs."""
+    structlog.configure(processors=[structlog.processors.add_log_level,
+                                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                                    structlog.processors.JSONRenderer()],
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
 def main(args: argparse.Namespace) -> int:
+    _configure_logging()
     try:
         source = Source.parse(args.source)
     except ValueError as e:

@@ -67,8 +67,11 @@ def route(lines: DataFrame) -> DataFrame:
     parsed = sized.withColumn(
         "r", F.when(F.col("chars") <= R.MAX_RECORD_CHARS, F.from_json("value", record_schema(), options)))
     with_reason = parsed.withColumn("quarantine_reason", _reason())
-    return with_reason.withColumn(
+    routed = with_reason.withColumn(
         "route",
         F.when(F.col("quarantine_reason").isNotNull(), F.lit(QUARANTINE))
         .when(F.col("r.schema_version") == 1, F.lit(DECISION))
         .otherwise(F.col("r.kind")))
+    # Only a quarantined line keeps its text: the parsed ones are cached between writes, and the text is
+    # most of their size.
+    return routed.withColumn("value", F.when(F.col("route") == QUARANTINE, F.col("value")))
