@@ -1,0 +1,288 @@
+"""The fleet pipeline on real parts: audit records from files, from a real proxy and from a real Kafka topic,
+through PySpark (local[2]) into Parquet tables and report.html, checked in a real browser.
+
+    records (synthetic, or the proxy's own) ──JSONL / Kafka 3.5.2──▶ txnguard report ──▶ Parquet + report.html
+    every count in the tables equals what was fed (or the proxy's /metrics); every bad line is quarantined
+
+One SparkSession serves the module (a JVM start costs tens of seconds on a loaded machine); --follow runs
+as its own process, killed with SIGKILL mid-stream and restarted.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from txnguard.pipeline import incidents, job, session
+from txnguard.pipeline.synthetic import Generator
+from txnguard.testing.clients import ConfluentKafkaClient, KafkaPythonClient
+from txnguard.testing.fixtures import fresh_topic
+from txnguard.testing.proxy import gateway_for
+from txnguard.testing.scenarios import TxnActor, error_name, wait_stable
+
+pytestmark = pytest.mark.integration
+
+TEN_MB = 10 * 1024 * 1024
+# Each bad line and the reason it must be quarantined with.
+BAD_LINES = [
+    ('{"schema_version": 1, "time_ms": 1767225600000, "transactional_id": "tru', "malformed_json"),
+    ("this is not json", "malformed_json"),
+    ('{"schema_version": 99, "kind": "decision", "time_ms": 1767225600000}', "unsupported_schema_version:99"),
+    ('{"schema_version": 2, "kind": "audit", "proxy_id": "p"}', "unknown_kind:audit"),
+    ('{"schema_version": 2, "kind": "connection", "proxy_id": "p", "time_ms": 1}', "missing_fields:"),
+    ('{"schema_version": 1, "pad": "' + "x" * TEN_MB + '"}', "too_large"),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = session.build("local[2]", kafka_jars=True, shuffle_partitions=4)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(kafka_pool):
+    return kafka_pool.get("3.5.2", 1)
+
+
+def _table(spark, out: Path, name: str):
+    return spark.read.parquet(str(out / name))
+
+
+def _counts(frame, *columns: str) -> dict:
+    rows = frame.groupBy(*columns).count().collect()
+    return {tuple(r[c] for c in columns) if len(columns) > 1 else r[columns[0]]: r["count"] for r in rows}
+
+
+def _expected(records: list[dict]) -> dict[str, collections.Counter]:
+    """What the tables must say about `records`, computed in plain Python."""
+    decisions = [r for r in records if r.get("kind", "decision") == "decision"]
+    failed = [r for r in decisions if r["outcome"] != "pass"]
+    return {
+        "decisions": collections.Counter(r["decision"] for r in decisions),
+        "evidence": collections.Counter(r["evidence"] for r in decisions),
+        "reasons": collections.Counter(r["outcome"] for r in failed),
+        "incidents": collections.Counter((incidents.classify(r["outcome"], r["api"]).name, r["decision"] == "rejected")
+                                         for r in failed),
+        "clients": collections.Counter((r["client_family"], r["client_software_name"], r["client_software_version"])
+                                       for r in records),
+        "connections": collections.Counter(r["connection_id"] for r in records if r.get("kind") == "connection"),
+    }
+
+
+def _assert_tables_match(spark, out: Path, records: list[dict]) -> None:
+    want = _expected(records)
+    decisions = _table(spark, out, "decisions")
+    assert _counts(decisions, "decision") == dict(want["decisions"])
+    assert _counts(decisions, "evidence") == dict(want["evidence"])
+    rejections = _table(spark, out, "rejections").groupBy("reason").sum("count").collect()
+    assert {r["reason"]: r["sum(count)"] for r in rejections} == dict(want["reasons"])
+    assert _counts(_table(spark, out, "incidents_prevented"), "incident", "prevented") == dict(want["incidents"])
+    latency = _table(spark, out, "verification_latency").groupBy("evidence").sum("count").collect()
+    assert {r["evidence"]: r["sum(count)"] for r in latency} == dict(want["evidence"])
+    inventory = _table(spark, out, "client_inventory").select(
+        "client_family", "client_software_name", "client_software_version").distinct().collect()
+    assert {tuple(r) for r in inventory} == set(want["clients"])
+    connections = _table(spark, out, "connections")
+    assert connections.count() == sum(want["connections"].values())
+
+
+# -- JSONL: synthetic records plus every kind of bad line -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jsonl_run(spark, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pipeline-jsonl")
+    records = list(Generator(seed=11, failure_rate=0.1).records(3000))
+    source = folder / "audit.jsonl"
+    with source.open("w") as f:
+        for i, r in enumerate(records):
+            f.write(json.dumps(r) + "\n")
+            if i % 700 == 0 and i // 700 < len(BAD_LINES):
+                f.write(BAD_LINES[i // 700][0] + "\n")  # bad lines in between good ones, not only at the end
+        for line, _ in BAD_LINES[(len(records) - 1) // 700 + 1:]:
+            f.write(line + "\n")
+    out = folder / "out"
+    summary = job.run_batch(spark, job.Source.parse(f"jsonl:{source}"), out)
+    return records, out, summary
+
+
+def test_jsonl_tables_count_exactly_what_was_fed(spark, jsonl_run):
+    records, out, _ = jsonl_run
+    _assert_tables_match(spark, out, records)
+
+
+def test_an_empty_source_gives_empty_tables_and_a_report(spark, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    summary = job.run_batch(spark, job.Source.parse(f"jsonl:{empty}"), tmp_path / "out")
+    assert set(summary.rows.values()) == {0} and len(summary.rows) == 7
+    assert "No line was quarantined." in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_bad_lines_are_quarantined_with_their_reasons_and_the_job_finishes(spark, jsonl_run):
+    _, out, summary = jsonl_run
+    assert (out / "report.html").exists() and summary.seconds["report"] >= 0
+    got = sorted(r["reason"] for r in _table(spark, out, "quarantine").collect())
+    assert len(got) == len(BAD_LINES)
+    for (_, reason), actual in zip(sorted(BAD_LINES, key=lambda b: b[1]), got, strict=True):
+        assert actual.startswith(reason), (reason, actual)
+    missing = next(r for r in got if r.startswith("missing_fields:"))
+    assert set(missing.split(":", 1)[1].split(",")) >= {"connected_ms", "client_address", "close_reason"}
+    huge = _table(spark, out, "quarantine").where("reason = 'too_large'").collect()[0]
+    assert huge["chars"] > TEN_MB and len(huge["line_prefix"]) == 1024  # measured, kept short
+
+
+# -- the report in a real browser --------------------------------------------------------------------------------
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                  "--virtual-time-budget=10000"]
+
+
+def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("chromium")
+    assert exe, "chromium is not installed: make setup installs it (make chromium)"
+    return subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                           *extra, page.as_uri()], capture_output=True, text=True, timeout=120, check=False)
+
+
+def page_problems(page: Path, profile: Path) -> list[str]:
+    """Script errors from the browser's console, and images that did not decode (the page counts them)."""
+    run = chromium(page, profile, "--dump-dom")
+    problems = [line for line in run.stderr.splitlines() if ":CONSOLE" in line and re.search(r"error|uncaught", line,
+                                                                                           re.IGNORECASE)]
+    m = re.search(r'data-images-ok="(\d+)/(\d+)"', run.stdout)
+    if m is None:
+        problems.append("the page's image check never ran")
+    elif m.group(1) != m.group(2) or m.group(2) == "0":
+        problems.append(f"images decoded: {m.group(1)} of {m.group(2)}")
+    return problems
+
+
+def test_report_renders_in_headless_chromium_without_errors(jsonl_run, tmp_path):
+    _, out, _ = jsonl_run
+    page = out / "report.html"
+    assert page_problems(page, tmp_path / "profile") == []
+    shot = out / "report.png"
+    chromium(page, tmp_path / "profile-shot", "--window-size=1100,2600", f"--screenshot={shot}")
+    assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 50_000
+    keep = os.environ.get("TXNGUARD_REPORT_SCREENSHOT")  # the README's screenshot comes from this run
+    if keep:
+        shutil.copyfile(shot, keep)
+    # The check itself can fail: a missing image and a script error are both caught.
+    broken = tmp_path / "broken.html"
+    broken.write_text(page.read_text().replace("</body>", '<img src="gone.png"><script>nope();</script></body>'))
+    problems = page_problems(broken, tmp_path / "profile-broken")
+    assert any("images decoded" in p for p in problems) and any("nope" in p for p in problems)
+
+
+# -- a real proxy's audit log: S1, S2, S5, clean transactions from two client families, one monitor rule -------
+
+
+def _metric_samples(proxy, name: str) -> dict[tuple, float]:
+    out = {}
+    for family in proxy.proxy.metrics.registry.collect():
+        for s in family.samples:
+            if s.name == name and s.value:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_a_real_proxy_audit_log_gives_tables_equal_to_its_metrics(spark, cluster, start_proxy, unique_name,
+                                                                   tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    proxy = gateway_for(cluster, start_proxy, audit_path=str(audit),
+                        policy={"rules": [{"transactional_id": "legacy-*", "mode": "monitor"}]})
+    topic = fresh_topic(cluster, unique_name("pl"), partitions=2)
+    # Clean transactions from two real client families.
+    ConfluentKafkaClient().run_transaction(proxy.bootstrap, topic, unique_name("rdk"), [b"a", b"b"], commit=True)
+    KafkaPythonClient().run_transaction(proxy.bootstrap, topic, unique_name("kp"), [b"c"], commit=True)
+    # S1: a partition never added.
+    s1 = TxnActor(proxy.bootstrap, unique_name("s1"))
+    s1.init()
+    assert error_name(s1.produce(topic, 0, [b"never-added"]).error_code) == "INVALID_TXN_STATE"
+    # S2: a late write after the abort.
+    s2 = TxnActor(proxy.bootstrap, unique_name("s2"))
+    s2.init()
+    assert s2.add_partitions(topic, 0) == {0: 0}
+    assert s2.produce(topic, 0, [b"in-txn"]).error_code == 0
+    assert s2.end(commit=False) == 0
+    wait_stable(cluster.bootstrap_servers, topic)
+    assert error_name(s2.produce(topic, 0, [b"late"], sequence=1).error_code) == "INVALID_TXN_STATE"
+    # S5: offsets for a group never added.
+    s5 = TxnActor(proxy.bootstrap, unique_name("s5"))
+    s5.init()
+    assert s5.add_partitions(topic, 1) == {1: 0}
+    assert [error_name(c) for c in s5.commit_offsets(unique_name("g"), {topic: {1: 1}})] == ["INVALID_TXN_STATE"]
+    # A monitor-mode rule: decided and audited, but forwarded.
+    legacy = TxnActor(proxy.bootstrap, "legacy-" + unique_name("m"))
+    legacy.init()
+    assert legacy.produce(topic, 1, [b"monitored"]).error_code == 0
+
+    verifications = _metric_samples(proxy, "txnguard_verifications_total")
+    failures = _metric_samples(proxy, "txnguard_verification_failures_total")
+
+    def audit_records() -> list[dict]:
+        return [json.loads(line) for line in audit.read_text().splitlines()]
+
+    proxy.wait_for(lambda: sum(r.get("kind", "decision") == "decision" for r in audit_records())
+                   >= sum(verifications.values()), what="a decision record per verification")
+    proxy.stop()  # every connection closes: a proxy that writes connection records has written them all now
+    records = audit_records()
+    out = tmp_path / "out"
+    job.run_batch(spark, job.Source.parse(f"jsonl:{audit}"), out)
+
+    decisions = _table(spark, out, "decisions")
+    by_label = _counts(decisions, "evidence", "outcome", "decision")
+    assert {tuple(sorted({"evidence": e, "outcome": o, "decision": d}.items())): float(n)
+            for (e, o, d), n in by_label.items()} == verifications
+    rejections = _table(spark, out, "rejections").groupBy("reason").sum("count").collect()
+    assert {(("reason", r["reason"]),): float(r["sum(count)"]) for r in rejections} == failures
+    assert failures.keys() == {(("reason", "not_in_transaction"),), (("reason", "late_write"),)}
+    incidents_by_target = {(r["transactional_id"], r["incident"], r["prevented"])
+                           for r in _table(spark, out, "incidents_prevented").collect()}
+    assert incidents_by_target == {(s1.transactional_id, "hanging_transaction", True),
+                                   (s2.transactional_id, "late_write", True),
+                                   (s5.transactional_id, "hanging_offset_commit", True),
+                                   (legacy.transactional_id, "hanging_transaction", False)}
+    _assert_tables_match(spark, out, records)
+    families = {r["client_family"] for r in _table(spark, out, "client_inventory").collect()}
+    assert {"librdkafka", "kafka-python"} <= families
+
+
+# -- Kafka: records produced by a real client to a topic ---------------------------------------------------------
+
+
+def _produce(bootstrap: str, topic: str, records: list[dict], extra_values: list[bytes] = ()) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    for r in records:
+        key = r.get("transactional_id") or r.get("first_transactional_id")
+        producer.produce(topic, key=key.encode() if key else None, value=json.dumps(r).encode())
+        producer.poll(0)
+    for v in extra_values:
+        producer.produce(topic, value=v)
+    assert producer.flush(60) == 0
+
+
+def test_kafka_topic_tables_count_exactly_what_was_produced(spark, cluster, unique_name, tmp_path):
+    topic = fresh_topic(cluster, unique_name("audit"), partitions=3)
+    records = list(Generator(seed=5, failure_rate=0.1).records(2000))
+    _produce(cluster.bootstrap_servers, topic, records, [b"not json", b'{"schema_version": 99}'])
+    out = tmp_path / "out"
+    job.run_batch(spark, job.Source.parse(f"kafka:{cluster.bootstrap_servers}/{topic}"), out)
+    _assert_tables_match(spark, out, records)
+    quarantine = _table(spark, out, "quarantine").collect()
+    assert sorted(r["reason"] for r in quarantine) == ["malformed_json", "unsupported_schema_version:99"]
+    assert all(r["source"].startswith(f"{topic}/") for r in quarantine)
