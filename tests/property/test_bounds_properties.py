@@ -6,6 +6,7 @@ the check must pass them, and decoding must give the message back.
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import pytest
@@ -16,7 +17,12 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_writer
 from kio.static.primitive import Records
 
-from txnguard.codecs import bounds
+from txnguard.codecs import bounds, schemas
+from txnguard.codecs.errors import CodecError
+from txnguard.codecs.header import peek_request
+from txnguard.codecs.produce import produce_partitions
+from txnguard.codecs.produce_scan import scan_produce
+from txnguard.codecs.schemas import encode_request
 
 # Requests and responses the proxy reads: its inspected requests, the responses it rewrites
 # or watches, SASL, and its own verification requests' answers.
@@ -53,3 +59,33 @@ def test_every_well_formed_body_passes_the_bounds_check(cls):
         bounds.check_body(cls, buf.getvalue(), bounds.RESPONSE_MAX_ELEMENTS)
 
     check()
+
+
+PRODUCE_V3_TO_V11 = [load_request_schema(0, v) for v in range(3, 12)]
+
+
+@pytest.mark.parametrize("cls", PRODUCE_V3_TO_V11, ids=[f"v{c.__version__}" for c in PRODUCE_V3_TO_V11])
+def test_the_in_place_produce_scan_reads_what_kio_decodes(cls):
+    @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.from_type(cls), st.text(max_size=8))
+    def check(message, client_id):
+        frame = memoryview(encode_request(message, 7, client_id))[4:]
+        _, decoded = schemas.decode_request(frame)
+        txn_id, partitions = scan_produce(frame, peek_request(frame))
+        assert txn_id == decoded.transactional_id
+        assert partitions == produce_partitions(decoded)
+
+    check()
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.sampled_from(PRODUCE_V3_TO_V11), st.data())
+def test_the_produce_scan_of_a_mutated_frame_raises_only_codec_errors(cls, data):
+    message = data.draw(st.from_type(cls))
+    frame = bytearray(encode_request(message, 7, "c")[4:])
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = data.draw(st.integers(0, len(frame) - 1))
+        frame[i] = data.draw(st.integers(0, 255))
+    body = memoryview(bytes(frame[: data.draw(st.integers(8, len(frame)))]))
+    with contextlib.suppress(CodecError):
+        scan_produce(body, peek_request(body))

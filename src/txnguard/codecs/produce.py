@@ -43,10 +43,10 @@ class ProducePartition:
 
 
 def produce_partitions(body: Any) -> list[ProducePartition]:
-    return [_partition(str(t.name), int(p.index), p.records) for t in body.topic_data for p in t.partition_data]
+    return [partition_of(str(t.name), int(p.index), p.records) for t in body.topic_data for p in t.partition_data]
 
 
-def _partition(topic: str, index: int, records: bytes | None) -> ProducePartition:
+def partition_of(topic: str, index: int, records: bytes | memoryview | None) -> ProducePartition:
     try:
         return ProducePartition(topic, index, batch_heads(records))
     except DecodeFailed as e:

@@ -574,7 +574,8 @@ class Connection:
         decision: Decision = entry.context
         assert decision.context is not None
         header, broker = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
-        merged = merged_produce_response(decision.context.request, entry.api_version, broker, decision.rejections)
+        merged = merged_produce_response(decision.context.decoded()[1], entry.api_version, broker,
+                                         decision.rejections)
         if addresses.carries_addresses(entry.api_key, entry.api_version):
             merged = addresses.rewrite_addresses(entry.api_key, merged, self.cluster.client_address_for)
         return schemas.encode(header, merged)
