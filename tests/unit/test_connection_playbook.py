@@ -84,6 +84,27 @@ def test_a_large_response_next_in_order_is_streamed_before_it_is_complete():
     assert pb.conn.in_flight == 0
 
 
+def test_a_large_produce_the_proxy_need_not_read_is_forwarded_as_it_arrives():
+    pb = Playbook()
+    request = produce(4, [T0], transactional=False, value=b"x" * 3_000_000)  # 3 MB, never verified
+    head, middle, tail = request[:2_000_000], request[2_000_000:2_500_000], request[2_500_000:]
+    assert to_broker(pb.client_sends(head)) == head      # past 1 MiB: cut through, not assembled
+    assert pb.conn.requests.buffered == 0
+    assert to_broker(pb.client_sends(middle)) == middle
+    assert to_broker(pb.client_sends(tail + heartbeat(5))) == tail + heartbeat(5)  # the next frame is framed again
+    assert pb.traffic.frames_in[0] == 1 and pb.traffic.bytes_in[0] == len(request)
+    answer = produce_response(4, [T0]) + heartbeat_response(5)
+    assert to_client(pb.broker_answers(answer)) == answer
+    assert pb.conn.in_flight == 0
+
+
+def test_a_large_transactional_produce_is_assembled_to_be_verified():
+    pb = Playbook()
+    request = produce(4, [T0], value=b"x" * 3_000_000)
+    assert to_broker(pb.client_sends(request[:2_000_000])) == b""  # verification reads every batch header
+    assert pb.conn.requests.buffered == 2_000_000
+
+
 def test_a_response_head_split_across_chunks_is_put_together():
     pb = Playbook()
     pb.client_sends(heartbeat(1), heartbeat(2))

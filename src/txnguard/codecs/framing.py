@@ -50,6 +50,30 @@ class FrameSplitter:
         self._reset()
         return data
 
+    def incomplete(self, head_bytes: int = 64 * 1024) -> tuple[int, bytes] | None:
+        """(whole length, first bytes so far) of the frame being assembled, once its length is known.
+
+        A relay that needs only a frame's header can forward the rest as it arrives (cut-through)
+        instead of holding the whole frame; `detach` hands the assembly over.
+        """
+        if self._want is None:
+            return None
+        first: list[bytes | memoryview] = []
+        have = 0
+        for part in self._parts:
+            first.append(part)
+            have += len(part)
+            if have >= head_bytes:
+                break
+        return self._want, b"".join(first)
+
+    def detach(self) -> tuple[list[bytes | memoryview], int]:
+        """Stop assembling the incomplete frame: its pieces so far, and how many of its bytes are still to come."""
+        assert self._want is not None
+        parts, left = self._parts, self._want - self._have
+        self._reset()
+        return parts, left
+
     def _reset(self) -> None:
         self._parts = []
         self._have = 0

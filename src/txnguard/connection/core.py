@@ -62,6 +62,9 @@ from txnguard.verification.inventory import ConnectionInventory
 
 # Responses are bounded by the broker's own limits; ours only guards against garbage.
 RESPONSE_MAX_FRAME = 2 * 1024 * 1024 * 1024 - 1
+# A request at least this large that the proxy need not read (a Produce it does not verify) is
+# forwarded as its bytes arrive: assembling 100 MiB first cost a copy that stalled every connection.
+CUT_THROUGH_REQUESTS_ABOVE = 1024 * 1024
 _RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
 
 _PASS = ResponseAction.PASS
@@ -142,6 +145,7 @@ class Connection:
         self.traffic = traffic or Traffic()
         limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
         self.requests = FrameSplitter(limit)
+        self._request_left = 0  # bytes still to come of a request being cut through
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
         self._waiting: _Waiting | None = None
@@ -195,16 +199,26 @@ class Connection:
         self._now = self.last_activity = self.clock.perf()
         if self.raw:
             return [SendToBroker([data])]
+        out: list[Command] = []
+        if self._request_left:
+            # The rest of a request being cut through: forwarded as it arrives, never assembled.
+            n = min(self._request_left, len(data))
+            self._request_left -= n
+            if n == len(data):
+                return [SendToBroker([data])]
+            out.append(SendToBroker([memoryview(data)[:n]]))
+            data = memoryview(data)[n:]  # type: ignore[assignment]  # the splitter reads any buffer
         try:
             frames = self.requests.feed(data)
         except CodecError as e:
-            return [self._close_on(e, Direction.CLIENT_TO_BROKER)]
+            return [*out, self._close_on(e, Direction.CLIENT_TO_BROKER)]
         self.partial_since = (self.partial_since or self._now) if self.requests.buffered else None
-        out: list[Command] = []
         if frames:
             to_broker: list[Chunk] = []
             self._requests(frames, out, to_broker)
             self._after_requests(out, to_broker)
+        if self.requests.buffered >= CUT_THROUGH_REQUESTS_ABOVE and not self.closed:
+            self._cut_through(out)
         return out
 
     def receive_from_broker(self, data: bytes) -> list[Command]:
@@ -314,14 +328,12 @@ class Connection:
         self._take_ready(to_client)
         self._after_responses(out, to_client)
 
-    def _request(self, frame: memoryview, out: list[Command]) -> Chunk | None:
-        """Book-keep one request; what to forward (the frame, or a reduced one), None if nothing."""
-        body = frame[4:]
-        head = peek_request(body)
-        key, version, correlation_id = head.api_key, head.api_version, head.correlation_id
+    def _note_request(self, head: RequestHead, body: memoryview, size: int, out: list[Command]) -> None:
+        """Count a request and learn who the client is (its header and first bytes are enough)."""
+        key = head.api_key
         t, slot = self.traffic, (key if 0 <= key < 127 else 127)
         t.frames_in[slot] += 1
-        t.bytes_in[slot] += len(frame)
+        t.bytes_in[slot] += size
         if self.inventory is not None:
             self.inventory.request(head, body)
         if self.client_id is None and key != _SASL_HANDSHAKE:
@@ -329,7 +341,50 @@ class Connection:
             self._family = None
             out.append(ClientIdentified(self.client_id))
         if self.settings.debug:
-            out.append(RequestSeen(key, version, correlation_id))
+            out.append(RequestSeen(key, head.api_version, head.correlation_id))
+
+    def _cut_through(self, out: list[Command]) -> None:
+        """Forward a large request that needs no reading as its bytes arrive, instead of assembling it.
+
+        Only a Produce the proxy does not verify qualifies (verification reads every batch header),
+        and only when nothing is held: requests reach the broker in the client's order.
+        """
+        if self._waiting is not None or self._held or self.draining:
+            return
+        found = self.requests.incomplete()
+        if found is None:
+            return
+        size, first = found
+        body = memoryview(first)[4:]
+        try:
+            head = peek_request(body)
+            if head.api_key != _PRODUCE:
+                return
+            acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
+        except CodecError:
+            return  # the header has not all arrived (or is broken: the whole frame will be judged)
+        if not txn_id_null and self.rules.wants(_PRODUCE, head.api_version):
+            return
+        parts, self._request_left = self.requests.detach()
+        self.partial_since = None
+        self._note_request(head, body, size, out)
+        if self.inventory is not None:
+            self.inventory.produce(head, body, not txn_id_null)
+        if acks != 0:
+            action = self._classify(body, head, out) or _PASS
+            entry = InFlight(head.correlation_id, head.api_key, head.api_version, action, self._now)
+            self._order.append(entry)
+            self._forwarded.append(entry)
+        out.append(SendToBroker(parts))
+        if len(self._order) >= self.settings.max_in_flight:
+            self._pause(Pause.MAX_IN_FLIGHT, out)
+
+    def _request(self, frame: memoryview, out: list[Command]) -> Chunk | None:
+        """Book-keep one request; what to forward (the frame, or a reduced one), None if nothing."""
+        body = frame[4:]
+        head = peek_request(body)
+        key, version, correlation_id = head.api_key, head.api_version, head.correlation_id
+        self._note_request(head, body, len(frame), out)
         if key == _PRODUCE:
             acks, txn_id_null = produce_acks_and_txn_id_null(body, head)
             if self.inventory is not None:
