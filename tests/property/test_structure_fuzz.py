@@ -2,7 +2,7 @@
 
 Each case is a real frame (tests/data/frames, bench/record_seeds.py) with one of
 its counts, lengths, varints, tagged fields or record-batch headers made to lie
-(txnguard.testing.fuzz). The proxy's decoders must either succeed or raise a
+(txnguard.testing.fuzz). The proxy's decoders (and the in-place Produce scan) must either succeed or raise a
 CodecError: never another exception, never an abort (kio's native decoder
 sizes allocations from the counts a frame claims), never unbounded memory or
 time. Long runs against a live proxy process: bench/fuzz.py.
@@ -16,6 +16,7 @@ import resource
 import struct
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from txnguard.codecs.header import (
     produce_acks_and_txn_id_null,
     request_body_offset,
 )
+from txnguard.codecs.produce_scan import scan_produce
 from txnguard.codecs.schemas import decode_request, decode_response, kio_version_range
 from txnguard.testing.fuzz import MUTATIONS, Case, Mutator, load_seeds
 
@@ -70,18 +72,22 @@ _warm_up()
 
 
 def _decode_frame(case: Case, frame: memoryview) -> None:
-    """What the proxy does with one whole frame of this direction."""
+    """Every entry point the proxy has for a frame of this direction, each on its own (one refusing skips none)."""
+    calls: list[Callable[[], object]]
     if case.direction == "request":
-        head = peek_request(frame)
-        peek_client_id(frame)
-        if head.api_key == 0:
-            produce_acks_and_txn_id_null(frame, head)
+        calls = [lambda: peek_client_id(frame), lambda: decode_request(frame)]
         with contextlib.suppress(CodecError):
-            request_body_offset(frame, head)
-        decode_request(frame)
+            head = peek_request(frame)
+            calls.append(lambda: request_body_offset(frame, head))
+            if head.api_key == 0:
+                calls.append(lambda: produce_acks_and_txn_id_null(frame, head))
+                if head.api_version >= 3:  # the verification's in-place reader of transactional Produce
+                    calls.append(lambda: scan_produce(frame, head))
     else:
-        peek_correlation_id(frame)
-        decode_response(frame, case.api_key, case.api_version)
+        calls = [lambda: peek_correlation_id(frame), lambda: decode_response(frame, case.api_key, case.api_version)]
+    for call in calls:
+        with contextlib.suppress(CodecError):
+            call()
 
 
 def _feed(case: Case, split: int) -> None:
@@ -92,11 +98,9 @@ def _feed(case: Case, split: int) -> None:
         frames += splitter.feed(case.stream[:split])
         frames += splitter.feed(case.stream[split:])
     for f in frames:
-        with contextlib.suppress(CodecError):
-            _decode_frame(case, f[4:])
+        _decode_frame(case, f[4:])
     # The entry points directly too: a frame need not have come through the splitter.
-    with contextlib.suppress(CodecError):
-        _decode_frame(case, memoryview(case.frame))
+    _decode_frame(case, memoryview(case.frame))
     if case.records is not None:
         with contextlib.suppress(CodecError):
             batch_heads(case.records)
