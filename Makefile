@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium
+.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
+	container-tools image prometheus helm kube-schemas
 
-setup: $(STAMP) jars kcat spark-jars chromium
+setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -37,6 +38,38 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 
+# The operator's path (issue 12). Tools live outside the repository: Debian's packages, ~/.cache/txnguard.
+TOOLS := $(HOME)/.cache/txnguard
+HELM := $(TOOLS)/bin/helm
+KUBE_VALIDATE := $(TOOLS)/kubeval/bin/kubernetes-validate
+
+# podman/buildah/mmdebstrap from Debian: the image is built on a Debian base made from Debian's packages.
+container-tools:
+	@command -v podman > /dev/null && command -v buildah > /dev/null && command -v mmdebstrap > /dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq podman buildah mmdebstrap; }
+
+# The container image (cached by what it is built from; prints its reference). See deploy/container/.
+image: container-tools
+	deploy/container/build-image.sh
+
+# Prometheus and promtool from Debian: dashboards and alerts are evaluated on a real Prometheus in the tests.
+prometheus:
+	@command -v prometheus > /dev/null && command -v promtool > /dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+
+# helm, built from the Go module proxy.
+helm: $(HELM)
+$(HELM):
+	GOBIN=$(TOOLS)/bin nice go install helm.sh/helm/v3/cmd/helm@v3.22.0
+
+# The Kubernetes OpenAPI JSON schemas (shipped in the kubernetes-validate package) to validate the chart's output.
+kube-schemas: $(KUBE_VALIDATE)
+$(KUBE_VALIDATE):
+	$(PYTHON) -m venv $(TOOLS)/kubeval
+	$(TOOLS)/kubeval/bin/pip install -q --disable-pip-version-check kubernetes-validate==1.37.0
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
@@ -51,7 +84,7 @@ test-unit: $(STAMP)
 test-integration: setup
 	$(BIN)/pytest tests/integration -q
 
-test: setup lint
+test: setup lint image
 	$(BIN)/pytest tests -q -p no:cacheprovider
 
 run: setup

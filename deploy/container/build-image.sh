@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the txnguard image here, where no container registry is reachable:
+#   1. a Debian bookworm base from Debian's packages (mmdebstrap), imported into podman's storage;
+#   2. the Containerfile on that base (--build-arg BASE=...), chroot isolation; nothing is fetched: the context holds
+#      the wheels (txnguard's and its pinned runtime dependencies), downloaded here with the project's pip.
+# Both are cached: the base by its package list, the image by the hash of everything it is built from
+# (Containerfile, lock, pyproject, README, src/). A rerun with nothing changed only checks that both exist.
+# Prints the image reference on stdout (also written to $CACHE/current); timings go to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CACHE=${TXNGUARD_IMAGE_CACHE:-$HOME/.cache/txnguard/image}
+PODMAN=(podman --cgroup-manager=cgroupfs)
+mkdir -p "$CACHE"
+
+# The base: what the Containerfile needs from python:3.11-slim-bookworm (python3 with venv), nothing more.
+BASE_PACKAGES=python3,python3-venv
+base_key=$(echo "bookworm minbase $BASE_PACKAGES" | sha256sum | cut -c1-12)
+BASE=localhost/txnguard-base:bookworm-$base_key
+if ! "${PODMAN[@]}" image exists "$BASE"; then
+  started=$(date +%s)
+  rootfs="$CACHE/rootfs-$base_key.tar"
+  if [ ! -s "$rootfs" ]; then  # mmdebstrap picks the output format by the name's extension: keep .tar last
+    nice mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" bookworm "$CACHE/partial-$base_key.tar" >&2
+    mv "$CACHE/partial-$base_key.tar" "$rootfs"
+  fi
+  "${PODMAN[@]}" import --quiet "$rootfs" "$BASE" >&2
+  echo "base $BASE built in $(( $(date +%s) - started )) s" >&2
+fi
+
+image_key=$( { cat Containerfile requirements.lock pyproject.toml README.md;
+               find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort | xargs cat; } \
+             | sha256sum | cut -c1-12)
+IMAGE=localhost/txnguard:$image_key
+if ! "${PODMAN[@]}" image exists "$IMAGE"; then
+  started=$(date +%s)
+  # The build context: the Containerfile and a wheelhouse made with this machine's pip (its index and
+  # certificates): txnguard's wheel and the runtime dependencies pyproject.toml names, pinned by the lock.
+  context="$CACHE/context-$image_key"
+  rm -rf "$context" && mkdir -p "$context/wheels"
+  cp Containerfile "$context/"
+  python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+    > "$context/runtime.txt"
+  PIP=${PIP:-.venv/bin/pip}
+  "$PIP" download --quiet --only-binary=:all: -d "$context/wheels" -c requirements.lock -r "$context/runtime.txt" >&2
+  "$PIP" wheel --quiet --no-deps -w "$context/wheels" . >&2
+  nice "${PODMAN[@]}" build --quiet --isolation=chroot --network=host --build-arg "BASE=$BASE" \
+    -t "$IMAGE" -t localhost/txnguard:latest "$context" >&2
+  rm -rf "$context"
+  echo "image $IMAGE built in $(( $(date +%s) - started )) s" >&2
+fi
+echo "$IMAGE" | tee "$CACHE/current"
