@@ -633,11 +633,11 @@ def profiled(b: Bench, template: str | None, name: str) -> Iterator[None]:
         say(f"  profile: {out.name} (profiler exit {proc.returncode}) {err.decode(errors='replace').strip()[-200:]}")
 
 
-def sat_produce_run(b: Bench, side: str, size: int, records: int) -> dict[str, Any]:
+def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: str | None = None) -> dict[str, Any]:
     """ProducerPerformance --throughput -1: the producer (Kafka's defaults, acks=all) is the only limit."""
     topic = b.topic(f"sat{size}", side)
     before = scrape_metrics(b.admin)
-    with cpu_meter(b.pid) as cpu:
+    with profiled(b, profile_cmd, f"profile-{size}-produce-{b.stamp}"), cpu_meter(b.pid) as cpu:
         r = java_producer_performance(b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=size,
                                       throughput=-1, timeout_s=120 + records * size / MIB)  # >= 1 MiB/s
     via = _through_proxy_mib(b, before)
@@ -652,12 +652,13 @@ def sat_produce_run(b: Bench, side: str, size: int, records: int) -> dict[str, A
             "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
 
 
-def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int) -> dict[str, Any]:
+def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
+                    profile_cmd: str | None = None) -> dict[str, Any]:
     """ConsumerPerformance over `topic` from the beginning (its own new group), up to `records` records."""
     args = ["--bootstrap-server", b.bootstrap(side), "--topic", topic, "--messages", str(records),
             "--timeout", str(SAT_CONSUMER_TIMEOUT_MS), "--group", f"bench-{uuid.uuid4().hex[:10]}"]
     before = scrape_metrics(b.admin)
-    with cpu_meter(b.pid) as cpu:
+    with profiled(b, profile_cmd, f"profile-{size}-consume-{b.stamp}"), cpu_meter(b.pid) as cpu:
         run = run_tool(consumer_perf_command(args),
                        timeout_s=60 + 2 * SAT_CONSUMER_TIMEOUT_MS / 1000 + records * size / MIB)
     via = _through_proxy_mib(b, before)
@@ -711,20 +712,15 @@ def sat_pair(b: Bench, size: int, records: int, order: tuple[str, ...], label: s
     """Produce on each side in `order`, then consume each side's topic in the same order."""
     runs = []
     produced: dict[str, dict[str, Any]] = {}
-
-    def profile(side: str, kind: str) -> contextlib.AbstractContextManager[None]:
-        return profiled(b, profile_cmd if side == "proxy" else None, f"profile-{size}-{kind}-{b.stamp}")
-
     for side in order:
-        with profile(side, "produce"):
-            run = sat_produce_run(b, side, size, records)
+        # The profiler covers the tool run only (not the bench's own /metrics scrapes around it).
+        run = sat_produce_run(b, side, size, records, profile_cmd if side == "proxy" else None)
         run["problems"] += _route_problems(run, run["payload_mib"])
         produced[side] = run
         runs.append({**run, "kind": "produce"})
         say(_sat_line("produce", label, run))
     for side in order:
-        with profile(side, "consume"):
-            run = sat_consume_run(b, side, size, produced[side]["topic"], records)
+        run = sat_consume_run(b, side, size, produced[side]["topic"], records, profile_cmd if side == "proxy" else None)
         run["problems"] += _route_problems(run, run["consumed_mib"])
         runs.append({**run, "kind": "consume"})
         say(_sat_line("consume", label, run))
