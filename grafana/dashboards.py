@@ -19,6 +19,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'cluster=~"$cluster", instance=~"$instance"'
 RATE = "$__rate_interval"
 TXN_APIS = "init_producer_id|add_partitions_to_txn|add_offsets_to_txn|end_txn|txn_offset_commit"
+# The proxy creates a reason's series at its first rejection, already at 1, which increase() cannot see: a
+# series new within the window counts whole.
+PREVENTED = f'txnguard_verification_failures_total{{{SEL}, reason=~"not_in_transaction|late_write"}}'
 
 
 def q(expr: str, legend: str) -> dict[str, Any]:
@@ -172,8 +175,8 @@ def transactions() -> dict[str, Any]:
             q(f"sum by (instance) (txnguard_registry_transactional_ids{{{SEL}}})", "{{instance}}")]),
         panel("Hanging transactions prevented (1 h)", "Writes outside their transaction that the broker would have "
               "appended: each one a hanging transaction or an aborted record in a later transaction", [
-                  q(f'sum by (reason) (increase(txnguard_verification_failures_total{{{SEL}, '
-                    f'reason=~"not_in_transaction|late_write"}}[1h]))', "{{reason}}")]),
+                  q(f"sum by (reason) (({PREVENTED} unless {PREVENTED} offset 1h) or increase({PREVENTED}[1h]))",
+                    "{{reason}}")]),
         text("Hanging transactions", "The proxy does not export hanging-transaction gauges yet. Until it does, "
              "`kafka-transactions.sh find-hanging` on each broker is the check."),
     ])

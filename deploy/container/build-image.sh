@@ -4,7 +4,7 @@
 #   2. the Containerfile on that base (--build-arg BASE=...), chroot isolation; nothing is fetched: the context holds
 #      the wheels (txnguard's and its pinned runtime dependencies), downloaded here with the project's pip.
 # Both are cached: the base by its package list, the image by the hash of everything it is built from
-# (Containerfile, lock, pyproject, README, src/). A rerun with nothing changed only checks that both exist.
+# (Containerfile, this script, lock, pyproject, README, src/). A rerun with nothing changed only checks that both exist.
 # Prints the image reference on stdout (also written to $CACHE/current); timings go to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +28,7 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
   echo "base $BASE built in $(( $(date +%s) - started )) s" >&2
 fi
 
-image_key=$( { cat Containerfile requirements.lock pyproject.toml README.md;
+image_key=$( { cat Containerfile deploy/container/build-image.sh requirements.lock pyproject.toml README.md;
                find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort | xargs cat; } \
              | sha256sum | cut -c1-12)
 IMAGE=localhost/txnguard:$image_key
@@ -43,7 +43,10 @@ if ! "${PODMAN[@]}" image exists "$IMAGE"; then
     > "$context/runtime.txt"
   PIP=${PIP:-.venv/bin/pip}
   "$PIP" download --quiet --only-binary=:all: -d "$context/wheels" -c requirements.lock -r "$context/runtime.txt" >&2
-  "$PIP" wheel --quiet --no-deps -w "$context/wheels" . >&2
+  # The wheel is built from a copy, so setuptools' build/ and egg-info never land in the working tree.
+  mkdir "$context/tree" && tar -c --exclude=__pycache__ --exclude='*.egg-info' pyproject.toml README.md src \
+    | tar -x -C "$context/tree"
+  "$PIP" wheel --quiet --no-deps -w "$context/wheels" "$context/tree" >&2
   nice "${PODMAN[@]}" build --quiet --isolation=chroot --network=host --build-arg "BASE=$BASE" \
     -t "$IMAGE" -t localhost/txnguard:latest "$context" >&2
   rm -rf "$context"

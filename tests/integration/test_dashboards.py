@@ -220,6 +220,12 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
         print(f"{name:<100} {series:>6} {peak:>10.4g}")
     print(f"alert states at the end: {states}; not produced here: {NOT_PRODUCED}")
     assert not failures, f"no data for: {failures}"
+    # And the numbers mean what the scenario did: S1 and S2 each prevented one hanging transaction, and the
+    # alert for them fires at once (the others wait out their `for:` and are pending).
+    peaks = {name: peak for name, _, peak in rows}
+    assert peaks["transactions: Hanging transactions prevented (1 h) [{{reason}}]"] == 1
+    assert states["TxnguardWritesOutsideTransaction"] == "firing"
+    assert states["TxnguardDown"] == states["TxnguardNotReady"] == "pending"
 
 
 def _summary(result: list[dict[str, Any]]) -> tuple[int, float]:
