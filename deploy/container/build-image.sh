@@ -50,6 +50,10 @@ if ! "${PODMAN[@]}" image exists "$IMAGE"; then
   nice "${PODMAN[@]}" build --quiet --isolation=chroot --network=host --build-arg "BASE=$BASE" \
     -t "$IMAGE" -t localhost/txnguard:latest "$context" >&2
   rm -rf "$context"
+  # Keep the cache bounded: earlier builds of this image and this stage's builder leftovers go.
+  "${PODMAN[@]}" images --format '{{.Repository}}:{{.Tag}}' localhost/txnguard \
+    | grep -vxF -e "$IMAGE" -e localhost/txnguard:latest | xargs -r "${PODMAN[@]}" rmi >&2 || true
+  "${PODMAN[@]}" image prune --force --filter label=org.txnguard.stage=builder >&2 || true
   echo "image $IMAGE built in $(( $(date +%s) - started )) s" >&2
 fi
 echo "$IMAGE" | tee "$CACHE/current"
