@@ -2,39 +2,25 @@
 
 * `txnguard run --config FILE [--upstream ...] [--listen ...] [--mode ...] [--admin ...]`: the proxy.
 * `txnguard check-config FILE`: validate a configuration and print it resolved.
-* `txnguard kafka up|down|status|run|fetch`: real Kafka clusters for tests and demos.
+* `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
+
+The last two live with the test harness (`txnguard.testing.cli`) and are loaded by name only
+when asked for: the proxy's own commands never import the harness (an import contract says so
+for static imports, and tests/unit/test_cli_imports.py checks it at run time).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from txnguard.testing import jars, kafka
-
-
-def _kafka_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    k = sub.add_parser("kafka", help="start and stop real Kafka clusters for tests and demos")
-    ks = k.add_subparsers(dest="action", required=True)
-    up = ks.add_parser("up", help="start an N-node KRaft cluster and print its bootstrap address as JSON")
-    up.add_argument("--version", default="3.5.2")
-    up.add_argument("--nodes", type=int, default=1)
-    up.add_argument("--dir", required=True)
-    up.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                    help="a broker setting, repeatable")
-    up.add_argument("--timeout", type=float, default=kafka.READY_TIMEOUT_S)
-    for name, text in (("down", "stop every node (SIGTERM, then SIGKILL)"), ("status", "show the nodes")):
-        p = ks.add_parser(name, help=text)
-        p.add_argument("--dir", required=True)
-    ks.add_parser("fetch", help="resolve every Kafka and tool jar the tests use into the cache")
-    run = ks.add_parser("run", help="start a cluster in the foreground; Ctrl-C stops it")
-    run.add_argument("--version", default="3.5.2")
-    run.add_argument("--nodes", type=int, default=1)
-    run.add_argument("--dir", default=".run/kafka")
-    run.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+HARNESS_COMMANDS = {
+    "kafka": "start and stop real Kafka clusters for tests and demos",
+    "dev": "a local real Kafka with txnguard in front of it, for trying clients",
+}
 
 
 def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,13 +34,6 @@ def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     check = sub.add_parser("check-config", help="validate a configuration file")
     check.add_argument("config")
-    dev = sub.add_parser("dev", help="a local real Kafka with txnguard in front of it, for trying clients")
-    dev.add_argument("--version", default="3.5.2")
-    dev.add_argument("--nodes", type=int, default=1)
-    dev.add_argument("--dir", default=".run/kafka")
-    dev.add_argument("--listen", default="127.0.0.1:19092")
-    dev.add_argument("--admin", default="127.0.0.1:19000")
-    dev.add_argument("--audit", default=".run/audit.jsonl")
 
 
 def _proxy_config(args: argparse.Namespace) -> Any:
@@ -67,69 +46,13 @@ def _proxy_config(args: argparse.Namespace) -> Any:
     return config.load(args.config, overrides)
 
 
-def _dev(args: argparse.Namespace) -> int:
-    """`make run`: start Kafka, then the proxy in the foreground; Ctrl-C stops both."""
-    from pathlib import Path
-
-    from txnguard.proxy import config
-    from txnguard.proxy.main import run
-
-    cluster = kafka.up(args.version, args.nodes, args.dir)
-    try:
-        Path(args.audit).parent.mkdir(parents=True, exist_ok=True)
-        cfg = config.load(None, {"upstream": cluster.bootstrap_servers, "listen": args.listen,
-                                 "admin": args.admin, "audit_path": args.audit})
-        print(f"Kafka {cluster.version} is up at {cluster.bootstrap_servers} (direct).", flush=True)
-        print(f"Use bootstrap.servers={cfg.listen} to go through txnguard "
-              f"(metrics: http://{cfg.admin}/metrics, audit log: {args.audit}). Ctrl-C stops both.", flush=True)
-        run(cfg)
-    finally:
-        cluster.down()
-        print("Kafka stopped.", flush=True)
-    return 0
-
-
-def _run_kafka(args: argparse.Namespace) -> int:
-    if args.action == "up":
-        cluster = kafka.up(args.version, args.nodes, args.dir, kafka.parse_config(args.config), args.timeout)
-        print(json.dumps(cluster.summary()), flush=True)
-    elif args.action == "down":
-        kafka.down(args.dir)
-    elif args.action == "status":
-        print(json.dumps(kafka.Cluster.load(args.dir).status()))
-    elif args.action == "run":
-        cluster = kafka.up(args.version, args.nodes, args.dir, kafka.parse_config(args.config))
-        try:
-            print(f"Kafka {cluster.version} is up. bootstrap.servers={cluster.bootstrap_servers}", flush=True)
-            print("Press Ctrl-C to stop.", flush=True)
-            _wait_for_signal()
-        finally:
-            cluster.down()
-            print("Kafka stopped.", flush=True)
-    elif args.action == "fetch":
-        for folder in jars.resolve_all():
-            print(folder)
-    return 0
-
-
-def _wait_for_signal() -> None:
-    import signal
-
-    stop = {"now": False}
-
-    def handler(signum: int, frame: object) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    while not stop["now"]:
-        signal.pause()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in HARNESS_COMMANDS:
+        harness = importlib.import_module("txnguard.testing.cli")
+        return int(harness.main(argv))
     parser = argparse.ArgumentParser(prog="txnguard")
     sub = parser.add_subparsers(dest="command", required=True)
-    _kafka_parser(sub)
     _proxy_parsers(sub)
     from txnguard.pipeline import options as report_options  # argparse only: pyspark loads in run()
     report_options.add_parser(sub)
@@ -139,8 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "report":  # the fleet pipeline (PySpark)
             return report_options.run(args)
-        if args.command == "kafka":
-            return _run_kafka(args)
         if args.command == "check-config":
             from txnguard.proxy import config
 
@@ -148,8 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.config}: ok ({cfg.mode} mode, listen {cfg.listen}, "
                   f"upstream {','.join(str(u) for u in cfg.upstream)})")
             return 0
-        if args.command == "dev":
-            return _dev(args)
         if args.command == "run":
             from txnguard.proxy.main import run
 
@@ -158,9 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"txnguard: configuration error: {e}", file=sys.stderr)
         return 2
-    except (kafka.HarnessError, jars.JarResolutionError) as e:
-        print(f"txnguard: {e}", file=sys.stderr)
-        return 1
     except OSError as e:
         print(f"txnguard: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """Prometheus metrics of one proxy instance (its own registry, so tests can run several).
 
-Per-frame counters are looked up once per (api, direction) and kept: a
-prometheus_client `labels()` call costs more than the counting itself.
+Per-frame traffic (frames, bytes, upstream round trips) is counted in plain ints by
+the connection cores and exported at scrape time (traffic_metrics.py); labelled
+children on the per-request path are looked up once (`child`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from txnguard.codecs.schemas import api_name
-
-_RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+from txnguard.connection.traffic import Traffic
+from txnguard.proxy.traffic_metrics import TrafficCollector
 
 CLIENT_TO_BROKER = "client_to_broker"
 BROKER_TO_CLIENT = "broker_to_client"
@@ -31,14 +31,6 @@ class ProxyMetrics:
         self.frame_errors = Counter(
             "txnguard_frame_errors", "Frames refused (bad length, too large, undecodable), by reason",
             ["reason", "direction"], registry=r)
-        self.frames = Counter(
-            "txnguard_frames", "Kafka frames forwarded or answered, per API and direction",
-            ["api", "direction"], registry=r)
-        self.bytes = Counter(
-            "txnguard_bytes", "Bytes of Kafka frames per API and direction", ["api", "direction"], registry=r)
-        self.upstream_rtt = Histogram(
-            "txnguard_upstream_rtt_seconds", "From forwarding a request to its broker response, per API",
-            ["api"], buckets=_RTT_BUCKETS, registry=r)
         self.paused_seconds = Counter(
             "txnguard_backpressure_paused_seconds", "Time a side's reading was paused by backpressure",
             ["side"], registry=r)
@@ -86,9 +78,18 @@ class ProxyMetrics:
             ["evidence"], buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000), registry=r)
         self.registry_size = Gauge(
             "txnguard_registry_transactional_ids", "Transactional ids in the transaction registry", registry=r)
-        self._frames: dict[tuple[int, str], tuple[Counter, Counter]] = {}
-        self._rtt: dict[int, Histogram] = {}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # Every session's frame counts and round trips, in plain ints; exported at scrape time.
+        self.traffic = Traffic()
+        r.register(TrafficCollector(self.traffic))
+        self.audit_records = Counter(
+            "txnguard_audit_records", "Audit records for the audit topic, by outcome: published, dropped (queue "
+            "full, or unsent at stop), failed (Kafka refused it or it timed out)", ["outcome"], registry=r)
+        for outcome in ("published", "dropped", "failed"):
+            self.audit_records.labels(outcome)  # exported at 0 from the start, so rate() and alerts see them
+        self.audit_queue_depth = Gauge(
+            "txnguard_audit_queue_depth", "Audit records waiting in the publisher's queue for the audit topic",
+            registry=r)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
         """metric.labels(*values), looked up once: labels() costs microseconds on the per-request path."""
@@ -97,18 +98,3 @@ class ProxyMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*values)
         return found
-
-    def count_frame(self, api_key: int, direction: str, size: int) -> None:
-        pair = self._frames.get((api_key, direction))
-        if pair is None:
-            name = api_name(api_key)
-            pair = (self.frames.labels(name, direction), self.bytes.labels(name, direction))
-            self._frames[(api_key, direction)] = pair
-        pair[0].inc()
-        pair[1].inc(size)
-
-    def observe_rtt(self, api_key: int, seconds: float) -> None:
-        h = self._rtt.get(api_key)
-        if h is None:
-            h = self._rtt[api_key] = self.upstream_rtt.labels(api_name(api_key))
-        h.observe(seconds)

@@ -26,7 +26,7 @@ from kio.schema.metadata.v9.request import MetadataRequest
 from txnguard.codecs import addresses
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy import logs
+from txnguard.proxy import audit_sink, logs
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
@@ -89,6 +89,7 @@ class Proxy:
         self._serving: set[asyncio.Task[None]] = set()
         self._bootstrap_rr = 0
         self.stopping = False
+        self.audit_publisher: audit_sink.AuditPublisher | None = None
         # Sees every batch of bytes written to clients; tests use it to prove no broker address leaks.
         self.response_observer: Callable[[list[bytes | memoryview]], None] | None = None
 
@@ -96,6 +97,8 @@ class Proxy:
 
     async def start(self) -> None:
         self._open_listener(None, self.config.listen)
+        port = self.bootstrap_address.port
+        self.audit_publisher = audit_sink.attach(self.config, self.metrics, self.guard.audit, port)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._metadata_loop()))
         self._tasks.append(loop.create_task(self._timer_loop()))
@@ -134,6 +137,7 @@ class Proxy:
                 await t
         self._tasks.clear()
         await self.guard.close()
+        await audit_sink.detach(self.audit_publisher, self.config)  # bounded: audit.flush_timeout_s
         self.log.info("proxy_stopped")
 
     def reload_policy(self, raw: Any) -> None:
