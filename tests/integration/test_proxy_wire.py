@@ -134,8 +134,9 @@ def _transactional_produce_cut_short() -> bytes:
         (bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xFC]) + b"\x03\x03", "tls_on_plaintext"),
         # Produce v9 whose body ends inside the transactional id: the proxy must read acks, and cannot.
         (struct.pack(">i", 14) + struct.pack(">hhih", 0, 9, 1, 0) + b"\x00\x05ab", "truncated"),
-        # A transactional Produce the guard must inspect, its records cut short: the broker closes too.
-        (_transactional_produce_cut_short(), "decode_failed"),
+        # A transactional Produce the guard must inspect, whose record set claims more bytes than the
+        # frame holds: refused by the bounds check before anything decodes it; the broker closes too.
+        (_transactional_produce_cut_short(), "bounds_exceeded"),
     ],
     ids=["negative-length", "oversize", "tls-client-hello", "truncated-produce", "undecodable-txn-produce"],
 )
