@@ -5,8 +5,9 @@ does in one pass what decoding with kio and then bounds-checking would do in thr
 every length and count is checked against the bytes left as it is read (the same
 rules as `bounds`), records stay memoryviews into the frame, and nothing else is
 built. kio decodes the request only when a partition is rejected and the request
-must be rebuilt without it. Measured with callgrind on a one-partition Produce v9:
-bounds check + kio decode ~57,000 instructions; this scan ~N (see the issue note).
+must be rebuilt without it. Measured with callgrind on a one-partition Produce v9
+(instructions per call): bounds check + kio decode + batch headers ~83,800; this scan ~69,800;
+kio's unchecked decode alone was ~15,100, so reading safely in Python still costs ~4x it.
 """
 
 from __future__ import annotations
