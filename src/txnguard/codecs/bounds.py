@@ -74,19 +74,7 @@ class _Walk:
         return pos + n
 
     def uvarint(self, pos: int) -> tuple[int, int]:
-        buf, end = self.buf, self.end
-        value = shift = 0
-        while True:
-            if pos >= end:
-                raise BoundsExceeded(f"varint runs past the end ({end})")
-            b = buf[pos]
-            pos += 1
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value, pos
-            shift += 7
-            if shift > 28:
-                raise BoundsExceeded(f"unsigned varint longer than 5 bytes at byte {pos}")
+        return read_uvarint(self.buf, pos, self.end)
 
     def int16(self, pos: int) -> int:
         self.need(pos, 2, "int16")
@@ -95,6 +83,22 @@ class _Walk:
     def int32(self, pos: int) -> int:
         self.need(pos, 4, "int32")
         return int.from_bytes(self.buf[pos:pos + 4], "big", signed=True)
+
+
+def read_uvarint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of an unsigned varint that must end before `end`, in at most 5 bytes."""
+    value = shift = 0
+    while True:
+        if pos >= end:
+            raise BoundsExceeded(f"varint runs past the end ({end})")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise BoundsExceeded(f"unsigned varint longer than 5 bytes at byte {pos}")
 
 
 Step = Callable[[_Walk, int], int]

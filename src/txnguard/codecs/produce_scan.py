@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 
 from txnguard.codecs.bounds import MAX_TAGGED_FIELDS, REQUEST_MAX_ELEMENTS
+from txnguard.codecs.bounds import read_uvarint as _uvarint
 from txnguard.codecs.errors import BoundsExceeded, DecodeFailed, TooManyTaggedFields, TruncatedFrame
 from txnguard.codecs.header import RequestHead, request_body_offset
 from txnguard.codecs.produce import ProducePartition, partition_of
@@ -74,21 +75,6 @@ def _scan(body: memoryview, pos: int, flexible: bool) -> tuple[str | None, list[
     if pos != end:
         raise DecodeFailed(f"Produce request: {end - pos} trailing bytes")
     return txn_id, partitions
-
-
-def _uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise BoundsExceeded(f"varint runs past the end ({end})")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise BoundsExceeded(f"unsigned varint longer than 5 bytes at byte {pos}")
 
 
 def _string(buf: memoryview, pos: int, end: int, flexible: bool) -> tuple[str | None, int]:
