@@ -1,0 +1,315 @@
+"""Hanging transactions: which partitions hold one, judged exactly as `kafka-transactions.sh find-hanging`.
+
+Pure (no IO, no clock: every time is passed in). The IO half (proxy/hanging.py) asks the brokers
+and feeds the answers to a `HangingScan`, which says what to ask next:
+
+1. `AskProducers`: DescribeProducers for the partitions, in batches of 500 (the tool's
+   MAX_BATCH_SIZE). A *candidate* is an active producer whose current transaction start offset is
+   present (>= 0) and whose last timestamp is more than the maximum transaction timeout old
+   (`now - lastTimestamp > maxTransactionTimeoutMs`, measured when the batch's answer arrives).
+2. `AskTransactionalIds`: ListTransactions (every broker) filtered to the candidates' producer
+   ids, mapping producer id -> transactional id (listings of other producer ids are ignored).
+3. `AskDescriptions`: DescribeTransactions of those transactional ids; TRANSACTIONAL_ID_NOT_FOUND
+   is "no description" (None).
+4. `Done`: a candidate hangs if its producer id has no transactional id, or that id has no
+   description, or the description's partitions do not contain the candidate's partition (the
+   coordinator lists the partitions of an ongoing transaction and those still awaiting markers in
+   PrepareCommit/PrepareAbort: a partition among them still gets its marker). The description's
+   producer id, epoch and state are not compared, as the tool does not compare them.
+
+Source: TransactionsCommand.FindHangingTransactionsCommand and the admin client's DescribeProducers
+/ListTransactions/DescribeTransactions handlers, Kafka 3.5.2 (unchanged in 4.x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+TopicPartition = tuple[str, int]
+
+MAX_BATCH_SIZE = 500                   # partitions per DescribeProducers request (the tool's)
+DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN = 15  # the tool's --max-transaction-timeout default
+MINUTE_MS = 60_000
+
+# Why a candidate hangs (not in the tool's table; in the JSON, logs and audit records).
+NO_TRANSACTIONAL_ID = "no_transactional_id"            # ListTransactions knows no id for this producer id
+TRANSACTIONAL_ID_NOT_FOUND = "transactional_id_not_found"  # DescribeTransactions: TRANSACTIONAL_ID_NOT_FOUND
+NOT_IN_TRANSACTION = "partition_not_in_transaction"    # the coordinator's transaction does not list it
+
+HEADERS = ("Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
+           "LastTimestamp", "Duration(min)")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """One active producer of a partition, as DescribeProducers answers (-1: absent)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_timestamp_ms: int
+    coordinator_epoch: int = -1
+    current_txn_start_offset: int = -1
+    last_sequence: int = -1
+
+    @property
+    def has_open_transaction(self) -> bool:
+        return self.current_txn_start_offset >= 0  # the admin client: < 0 is OptionalLong.empty()
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionView:
+    """What DescribeTransactions says about a transactional id (error NONE)."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    partitions: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTransaction:
+    topic: str
+    partition: int
+    producer: ProducerState
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self.topic, self.partition
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A hanging transaction: the tool's row, plus what the coordinator said."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int    # -1 when the partition has none (the tool prints -1 too)
+    start_offset: int
+    last_timestamp_ms: int
+    reason: str
+    transactional_id: str | None = None
+    coordinator_state: str | None = None  # the state DescribeTransactions named, if it knew the id
+
+    @property
+    def key(self) -> tuple[str, int, int, int, int]:
+        """Identity of one hanging transaction across scans."""
+        return self.topic, self.partition, self.producer_id, self.producer_epoch, self.start_offset
+
+    def duration_min(self, now_ms: int) -> int:
+        """Whole minutes since the producer's last write, as the tool prints (TimeUnit.toMinutes truncates)."""
+        return _trunc_div(now_ms - self.last_timestamp_ms, MINUTE_MS)
+
+    def row(self, now_ms: int) -> tuple[str, ...]:
+        return (self.topic, str(self.partition), str(self.producer_id), str(self.producer_epoch),
+                str(self.coordinator_epoch), str(self.start_offset), str(self.last_timestamp_ms),
+                str(self.duration_min(now_ms)))
+
+    def as_dict(self, now_ms: int) -> dict[str, object]:
+        return {
+            "topic": self.topic, "partition": self.partition, "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch, "coordinator_epoch": self.coordinator_epoch,
+            "start_offset": self.start_offset, "last_timestamp_ms": self.last_timestamp_ms,
+            "age_ms": now_ms - self.last_timestamp_ms, "duration_min": self.duration_min(now_ms),
+            "reason": self.reason, "transactional_id": self.transactional_id,
+            "coordinator_state": self.coordinator_state,
+        }
+
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // b
+    return q if a >= 0 else -q
+
+
+# -- the steps of a scan --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AskProducers:
+    """DescribeProducers for these partitions (one batch)."""
+
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AskTransactionalIds:
+    """ListTransactions on every broker, ProducerIdFilters = these producer ids."""
+
+    producer_ids: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class AskDescriptions:
+    """DescribeTransactions of these transactional ids."""
+
+    transactional_ids: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    findings: tuple[Finding, ...]
+
+
+Step = AskProducers | AskTransactionalIds | AskDescriptions | Done
+
+
+def is_candidate(producer: ProducerState, now_ms: int, max_transaction_timeout_ms: int) -> bool:
+    return producer.has_open_transaction and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms
+
+
+@dataclass
+class HangingScan:
+    """One scan as a sequence: `start()`, then feed each answer to the step's method; ends with `Done`."""
+
+    partitions: Sequence[TopicPartition]
+    max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS
+    batch_size: int = MAX_BATCH_SIZE
+    candidates: list[OpenTransaction] = field(default_factory=list)
+    open_transactions: list[OpenTransaction] = field(default_factory=list)  # every one seen, candidate or not
+    oldest_open_age_ms: int | None = None   # now - last timestamp of the oldest open transaction seen
+    described_partitions: int = 0
+    _next_batch: int = 0
+    _transactional_ids: dict[int, str] = field(default_factory=dict)
+
+    def start(self) -> Step:
+        return self._next_producers_step()
+
+    def _next_producers_step(self) -> Step:
+        if self._next_batch < len(self.partitions):
+            batch = tuple(self.partitions[self._next_batch:self._next_batch + self.batch_size])
+            self._next_batch += len(batch)
+            return AskProducers(batch)
+        if not self.candidates:
+            return Done(())
+        return AskTransactionalIds(frozenset(c.producer.producer_id for c in self.candidates))
+
+    def producers_answered(self, answers: Mapping[TopicPartition, Sequence[ProducerState]], now_ms: int) -> Step:
+        """One batch's answers (partitions that failed are simply absent), `now_ms` when they arrived."""
+        for (topic, partition), producers in answers.items():
+            self.described_partitions += 1
+            for p in producers:
+                if not p.has_open_transaction:
+                    continue
+                open_txn = OpenTransaction(topic, partition, p)
+                self.open_transactions.append(open_txn)
+                if p.last_timestamp_ms >= 0:
+                    age = now_ms - p.last_timestamp_ms
+                    self.oldest_open_age_ms = age if self.oldest_open_age_ms is None else max(
+                        self.oldest_open_age_ms, age)
+                if is_candidate(p, now_ms, self.max_transaction_timeout_ms):
+                    self.candidates.append(open_txn)
+        return self._next_producers_step()
+
+    def transactional_ids_answered(self, listings: Iterable[tuple[str, int]]) -> Step:
+        """(transactional id, producer id) listings from every broker; unrequested producer ids are ignored."""
+        wanted = {c.producer.producer_id for c in self.candidates}
+        for transactional_id, producer_id in listings:
+            if producer_id in wanted:
+                self._transactional_ids[producer_id] = transactional_id
+        if not self._transactional_ids:
+            return Done(self._judge({}))
+        return AskDescriptions(frozenset(self._transactional_ids.values()))
+
+    def descriptions_answered(self, descriptions: Mapping[str, TransactionView | None]) -> Done:
+        """Every asked id: its description, or None for TRANSACTIONAL_ID_NOT_FOUND."""
+        return Done(self._judge(descriptions))
+
+    def _judge(self, descriptions: Mapping[str, TransactionView | None]) -> tuple[Finding, ...]:
+        out = []
+        for c in self.candidates:
+            txn_id = self._transactional_ids.get(c.producer.producer_id)
+            desc = descriptions.get(txn_id) if txn_id is not None else None
+            if txn_id is None:
+                reason = NO_TRANSACTIONAL_ID
+            elif desc is None:
+                reason = TRANSACTIONAL_ID_NOT_FOUND
+            elif c.topic_partition not in desc.partitions:
+                reason = NOT_IN_TRANSACTION
+            else:
+                continue  # the coordinator will still write this partition's marker
+            p = c.producer
+            out.append(Finding(c.topic, c.partition, p.producer_id, p.producer_epoch, p.coordinator_epoch,
+                               p.current_txn_start_offset, p.last_timestamp_ms, reason, txn_id,
+                               desc.state if desc is not None else None))
+        return tuple(out)
+
+
+def find_hanging(producers: Mapping[TopicPartition, Sequence[ProducerState]], now_ms: int,
+                 max_transaction_timeout_ms: int, listings: Iterable[tuple[str, int]],
+                 descriptions: Mapping[str, TransactionView | None]) -> tuple[Finding, ...]:
+    """The whole judgement in one call, for answers already in hand (ListTransactions and
+    DescribeTransactions may answer for more than the candidates: the extra are ignored)."""
+    scan = HangingScan(sorted(producers), max_transaction_timeout_ms, batch_size=max(1, len(producers)))
+    step = scan.start()
+    if isinstance(step, AskProducers):
+        step = scan.producers_answered(producers, now_ms)
+    if isinstance(step, AskTransactionalIds):
+        step = scan.transactional_ids_answered(listings)
+    if isinstance(step, AskDescriptions):
+        step = scan.descriptions_answered(descriptions)
+    assert isinstance(step, Done)
+    return step.findings
+
+
+# -- the tool's table ---------------------------------------------------------------------------------
+
+
+def table(findings: Iterable[Finding], now_ms: int) -> str:
+    """The table `find-hanging` prints: each cell padded to its column's width, then a tab."""
+    rows = [HEADERS, *(f.row(now_ms) for f in findings)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
+    return "".join("".join(cell.ljust(w) + "\t" for cell, w in zip(r, widths, strict=True)) + "\n" for r in rows)
+
+
+# -- findings across scans: each logged and audited once -------------------------------------------------
+
+
+@dataclass
+class FindingTracker:
+    """Remembers the findings of the last scan, so each new one is reported once and its end noticed."""
+
+    current: dict[tuple[str, int, int, int, int], Finding] = field(default_factory=dict)
+
+    def update(self, findings: Iterable[Finding]) -> tuple[list[Finding], list[Finding]]:
+        """(new since the last scan, gone since the last scan)."""
+        fresh = {f.key: f for f in findings}
+        new = [f for k, f in fresh.items() if k not in self.current]
+        gone = [f for k, f in self.current.items() if k not in fresh]
+        self.current = fresh
+        return new, gone
+
+    def per_partition(self) -> dict[TopicPartition, int]:
+        counts: dict[TopicPartition, int] = {}
+        for f in self.current.values():
+            counts[(f.topic, f.partition)] = counts.get((f.topic, f.partition), 0) + 1
+        return counts
+
+
+# -- abort -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AbortSpec:
+    """What WriteTxnMarkers (abort) is sent with, as the admin client's AbortTransactionSpec."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+
+    def describe(self, start_offset: int) -> str:
+        return (f"topic {self.topic} partition {self.partition} producer id {self.producer_id} "
+                f"epoch {self.producer_epoch} start offset {start_offset} (coordinator epoch {self.coordinator_epoch})")
+
+
+def abort_spec(topic: str, partition: int, producers: Iterable[ProducerState], start_offset: int) -> AbortSpec | None:
+    """`kafka-transactions.sh abort --start-offset`: the first active producer whose open transaction starts
+    there; its coordinator epoch, or 0 when it has none. None: no open transaction starts at that offset."""
+    for p in producers:
+        if p.has_open_transaction and p.current_txn_start_offset == start_offset:
+            return AbortSpec(topic, partition, p.producer_id, p.producer_epoch, max(p.coordinator_epoch, 0))
+    return None
