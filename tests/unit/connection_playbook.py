@@ -49,7 +49,7 @@ def response(api_key: int, version: int, correlation_id: int, body: Any) -> byte
 
 
 def produce(correlation_id: int, partitions: list[tuple[str, int]], *, transactional: bool = True,
-            acks: int = -1, version: int = 9, value: bytes = b"v") -> bytes:
+            acks: int = -1, version: int = 9, value: bytes = b"v", timeout_ms: int = 30_000) -> bytes:
     m = request_module(0, version)
     by_topic: dict[str, list[Any]] = {}
     for topic, p in partitions:
@@ -60,7 +60,7 @@ def produce(correlation_id: int, partitions: list[tuple[str, int]], *, transacti
         by_topic.setdefault(topic, []).append(m.PartitionProduceData(index=i32(p), records=records))
     return request(m.ProduceRequest(
         transactional_id=TXN if transactional else None, acks=i16(acks),
-        timeout=datetime.timedelta(seconds=30),
+        timeout=datetime.timedelta(milliseconds=timeout_ms),
         topic_data=tuple(m.TopicProduceData(name=t, partition_data=tuple(ps)) for t, ps in by_topic.items()),
     ), correlation_id)
 

@@ -101,22 +101,38 @@ def produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -
     transactional. acks=0 means no response will come.
     """
     try:
-        return _produce_acks_and_txn_id_null(frame, head)
+        acks, is_null, _ = _produce_head(frame, head)
+    except struct.error as e:
+        raise TruncatedFrame(f"Produce request: {e}") from None
+    return acks, is_null
+
+
+def produce_timeout_ms(frame: bytes | memoryview, head: RequestHead) -> int:
+    """The Produce request's own TimeoutMs (right after Acks): how long the client lets the broker
+    take. Clients send their request timeout here (Java and kafka-python `request.timeout.ms`,
+    librdkafka's topic `request.timeout.ms`), so it also bounds how long the proxy may hold it."""
+    try:
+        _, _, pos = _produce_head(frame, head)
+        if pos + 4 > len(frame):
+            raise TruncatedFrame("Produce request ends before timeout_ms")
+        return int(_INT32.unpack_from(frame, pos)[0])
     except struct.error as e:
         raise TruncatedFrame(f"Produce request: {e}") from None
 
 
-def _produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -> tuple[int, bool]:
+def _produce_head(frame: bytes | memoryview, head: RequestHead) -> tuple[int, bool, int]:
+    """(acks, transactional_id_is_null, offset of TimeoutMs)."""
     try:
         pos = request_body_offset(frame, head)
     except UnsupportedApiVersion:
         if head.api_version < 3:
             # kio dropped Produce v0-2; their body starts right after a v1 header.
             (n,) = _INT16.unpack_from(frame, 8)
-            return int(_INT16.unpack_from(frame, 10 + max(n, 0))[0]), True
+            pos = 10 + max(n, 0)
+            return int(_INT16.unpack_from(frame, pos)[0]), True, pos + 2
         raise
     if head.api_version < 3:
-        return int(_INT16.unpack_from(frame, pos)[0]), True
+        return int(_INT16.unpack_from(frame, pos)[0]), True, pos + 2
     if head.api_version >= 9:
         length_plus_one, pos = read_uvarint(frame, pos)
         is_null = length_plus_one == 0
@@ -127,4 +143,4 @@ def _produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) 
         pos += 2 + max(n, 0)
     if pos + 2 > len(frame):
         raise TruncatedFrame("Produce request ends before acks")
-    return int(_INT16.unpack_from(frame, pos)[0]), is_null
+    return int(_INT16.unpack_from(frame, pos)[0]), is_null, pos + 2

@@ -78,6 +78,13 @@ class Verification:
     evidence_ttl_ms: int | None = None  # None: the mode's default (gateway: until EndTxn; sidecar: 0)
     registry_max_entries: int = 100_000
     registry_idle_expiry_s: float = 900.0
+    # While the coordinator does not answer (frozen, failing over, loading), hold the check and ask
+    # again, as the broker holds a Produce, for this share of the request's own timeout (Produce
+    # TimeoutMs; TxnOffsetCommit: the id's last Produce TimeoutMs, else client_request_timeout_ms),
+    # at most hold_max_ms. 0 answers after one attempt of timeout_s. See verification/holds.py.
+    hold_share: float = 0.8
+    hold_max_ms: int = 30_000
+    client_request_timeout_ms: int = 30_000
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,14 @@ class Audit:
     delivery_timeout_ms: int = 300_000   # give up on a record after this (counted failed)
     flush_timeout_s: float = 5.0         # bounded wait for queued records on stop
     producer: Mapping[str, Any] = field(default_factory=dict)  # more librdkafka settings (security, ...)
+
+
+@dataclass(frozen=True)
+class Health:
+    """Transaction health checks the proxy runs itself (see proxy/hanging.py)."""
+
+    hanging_scan_interval_s: float | None = None   # set: scan for hanging transactions this often (off: None)
+    hanging_max_transaction_timeout_s: float = 900.0  # find-hanging's --max-transaction-timeout (15 min)
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,7 @@ class ProxyConfig:
     audit_path: str | None = None                       # JSON lines; "-" for stdout (same as audit.path)
     audit: Audit = field(default_factory=Audit)
     policy: Mapping[str, Any] = field(default_factory=dict)  # see txnguard.policies.policy
+    health: Health = field(default_factory=Health)
 
     @property
     def advertised(self) -> str:
@@ -255,6 +271,8 @@ def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one bra
             kw["audit_path"] = kw["audit"].path
         elif key == "policy":
             kw[key] = _policy(v)
+        elif key == "health":
+            kw[key] = _health(v)
     cfg = ProxyConfig(**kw)
     return validate(cfg)
 
@@ -266,6 +284,13 @@ def _verification(raw: Any) -> Verification:
             raise ConfigError(f"verification.evidence_ttl_ms: {ttl!r} is not a non-negative integer")
         rest = _verification({k: v for k, v in raw.items() if k != "evidence_ttl_ms"})
         return dataclasses.replace(rest, evidence_ttl_ms=ttl)
+    if isinstance(raw, Mapping) and "hold_share" in raw:
+        share = raw["hold_share"]
+        if not isinstance(share, int | float) or isinstance(share, bool) or not 0 <= share <= 1:
+            raise ConfigError(f"verification.hold_share: {share!r} is not a share between 0 and 1 of the request's "
+                              "timeout (0: no hold; more than 1 would answer after the client gave up)")
+        rest = _verification({k: v for k, v in raw.items() if k != "hold_share"})
+        return dataclasses.replace(rest, hold_share=float(share))
     result: Verification = _dataclass_from("verification", Verification, raw)
     if result.coordinator_evidence not in COORDINATOR_EVIDENCE:
         raise ConfigError(f"verification.coordinator_evidence: {result.coordinator_evidence!r} is not one of "
@@ -297,6 +322,20 @@ def _audit(raw: Mapping[str, Any]) -> Audit:
     values["producer"] = dict(producer)
     rest: Audit = _dataclass_from("audit", Audit, {k: v for k, v in section.items() if k not in special})
     return dataclasses.replace(rest, **values)
+
+
+def _health(raw: Any) -> Health:
+    if raw is None:
+        return Health()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"health: {raw!r} is not a mapping")
+    names = {f.name for f in dataclasses.fields(Health)}
+    unknown = set(raw) - names
+    if unknown:
+        raise ConfigError(f"health.{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(names))})")
+    values = {k: None if v is None and k == "hanging_scan_interval_s" else
+              float(_positive_number(f"health.{k}", v, integer=False)) for k, v in raw.items()}
+    return Health(**values)
 
 
 def _policy(raw: Any) -> Mapping[str, Any]:

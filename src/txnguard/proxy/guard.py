@@ -9,6 +9,7 @@ they report (`record`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -22,11 +23,15 @@ from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
 from txnguard.verification.audit import ClientInfo, audit_record, connection_record, identified, record_key
 from txnguard.verification.decisions import Answer, Decision, Question, TransactionRules
+from txnguard.verification.holds import HoldLimits, worth_asking_again
 from txnguard.verification.inventory import ConnectionInventory
+from txnguard.verification.outcomes import Verdict
 from txnguard.verification.registry import Registry, RegistryLimits
 
 if TYPE_CHECKING:
     from txnguard.proxy.audit_sink import AuditPublisher
+
+TopicPartition = tuple[str, int]
 
 
 def evidence_ttl(config: ProxyConfig) -> int | None:
@@ -111,7 +116,9 @@ class TransactionGuard:
         self.registry = Registry(RegistryLimits(max_entries=v.registry_max_entries,
                                                 idle_expiry_ms=int(v.registry_idle_expiry_s * 1000),
                                                 evidence_ttl_ms=evidence_ttl(config)))
-        self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence)
+        self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence,
+                                      holds=HoldLimits(share=v.hold_share, max_ms=v.hold_max_ms,
+                                                       default_request_timeout_ms=v.client_request_timeout_ms))
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence)
@@ -141,9 +148,51 @@ class TransactionGuard:
                 return Answer(offsets_partitions=await self.verifier.offsets_partitions())
             except Exception as e:  # noqa: BLE001 - no partition count: the core answers "cannot verify"
                 return Answer(failure=repr(e))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + question.hold_ms / 1000
+        ask_leader = leader if question.ask_leader else None
         verdicts, desc = await self.verifier.verify(question.transactional_id, question.producer_id,
-                                                    question.producer_epoch, question.partitions,
-                                                    leader if question.ask_leader else None)
+                                                    question.producer_epoch, question.partitions, ask_leader)
+        again = worth_asking_again(verdicts)
+        if not again or loop.time() >= deadline:
+            return Answer(verdicts=verdicts, description=desc)
+        return await self._hold(question, ask_leader, verdicts, desc, again, deadline)
+
+    async def _hold(self, question: Question, leader: HostPort | None, verdicts: dict[TopicPartition, Verdict],
+                    desc: Any, again: list[TopicPartition], deadline: float) -> Answer:
+        """Ask again while the coordinator can only say "not now", until the request's own bound
+        (verification/holds.py). Each question keeps its own `timeout_s`; the last one is cut at the
+        deadline. The check stays pending meanwhile: the core holds the request, and only it."""
+        loop = asyncio.get_running_loop()
+        holds = self.rules.holds
+        self.metrics.verification_holds.inc()
+        attempt = 0
+        try:
+            while again and (left := deadline - loop.time()) > 0:
+                attempt += 1
+                await asyncio.sleep(min(holds.backoff(attempt) / 1000, left))
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    fresh, answered = await asyncio.wait_for(self.verifier.verify(
+                        question.transactional_id, question.producer_id, question.producer_epoch, again, leader),
+                        left)
+                except TimeoutError:
+                    break  # the deadline cut the last question: the earlier "not now" stands
+                verdicts.update(fresh)
+                desc = answered if answered is not None else desc
+                again = worth_asking_again(verdicts)
+        finally:
+            self.metrics.verification_holds.dec()
+        ending = "timeout" if again else "decided"
+        self.metrics.verification_hold_endings.labels(ending).inc()
+        if again:
+            self.log.warning("verification_hold_expired", transactional_id=question.transactional_id,
+                             producer_id=question.producer_id, producer_epoch=question.producer_epoch,
+                             partitions=[f"{t}-{p}" for t, p in again], questions=attempt + 1,
+                             held_ms=round(question.hold_ms),
+                             reason="the coordinator gave no definite answer within the request's own timeout")
         return Answer(verdicts=verdicts, description=desc)
 
     def record(self, decision: Decision, log: Any) -> None:

@@ -51,8 +51,19 @@ class ProxyMetrics:
         self.verification_time = Histogram(
             "txnguard_verification_time_ms", "VerificationTimeMs: start of a verification (the request "
             "parsed) to its decision, coordinator round trips included, by evidence path", ["evidence"],
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 10000,
+                     30000),
             registry=r)
+        # A check held while the coordinator cannot answer (verification/holds.py), as the broker holds.
+        self.verification_holds = Gauge(
+            "txnguard_verification_holds", "Checks held now, waiting for a coordinator that could not answer yet",
+            registry=r)
+        self.verification_hold_endings = Counter(
+            "txnguard_verification_hold_endings", "Held checks by how the hold ended: decided (the coordinator "
+            "answered within the hold) or timeout (answered retriable at the request's own bound)", ["ending"],
+            registry=r)
+        for ending in ("decided", "timeout"):
+            self.verification_hold_endings.labels(ending)
         # Kafka starts VerificationTimeMs once the request is parsed; the proxy's parsing is shown apart.
         self.inspection_time = Histogram(
             "txnguard_inspection_time_ms", "Decoding a request the guard checks (before its verification "
@@ -90,6 +101,18 @@ class ProxyMetrics:
         self.audit_queue_depth = Gauge(
             "txnguard_audit_queue_depth", "Audit records waiting in the publisher's queue for the audit topic",
             registry=r)
+        # Hanging transactions (health.hanging_scan_interval_s; proxy/hanging.py), judged as find-hanging.
+        self.hanging_transactions = Gauge(
+            "txnguard_hanging_transactions", "Hanging transactions found by the last scan, per partition (a series "
+            "exists while the partition has one)", ["topic", "partition"], registry=r)
+        self.oldest_open_transaction_age = Gauge(
+            "txnguard_oldest_open_transaction_age_seconds", "Age of the oldest open transaction the last scan saw on "
+            "any partition, from its producer's last write there (as find-hanging measures it); 0: none open",
+            registry=r)
+        self.hanging_scans = Counter(
+            "txnguard_hanging_scans", "Hanging-transaction scans, by outcome (ok, failed)", ["outcome"], registry=r)
+        for outcome in ("ok", "failed"):
+            self.hanging_scans.labels(outcome)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
         """metric.labels(*values), looked up once: labels() costs microseconds on the per-request path."""

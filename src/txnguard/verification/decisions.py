@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 from txnguard.codecs import schemas
 from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
-from txnguard.codecs.header import peek_request
+from txnguard.codecs.header import peek_request, produce_timeout_ms
 from txnguard.codecs.produce import (
     ProducePartition,
     Rejection,
@@ -35,6 +35,7 @@ from txnguard.policies.enforcement import Mode
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT, ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
+from txnguard.verification.holds import HoldLimits
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
 from txnguard.verification.outcomes import Verdict
 from txnguard.verification.plan import (
@@ -127,6 +128,9 @@ class Question:
     partitions: tuple[TopicPartition, ...]     # verify these (empty: only learn the offsets partitions)
     ask_leader: bool = False                   # also DescribeProducers on this connection's broker
     offsets_partitions: bool = False           # first: how many partitions __consumer_offsets has
+    # While the coordinator can only say "not now", keep asking for this long from the start of
+    # verification (verification/holds.py); 0: one question.
+    hold_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +156,13 @@ def _weakest(verdicts: list[Verdict]) -> str:
 class TransactionRules:
     """KIP-890 part 1 decisions for every connection of one proxy (they share the registry)."""
 
-    def __init__(self, registry: Registry, policy: Policy, *, enabled: bool = True, ask_leader: bool = True) -> None:
+    def __init__(self, registry: Registry, policy: Policy, *, enabled: bool = True, ask_leader: bool = True,
+                 holds: HoldLimits | None = None) -> None:
         self.registry = registry
         self.policy = policy
         self.enabled = enabled
         self.ask_leader = ask_leader
+        self.holds = holds or HoldLimits()
         self.offsets_partitions: int | None = None
 
     # -- which requests -----------------------------------------------------------------------------
@@ -231,12 +237,17 @@ class TransactionRules:
         mode = self.policy.mode_for(txn_id, partitions[0].topic if partitions else None)
         if mode is Mode.OFF:
             return Decision(forward=frame)
-        plan = plan_produce(self.registry, txn_id, partitions, clock.wall_ms())
+        now_ms = clock.wall_ms()
+        plan = plan_produce(self.registry, txn_id, partitions, now_ms)
         ctx = RequestContext(PRODUCE, version, txn_id, plan.producer_id, plan.producer_epoch, mode, frame,
                              None, None, client, tuple(partitions), inspection_ms=(started - parsing) * 1000)
         if plan.pending:
+            # The request's own timeout bounds a hold, and stands for the client's request timeout
+            # on this transactional id's TxnOffsetCommit (which carries none).
+            timeout_ms = produce_timeout_ms(body, peek_request(body))
+            self.registry.request_timeout(txn_id, timeout_ms)
             question = Question(txn_id, plan.producer_id, plan.producer_epoch, tuple(plan.pending),
-                                ask_leader=self.ask_leader)
+                                ask_leader=self.ask_leader, hold_ms=self.holds.budget_ms(timeout_ms))
             return PendingCheck(ctx, question, started, dict(plan.verdicts))
         # Decided without waiting: the thread's CPU time tells the proxy's own cost apart from
         # time the host's scheduler gave to other processes (both are in the audit record).
@@ -268,7 +279,10 @@ class TransactionRules:
                                             clock.wall_ms(), group=ctx.group)
         if local is not None:
             return self.decide(ctx, {tp: local}, started, clock)
-        return PendingCheck(ctx, Question(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, (tp,)), started)
+        learned = self.registry.get(ctx.transactional_id)
+        hold_ms = self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None)
+        return PendingCheck(ctx, Question(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, (tp,),
+                                          hold_ms=hold_ms), started)
 
     def resume(self, check: PendingCheck, answer: Answer, clock: Clock) -> Decision | PendingCheck:
         """The answer to a check's question: a decision, or (TxnOffsetCommit) the next question."""

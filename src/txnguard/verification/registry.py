@@ -71,6 +71,7 @@ class TxnRecord:
     # Coordinator evidence: (start time the coordinator reported, partitions, when we asked).
     coordinator_start_ms: int | None = None
     coordinator_seen_ms: int | None = None
+    request_timeout_ms: int | None = None  # the TimeoutMs of this id's last checked Produce
 
     def apply(self, event: Event, now_ms: int) -> None:
         step = TRANSITIONS.get((self.phase, event), Step(self.phase, False))
@@ -145,6 +146,13 @@ class Registry:
         rec.partitions.update(partitions)
         if group is not None:
             rec.groups.add(group)
+
+    def request_timeout(self, txn_id: str, timeout_ms: int) -> None:
+        """Remember the client's request timeout (a Produce's TimeoutMs) for an id already known;
+        an unknown id gets no entry for it (the registry holds transactions, not every client)."""
+        rec = self._records.get(txn_id)
+        if rec is not None:
+            rec.request_timeout_ms = timeout_ms
 
     def end_txn(self, txn_id: str, producer_id: int, epoch: int, now_ms: int) -> None:
         rec = self._touch(txn_id, now_ms)
