@@ -6,9 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
-	container-tools image prometheus helm kube-schemas
+	container-tools image prometheus helm kube-schemas sarama
 
-setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas
+setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas sarama
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -63,6 +63,13 @@ prometheus:
 helm: $(HELM)
 $(HELM):
 	GOBIN=$(TOOLS)/bin nice go install helm.sh/helm/v3/cmd/helm@v3.22.0
+
+# sarama-paced (tools/sarama-paced): IBM/sarama as one of the real clients, built from the Go module
+# proxy with the versions go.mod/go.sum pin; rebuilt only when its sources change.
+SARAMA_PACED := $(TOOLS)/bin/sarama-paced
+sarama: $(SARAMA_PACED)
+$(SARAMA_PACED): tools/sarama-paced/go.mod tools/sarama-paced/go.sum $(wildcard tools/sarama-paced/*.go)
+	cd tools/sarama-paced && nice go build -trimpath -buildvcs=false -o $@ .
 
 # The Kubernetes OpenAPI JSON schemas (shipped in the kubernetes-validate package) to validate the chart's output.
 kube-schemas: $(KUBE_VALIDATE)
