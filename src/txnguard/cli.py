@@ -2,6 +2,8 @@
 
 * `txnguard run --config FILE [--upstream ...] [--listen ...] [--mode ...] [--admin ...]`: the proxy.
 * `txnguard check-config FILE`: validate a configuration and print it resolved.
+* `txnguard hanging --bootstrap HOST:PORT [--topic T [--partition P]] [--broker-id N] [--abort ...]`: find
+  hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging.py).
 * `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
 
 The last two live with the test harness (`txnguard.testing.cli`) and are loaded by name only
@@ -34,6 +36,9 @@ def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     check = sub.add_parser("check-config", help="validate a configuration file")
     check.add_argument("config")
+    from txnguard.proxy import hanging
+
+    hanging.add_parser(sub)
 
 
 def _proxy_config(args: argparse.Namespace) -> Any:
@@ -62,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "report":  # the fleet pipeline (PySpark)
             return report_options.run(args)
+        if args.command == "hanging":
+            from txnguard.proxy import hanging
+
+            return hanging.run_cli(args)
         if args.command == "check-config":
             from txnguard.proxy import config
 

@@ -333,7 +333,7 @@ def _health(raw: Any) -> Health:
     unknown = set(raw) - names
     if unknown:
         raise ConfigError(f"health.{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(names))})")
-    values = {k: None if v is None and k == "hanging_scan_interval_s" else
+    values: dict[str, Any] = {k: None if v is None and k == "hanging_scan_interval_s" else
               float(_positive_number(f"health.{k}", v, integer=False)) for k, v in raw.items()}
     return Health(**values)
 

@@ -26,7 +26,7 @@ from kio.schema.metadata.v9.request import MetadataRequest
 from txnguard.codecs import addresses
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy import audit_sink, logs
+from txnguard.proxy import audit_sink, hanging, logs
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
@@ -90,6 +90,7 @@ class Proxy:
         self._bootstrap_rr = 0
         self.stopping = False
         self.audit_publisher: audit_sink.AuditPublisher | None = None
+        self.hanging: hanging.HangingMonitor | None = None
         # Sees every batch of bytes written to clients; tests use it to prove no broker address leaks.
         self.response_observer: Callable[[list[bytes | memoryview]], None] | None = None
 
@@ -102,6 +103,9 @@ class Proxy:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._metadata_loop()))
         self._tasks.append(loop.create_task(self._timer_loop()))
+        self.hanging = hanging.attach(self.config, self.metrics, self.guard.audit, self.upstream_ssl)
+        if self.hanging is not None:  # health.hanging_scan_interval_s: the periodic hanging-transaction scan
+            self._tasks.append(loop.create_task(self.hanging.run()))
         self.log.info("proxy_started", listen=str(self.config.listen),
                       upstream=[str(u) for u in self.config.upstream])
 

@@ -1,8 +1,9 @@
 """The audit records: JSON-ready dicts, pure (no IO, no clock: the time is passed in).
 
-Two kinds in one stream (schema_version 2): a `decision` per partition verification, and a
+Three kinds in one stream (schema_version 2): a `decision` per partition verification, a
 `connection` per client connection that identified itself, written when it closes (the client
-inventory needs clients that were never rejected too). The PySpark pipeline reads these; change a
+inventory needs clients that were never rejected too), and a `hanging` per hanging transaction the
+proxy's periodic scan finds (once per transaction, when first found). The PySpark pipeline reads these; change a
 field only with a new schema_version. Version 1 was a decision record without `kind` and `proxy_id`.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from txnguard.verification.hanging import Finding
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Verdict
 
 SCHEMA_VERSION = 2
-DECISION, CONNECTION = "decision", "connection"
+DECISION, CONNECTION, HANGING = "decision", "connection", "hanging"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,36 @@ def connection_record(*, time_ms: int, proxy_id: str, client: ClientInfo, invent
         "produce_versions": sorted(inventory.produce_versions),
         "txn_offset_commit_versions": sorted(inventory.txn_offset_commit_versions),
         "close_reason": close_reason,
+    }
+
+
+def hanging_record(*, time_ms: int, proxy_id: str, finding: Finding, max_transaction_timeout_ms: int,
+                   ) -> dict[str, Any]:
+    """A hanging transaction the scan found (`time_ms`: when), judged as `kafka-transactions.sh find-hanging`.
+
+    `transactional_id` is the id ListTransactions named for the producer id (None: none, itself a reason
+    it hangs); `reason` is why it hangs (verification/hanging.py); `age_ms` is measured from the producer's
+    last write on the partition, as the tool measures it.
+    """
+    f = finding
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": HANGING,
+        "proxy_id": proxy_id,
+        "time_ms": time_ms,
+        "transactional_id": f.transactional_id,
+        "producer_id": f.producer_id,
+        "producer_epoch": f.producer_epoch,
+        "target": f"{f.topic}-{f.partition}",
+        "topic": f.topic,
+        "partition": f.partition,
+        "coordinator_epoch": f.coordinator_epoch,
+        "start_offset": f.start_offset,
+        "last_timestamp_ms": f.last_timestamp_ms,
+        "age_ms": time_ms - f.last_timestamp_ms,
+        "reason": f.reason,
+        "coordinator_state": f.coordinator_state,
+        "max_transaction_timeout_ms": max_transaction_timeout_ms,
     }
 
 

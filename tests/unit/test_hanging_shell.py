@@ -1,0 +1,162 @@
+"""The hanging-transaction shell without brokers: config, the audit record, the CLI's rules, and the
+proxy's monitor over a fake admin (metrics, once-only logs and audit records)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import pytest
+
+from txnguard import cli
+from txnguard.proxy import config, hanging
+from txnguard.proxy.config import ConfigError, HostPort
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.audit import HANGING, hanging_record, record_key
+from txnguard.verification.hanging import NO_TRANSACTIONAL_ID, Finding, ProducerState, TransactionView
+
+NOW = 1_700_000_000_000
+MIN = 60_000
+
+
+def test_health_is_off_by_default_and_validated():
+    base = {"upstream": "127.0.0.1:9092"}
+    assert config.from_mapping(base).health.hanging_scan_interval_s is None
+    cfg = config.from_mapping({**base, "health": {"hanging_scan_interval_s": 60}})
+    assert cfg.health.hanging_scan_interval_s == 60.0 and cfg.health.hanging_max_transaction_timeout_s == 900.0
+    with pytest.raises(ConfigError, match=r"health\.hanging_scan_interval_s: -1 is not a positive number"):
+        config.from_mapping({**base, "health": {"hanging_scan_interval_s": -1}})
+    with pytest.raises(ConfigError, match=r"health\.scan: unknown setting"):
+        config.from_mapping({**base, "health": {"scan": 1}})
+    env = config.load(None, {"upstream": "127.0.0.1:9092"}, environ={"TXNGUARD_HEALTH__HANGING_SCAN_INTERVAL_S": "5"})
+    assert env.health.hanging_scan_interval_s == 5.0
+
+
+def test_the_audit_record_names_the_transaction():
+    f = Finding("orders", 3, 7, 1, -1, 42, NOW - 20 * MIN, NO_TRANSACTIONAL_ID)
+    r = hanging_record(time_ms=NOW, proxy_id="gw", finding=f, max_transaction_timeout_ms=15 * MIN)
+    assert r["kind"] == HANGING and r["schema_version"] == 2 and r["target"] == "orders-3"
+    assert (r["producer_id"], r["producer_epoch"], r["start_offset"], r["age_ms"]) == (7, 1, 42, 20 * MIN)
+    assert r["transactional_id"] is None and record_key(r) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["hanging", "--bootstrap", "h:1", "--partition", "0"], "--partition needs --topic"),
+    (["hanging", "--bootstrap", "h:1", "--topic", "t", "--yes"], "go with --abort"),
+    (["hanging", "--bootstrap", "nohostport"], "is not host:port"),
+])
+def test_cli_refuses_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+class FakeAdmin:
+    """Answers as a one-broker cluster whose producer states the test sets."""
+
+    bootstrap = (HostPort("b", 1),)
+
+    def __init__(self) -> None:
+        self.producers: dict[tuple[str, int], list[ProducerState]] = {}
+        self.listings: list[tuple[str, int]] = []
+        self.descriptions: dict[str, TransactionView | None] = {}
+        self.fail = False
+
+    async def metadata(self, topic: str | None = None) -> hanging.ClusterView:
+        if self.fail:
+            raise hanging.HangingScanError("down")
+        return hanging.ClusterView({1: HostPort("b", 1)},
+                                   {tp: hanging.PartitionInfo(1, (1,)) for tp in self.producers})
+
+    async def describe_producers(self, address: HostPort, tps: Any) -> Any:
+        return {tp: self.producers[tp] for tp in tps}, {}
+
+    async def list_transactions(self, brokers: Any, pids: Any) -> list[tuple[str, int]]:
+        return self.listings
+
+    async def describe_transactions(self, ids: Any) -> dict[str, TransactionView | None]:
+        return {i: self.descriptions.get(i) for i in ids}
+
+    async def close(self) -> None:
+        pass
+
+
+class Audit:
+    proxy_id = "gw"
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+
+def test_the_monitor_exports_gauges_and_reports_each_finding_once(capsys: pytest.CaptureFixture[str]):
+    cfg = config.from_mapping({"upstream": "127.0.0.1:9092", "health": {"hanging_scan_interval_s": 1}})
+    metrics, audit, admin = ProxyMetrics(), Audit(), FakeAdmin()
+    monitor = hanging.attach(cfg, metrics, audit, None)  # type: ignore[arg-type]
+    assert monitor is not None
+    monitor.admin = admin  # type: ignore[assignment]
+    old = 20 * 60 * 1000
+    clock_now = hanging.now_ms()
+    admin.producers = {("t", 0): [ProducerState(7, 0, clock_now - old, -1, 5)], ("t", 1): []}
+    g = metrics.registry.get_sample_value
+
+    asyncio.run(monitor.scan_once())
+    assert g("txnguard_hanging_transactions", {"topic": "t", "partition": "0"}) == 1
+    assert g("txnguard_oldest_open_transaction_age_seconds") >= old / 1000
+    assert [r["start_offset"] for r in audit.records] == [5]
+    asyncio.run(monitor.scan_once())          # the same finding: no second record
+    assert len(audit.records) == 1
+    assert g("txnguard_hanging_scans_total", {"outcome": "ok"}) == 2
+
+    admin.producers = {("t", 0): [ProducerState(7, 0, clock_now - old, 3, -1)], ("t", 1): []}  # aborted
+    asyncio.run(monitor.scan_once())
+    assert g("txnguard_hanging_transactions", {"topic": "t", "partition": "0"}) is None
+    assert g("txnguard_oldest_open_transaction_age_seconds") == 0
+    admin.fail = True
+    asyncio.run(monitor.scan_once())
+    assert g("txnguard_hanging_scans_total", {"outcome": "failed"}) == 1
+    logged = capsys.readouterr()
+    text = logged.out + logged.err
+    assert text.count("hanging_transaction_found") == 1 and text.count("hanging_transaction_resolved") == 1
+
+
+def test_the_cli_prints_the_tools_table_and_a_dry_run(monkeypatch: pytest.MonkeyPatch):
+    admin = FakeAdmin()
+    admin.producers = {("t", 0): [ProducerState(7, 0, hanging.now_ms() - 20 * MIN, -1, 5)]}
+    aborts: list[Any] = []
+
+    async def plan(a: Any, f: Finding) -> hanging.AbortPlan:
+        return hanging.AbortPlan(f, hanging.abort_spec(f.topic, f.partition, admin.producers[("t", 0)],
+                                                      f.start_offset), HostPort("b", 1))
+
+    async def do_abort(a: Any, p: hanging.AbortPlan) -> str:
+        aborts.append(p.spec)
+        return "NONE"
+
+    monkeypatch.setattr(hanging, "ClusterAdmin", lambda *a, **k: admin)
+    monkeypatch.setattr(hanging, "plan_abort", plan)
+    monkeypatch.setattr(hanging, "abort", do_abort)
+    out, err = io.StringIO(), io.StringIO()
+    args = cli_args("--topic", "t", "--abort")
+    assert hanging.run_cli(args, stdin=io.StringIO(""), stdout=out, stderr=err) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("dry run: would abort the hanging transaction on topic t partition 0 producer id 7 "
+                               "epoch 0 start offset 5")
+    assert lines[1].split()[0] == "Topic" and lines[2].split()[:6] == ["t", "0", "7", "0", "-1", "5"]
+    assert aborts == []
+
+    out = io.StringIO()
+    assert hanging.run_cli(cli_args("--topic", "t", "--abort", "--yes"), stdin=io.StringIO(""), stdout=out,
+                           stderr=err) == 0
+    assert "aborted the hanging transaction on topic t partition 0 producer id 7" in out.getvalue()
+    assert [(s.producer_id, s.coordinator_epoch) for s in aborts] == [(7, 0)]
+
+
+def cli_args(*argv: str) -> Any:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    hanging.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["hanging", "--bootstrap", "b:1", *argv])
