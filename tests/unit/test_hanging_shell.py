@@ -142,16 +142,35 @@ def test_the_cli_prints_the_tools_table_and_a_dry_run(monkeypatch: pytest.Monkey
     args = cli_args("--topic", "t", "--abort")
     assert hanging.run_cli(args, stdin=io.StringIO(""), stdout=out, stderr=err) == 0
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("dry run: would abort the hanging transaction on topic t partition 0 producer id 7 "
+    assert lines[0].split()[0] == "Topic" and lines[1].split()[:6] == ["t", "0", "7", "0", "-1", "5"]
+    assert lines[2].startswith("dry run: would abort the hanging transaction on topic t partition 0 producer id 7 "
                                "epoch 0 start offset 5")
-    assert lines[1].split()[0] == "Topic" and lines[2].split()[:6] == ["t", "0", "7", "0", "-1", "5"]
     assert aborts == []
+
+    # At a terminal: a prompt naming the transaction; anything but y/yes leaves it.
+    err = io.StringIO()
+    assert hanging.run_cli(cli_args("--topic", "t", "--abort"), stdin=Tty("n\n"), stdout=io.StringIO(), stderr=err) == 0
+    assert "Abort the hanging transaction on topic t partition 0 producer id 7 epoch 0 start offset 5" in err.getvalue()
+    assert aborts == []
+    assert hanging.run_cli(cli_args("--topic", "t", "--abort"), stdin=Tty("y\n"), stdout=io.StringIO(), stderr=err) == 0
+    assert len(aborts) == 1
+    # --dry-run wins over --yes; --start-offset picks none here.
+    for extra in (["--yes", "--dry-run"], ["--yes", "--start-offset", "6"]):
+        assert hanging.run_cli(cli_args("--topic", "t", "--abort", *extra), stdin=Tty("y\n"), stdout=io.StringIO(),
+                               stderr=err) == 0
+    assert len(aborts) == 1
+    aborts.clear()
 
     out = io.StringIO()
     assert hanging.run_cli(cli_args("--topic", "t", "--abort", "--yes"), stdin=io.StringIO(""), stdout=out,
                            stderr=err) == 0
     assert "aborted the hanging transaction on topic t partition 0 producer id 7" in out.getvalue()
     assert [(s.producer_id, s.coordinator_epoch) for s in aborts] == [(7, 0)]
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
 
 def cli_args(*argv: str) -> Any:

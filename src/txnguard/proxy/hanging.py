@@ -521,6 +521,10 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err
             print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
         aborted: list[dict[str, Any]] = []
         status = 1 if result.errors else 0
+        if not args.json:  # what was found first, then what is done about it
+            from txnguard.verification.hanging import table
+
+            out.write(table(result.findings, result.now_ms))
         if args.abort:
             chosen = [f for f in result.findings if args.start_offset is None or f.start_offset == args.start_offset]
             for f in chosen:
@@ -539,10 +543,6 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err
             if args.abort:
                 report["aborts"] = aborted
             print(json.dumps(report, indent=2), file=out)
-        else:
-            from txnguard.verification.hanging import table
-
-            out.write(table(result.findings, result.now_ms))
         return status
     finally:
         await admin.close()
