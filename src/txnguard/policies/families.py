@@ -10,6 +10,7 @@ import fnmatch
 from dataclasses import dataclass
 
 JAVA, LIBRDKAFKA, KAFKA_PYTHON, AIOKAFKA, UNKNOWN = "java", "librdkafka", "kafka-python", "aiokafka", "unknown"
+SARAMA = "sarama"  # IBM/sarama (Go)
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,14 @@ DEFAULT_RULES: tuple[FamilyRule, ...] = (
     FamilyRule(LIBRDKAFKA, software_name="librdkafka"),
     FamilyRule(LIBRDKAFKA, software_name="confluent-kafka-*"),
     FamilyRule(KAFKA_PYTHON, software_name="kafka-python"),
+    # IBM/sarama (Go): ApiVersions v3 with "sarama" and its module version (v1.61.1), or "dev" from a
+    # checkout (api_versions_request.go defaultClientSoftwareName, version.go). Its default client id
+    # is "sarama" too (config.go defaultClientID), the fallback for Config.ApiVersionsRequest=false.
+    FamilyRule(SARAMA, software_name="sarama"),
     FamilyRule(KAFKA_PYTHON, client_id="kafka-python-*"),
     FamilyRule(AIOKAFKA, client_id="aiokafka-*"),   # aiokafka sends ApiVersions v0: no software name
     FamilyRule(LIBRDKAFKA, client_id="rdkafka"),
+    FamilyRule(SARAMA, client_id="sarama"),
     FamilyRule(JAVA, client_id="producer-*"),
 )
 
