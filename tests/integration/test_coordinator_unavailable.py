@@ -1,7 +1,7 @@
 """S4: the transaction coordinator stops answering in the middle of a transaction.
 
 The proxy is told to check EVERY transactional write with the coordinator (no leader evidence,
-evidence_ttl_ms=0), each check bounded by 1 s. The coordinator's node is frozen with SIGSTOP: its
+evidence_ttl_ms=0), each question bounded by 1 s. The coordinator's node is frozen with SIGSTOP: its
 sockets stay open, so connections succeed and requests get no answer at all (a long GC pause, a
 frozen VM), the hardest case for a verifier. Kafka's brokers fence a frozen node after their 9 s
 broker session timeout and move its coordinators elsewhere ("failover").
@@ -9,30 +9,38 @@ broker session timeout and move its coordinators elsewhere ("failover").
     client ─Init/AddPartitions/AddOffsets─▶ coordinator C             (before the freeze)
     client ─Produce─▶ proxy ─DescribeTransactions─▶ C                 ✓ Ongoing: forwarded to leader L
                                 ══ C frozen (SIGSTOP) ══
-    client ─Produce─▶ proxy ─DescribeTransactions─▶ C … 1 s, no answer
+    client ─Produce(timeout 30 s)─▶ proxy ─DescribeTransactions─▶ C … 1 s, no answer
+                                    proxy … asks again, 0.1-1 s apart, while C cannot answer (a hold,
+                                    as 3.9.2 holds it: issue 13), for up to 0.8 x 30 s
+                                    proxy ─FindCoordinator, DescribeTransactions─▶ C' (after failover) ✓
+           ◀─ the write, appended by L                                (no error; C still frozen)
+    client ─TxnOffsetCommit─▶ … held the same way ─▶ group coordinator ✓
+                                ══ C resumed (SIGCONT) ══
+    client ─EndTxn(commit)─▶ C'                                       ✓ exactly the two records commit
+
+    A client whose request allows less than a failover (Produce timeout 4 s) is answered within it:
+    client ─Produce(timeout 4 s)─▶ proxy … held 3.2 s
            ◀─ NOT_ENOUGH_REPLICAS "Unable to verify the partition has been added to the transaction.
               Underlying error: NETWORK_EXCEPTION"                   (retriable; nothing written)
-    client ─TxnOffsetCommit─▶ proxy ─DescribeTransactions─▶ C … no answer
+    client ─TxnOffsetCommit─▶ proxy … held 3.2 s (the id's Produce timeout)
            ◀─ COORDINATOR_LOAD_IN_PROGRESS                            (retriable; nothing written)
-                                ══ C resumed (SIGCONT) ══
-    client ─Produce / TxnOffsetCommit (retried)─▶ proxy ─▶ C ✓ ─▶ L / group coordinator
-    client ─EndTxn(commit)─▶ C                                        ✓ exactly the two records commit
 
 (a) Raw and deterministic, with the TxnActor: through the proxy on Kafka 3.5.2 (which has no
     verification of its own); the same sequence DIRECTLY against Kafka 3.9.2 with its native
-    KIP-890 verification (S7 parity for S4). What 3.9.2 does differs from what the brief expected:
-    it does not answer the Produce with NOT_ENOUGH_REPLICAS, it HOLDS it until the coordinator has
-    failed over (~8-12 s here) and then writes it; it answers TxnOffsetCommit with
-    COORDINATOR_LOAD_IN_PROGRESS (GroupMetadataManager.maybeConvertOffsetCommitError turns the
-    verification's NETWORK_EXCEPTION into it), not COORDINATOR_NOT_AVAILABLE. The proxy does the
-    same for an unanswered check (COORDINATOR_NOT_AVAILABLE stays for a coordinator that answers
-    NOT_COORDINATOR or similar), and like 3.9.2 it follows a failover: an unanswered check forgets
-    the cached coordinator, so a client's retry finds the new one while the old node is still frozen.
-    (Both were found here and fixed; the tests below pin them.)
+    KIP-890 verification (S7 parity for S4). 3.9.2 does not answer the Produce with
+    NOT_ENOUGH_REPLICAS: it HOLDS it until the coordinator has failed over (~8-12 s here) and then
+    writes it; it answers TxnOffsetCommit with COORDINATOR_LOAD_IN_PROGRESS
+    (GroupMetadataManager.maybeConvertOffsetCommitError turns the verification's NETWORK_EXCEPTION
+    into it). The proxy holds both (issue 13: a fixed 1-5 s bound turned the pause into errors that a
+    client with a small retry budget could not absorb), follows the failover (an unanswered question
+    forgets the cached coordinator, so the next one finds the new coordinator while the old node is
+    still frozen), and answers retriable errors like 3.9.2's only when the request's own timeout
+    runs out first.
 (b) Real clients through the proxy (kafka-python, confluent-kafka, aiokafka, and the Java 3.5.2
     TransactionalMessageCopier), the coordinator of their transactional id frozen for 4 s mid-run
-    (shorter than the broker session timeout, so no failover): they retry, finish without a fatal
-    error, and a read_committed consumer sees every committed record exactly once.
+    (shorter than the broker session timeout, so no failover): the proxy holds the write through
+    the freeze, they finish without an error, and a read_committed consumer sees every committed
+    record exactly once. Small retry budgets and longer freezes: test_coordinator_holds.py.
 """
 
 from __future__ import annotations
@@ -62,10 +70,12 @@ pytestmark = [
 NameFactory = Callable[[str], str]
 StartProxy = Callable[..., ProxyThread]
 
-# Every transactional Produce / TxnOffsetCommit is checked with the coordinator, bounded by 1 s.
+# Every transactional Produce / TxnOffsetCommit is checked with the coordinator, each question bounded by 1 s.
 VERIFY_WITH_COORDINATOR = {"leader_evidence": False, "evidence_ttl_ms": 0, "timeout_s": 1.0}
 UNVERIFIED = "Unable to verify the partition has been added to the transaction. Underlying error: "
 COORDINATOR_UNAVAILABLE = {"reason": "coordinator_unavailable"}
+HOLDS_DECIDED = {"ending": "decided"}
+HOLDS_TIMED_OUT = {"ending": "timeout"}
 PASSED_WITH_COORDINATOR = {"evidence": "coordinator", "outcome": "pass", "decision": "forwarded"}
 RETRIABLE_COMMIT_ERRORS = {"COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR"}
 FAMILIES = {"kafka-python": "kafka-python", "confluent-kafka": "librdkafka", "aiokafka": "aiokafka"}
@@ -132,7 +142,8 @@ class S4Run:
     group_offsets: dict[int, int | None] = field(default_factory=dict)
 
 
-def s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], *, stay_frozen_s: float) -> S4Run:
+def s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], *, stay_frozen_s: float,
+                request_timeout_ms: int = 30_000) -> S4Run:
     """The raw S4 sequence; `bootstrap_of(node)` is where the client reaches a node (broker or proxy listener).
 
     While the coordinator is frozen the client only talks to live nodes: metadata and FindCoordinator
@@ -146,7 +157,7 @@ def s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], *, stay_fr
     txn_id, coordinator = _txn_id_coordinated_by(cluster, f"s4-tid-{u}", lambda c: c != leader)
     group = _group_coordinated_by(cluster, f"s4-group-{u}", lambda c: c != coordinator)
     (third,) = (n.id for n in cluster.nodes if n.id not in (coordinator, leader))
-    actor = PatientActor(bootstrap_of(third), txn_id)
+    actor = PatientActor(bootstrap_of(third), txn_id, request_timeout_ms=request_timeout_ms)
 
     def produce() -> int:
         r = actor.produce(topic, 0, [b"during"])  # the sequence number only moves on success
@@ -210,16 +221,13 @@ class Proxied:
     leaks: list[tuple[str, int]]
 
 
-@pytest.fixture(scope="module")
-def proxied(kafka_pool: ClusterPool) -> Iterator[Proxied]:
-    """The S4 sequence through a gateway in front of Kafka 3.5.2, the coordinator frozen only until the
-    first answers (shorter than the broker session timeout: no failover)."""
+def _proxied_s4(kafka_pool: ClusterPool, request_timeout_ms: int) -> Iterator[Proxied]:
     cluster = kafka_pool.get("3.5.2", 3)
     proxy = ProxyThread.from_settings(upstream=cluster.bootstrap_servers, mode="gateway", admin="127.0.0.1:0",
                                       verification=VERIFY_WITH_COORDINATOR).start()
     try:
         listeners = _listeners(proxy, cluster)
-        run = s4_sequence(cluster, listeners.__getitem__, stay_frozen_s=0)
+        run = s4_sequence(cluster, listeners.__getitem__, stay_frozen_s=0, request_timeout_ms=request_timeout_ms)
         m = proxy.metric
         metrics = {
             "failures": m("txnguard_verification_failures_total", COORDINATOR_UNAVAILABLE),
@@ -231,11 +239,28 @@ def proxied(kafka_pool: ClusterPool) -> Iterator[Proxied]:
                 "to_error": "COORDINATOR_LOAD_IN_PROGRESS",
                 "client_family": "unknown"}),
             "passed": m("txnguard_verifications_total", PASSED_WITH_COORDINATOR),
+            "holds_decided": m("txnguard_verification_hold_endings_total", HOLDS_DECIDED),
+            "holds_timed_out": m("txnguard_verification_hold_endings_total", HOLDS_TIMED_OUT),
+            "held_now": m("txnguard_verification_holds"),
         }
         assert proxy.wire is not None
         yield Proxied(run, metrics, proxy.wire.leaks(broker_addresses(cluster)))
     finally:
         proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def proxied(kafka_pool: ClusterPool) -> Iterator[Proxied]:
+    """The S4 sequence through a gateway in front of Kafka 3.5.2, the client's requests allowing 30 s
+    (the default request timeout of Java, kafka-python and librdkafka): the proxy holds them."""
+    yield from _proxied_s4(kafka_pool, request_timeout_ms=30_000)
+
+
+@pytest.fixture(scope="module")
+def proxied_short(kafka_pool: ClusterPool) -> Iterator[Proxied]:
+    """The same with requests that allow 4 s, less than a failover: answered retriable within them,
+    and the coordinator frozen only until those answers (shorter than the broker session timeout)."""
+    yield from _proxied_s4(kafka_pool, request_timeout_ms=4_000)
 
 
 @pytest.fixture(scope="module")
@@ -249,34 +274,61 @@ def native(kafka_pool: ClusterPool) -> S4Run:
 # -- (a) raw and deterministic -------------------------------------------------------------------------------
 
 
-def test_s4_frozen_coordinator_through_the_proxy_gets_retriable_errors_then_the_transaction_commits(
+def test_s4_frozen_coordinator_through_the_proxy_the_write_is_held_until_failover_and_then_written(
     proxied: Proxied,
 ) -> None:
     run = proxied.run
+    print(f"\nthrough the proxy, requests allowing 30 s: {run}\n{proxied.metrics}")
+    # Held, not refused: the answer is the write itself, appended while the old coordinator is
+    # still frozen (the proxy found the new one after the failover), as 3.9.2 does natively.
+    assert run.produce_answers == [("NONE", None)], run
+    assert run.landed_while_frozen_s is not None and run.produce_answer_s > 3, run
+    assert run.produce_answer_s < 0.8 * 30 + 2, run  # within the hold bound (plus one question's 1 s)
+    assert run.commit_answers == ["NONE"], run
+    assert run.end_txn == "NONE"
+    assert run.committed == [b"before", b"during"]
+    assert run.group_offsets == {0: 2}
+    # No verification failed and nothing was rewritten: the two checks were held, then decided.
+    assert proxied.metrics["failures"] == 0, proxied.metrics
+    assert proxied.metrics["produce_rewrites"] == proxied.metrics["commit_rewrites"] == 0, proxied.metrics
+    assert proxied.metrics["holds_decided"] == 2 and proxied.metrics["holds_timed_out"] == 0, proxied.metrics
+    assert proxied.metrics["held_now"] == 0, proxied.metrics
+    assert proxied.metrics["passed"] == 3, proxied.metrics  # the write before, the write and the offsets during
+    assert proxied.leaks == []
+
+
+def test_s4_a_request_allowing_less_than_a_failover_is_answered_retriable_within_its_own_timeout(
+    proxied_short: Proxied,
+) -> None:
+    run = proxied_short.run
+    print(f"\nthrough the proxy, requests allowing 4 s: {run}\n{proxied_short.metrics}")
     code, message = run.first_produce
     assert code == "NOT_ENOUGH_REPLICAS", run
     assert message == UNVERIFIED + "NETWORK_EXCEPTION", run
     assert run.first_commit == "COORDINATOR_LOAD_IN_PROGRESS", run
-    # Answered within the 1 s bound (plus at most one more 1 s wait for the proxy's own metadata
-    # request, which may go to the frozen node first) instead of holding the client.
-    assert run.produce_answer_s < 5 and run.commit_answer_s < 5, run
+    # Held for 0.8 of the 4 s the request allows, then answered: before the client gives up on it.
+    assert 2.5 < run.produce_answer_s < 4 and 2.5 < run.commit_answer_s < 4, run
     # After the resume: the retried write and offsets pass, and the transaction commits exactly them.
     assert run.produce_answers[-1] == ("NONE", None) and run.commit_answers[-1] == "NONE", run
     assert run.end_txn == "NONE"
     assert run.committed == [b"before", b"during"]
     assert run.group_offsets == {0: 2}
-    # Exactly the two answers sent during the freeze were verification failures, each rewritten.
-    assert proxied.metrics["failures"] == 2, proxied.metrics
-    assert proxied.metrics["produce_rewrites"] == proxied.metrics["commit_rewrites"] == 1, proxied.metrics
+    # Exactly the two answers sent during the freeze were verification failures, each rewritten,
+    # each the end of a hold that ran out.
+    m = proxied_short.metrics
+    assert m["failures"] == 2 and m["holds_timed_out"] == 2, m
+    assert m["produce_rewrites"] == m["commit_rewrites"] == 1, m
     # Every write before and after the freeze was checked with the coordinator, and passed.
-    assert proxied.metrics["passed"] >= 3, proxied.metrics
-    assert proxied.leaks == []
+    assert m["passed"] >= 3, m
+    assert proxied_short.leaks == []
 
 
 def test_s4_native_3_9_2_holds_the_write_until_failover_and_the_outcome_matches_the_proxy(
     proxied: Proxied, native: S4Run,
 ) -> None:
     print(f"\nproxy in front of 3.5.2: {proxied.run}\nnative 3.9.2: {native}")
+    # Both hold the write through the failover and append it while the old node is still frozen.
+    assert proxied.run.landed_while_frozen_s is not None and native.landed_while_frozen_s is not None
     # 3.9.2 holds the Produce while its own verification waits, and writes it once the coordinator has
     # failed over: the client never sees an error for it, and it lands while the old node is still frozen.
     assert native.landed_while_frozen_s is not None, native
@@ -285,30 +337,16 @@ def test_s4_native_3_9_2_holds_the_write_until_failover_and_the_outcome_matches_
         assert code == "NONE" or (code == "NOT_ENOUGH_REPLICAS" and (message or "").startswith(UNVERIFIED)), native
     assert native.first_commit == "COORDINATOR_LOAD_IN_PROGRESS", native
     assert set(native.commit_answers) <= RETRIABLE_COMMIT_ERRORS | {"NONE"}, native
-    # Same outcome both ways: retriable answers only, then exactly the same committed transaction.
-    assert proxied.run.first_commit in RETRIABLE_COMMIT_ERRORS
+    # At least as well as native: the proxy held the TxnOffsetCommit through the failover where 3.9.2
+    # answered it retriable; then exactly the same committed transaction.
+    assert proxied.run.commit_answers == ["NONE"]
     assert (native.end_txn, native.committed, native.group_offsets) == \
         (proxied.run.end_txn, proxied.run.committed, proxied.run.group_offsets)
 
 
-def test_s7_parity_for_s4_txn_offset_commit_error_code(proxied: Proxied, native: S4Run) -> None:
-    assert proxied.run.first_commit == native.first_commit
-
-
-def test_s4_proxy_follows_a_coordinator_failover_while_the_old_coordinator_stays_frozen(
-    kafka_pool: ClusterPool, start_proxy: StartProxy, native: S4Run,
-) -> None:
-    cluster = kafka_pool.get("3.5.2", 3)
-    proxy = gateway_for(cluster, start_proxy, verification=VERIFY_WITH_COORDINATOR)
-    listeners = _listeners(proxy, cluster)
-    # 3.9.2, natively, wrote the held write after the failover (landed_while_frozen_s, ~8-12 s). A
-    # client retrying through the proxy should get its write in too while the old node stays frozen.
-    run = s4_sequence(cluster, listeners.__getitem__, stay_frozen_s=30)
-    print(f"\nthrough the proxy, frozen for up to 30 s: {run}")
-    assert run.committed == [b"before", b"during"]  # the outcome holds either way (after the resume) ...
-    assert run.landed_while_frozen_s is not None, (  # ... and already while the old node is still frozen
-        f"still rejected after 30 s frozen ({len(run.produce_answers)} answers, last {run.produce_answers[-2:]}); "
-        f"3.9.2 wrote it {native.landed_while_frozen_s:.1f}s into the freeze")
+def test_s7_parity_for_s4_txn_offset_commit_error_code(proxied_short: Proxied, native: S4Run) -> None:
+    # When the proxy does answer an unverifiable TxnOffsetCommit, it answers what 3.9.2 answers.
+    assert proxied_short.run.first_commit == native.first_commit
 
 
 # -- (b) real clients ------------------------------------------------------------------------------------------
@@ -373,20 +411,23 @@ def test_s4_real_client_rides_out_a_frozen_coordinator_through_the_proxy(
                                             per_transaction=20, on_ack=freeze.hook, timeout_s=120)
     finally:
         freeze.release()
-    print(f"\n{client_name}: aborted {result.aborted} {result.errors}, "
-          f"{proxy.metric('txnguard_verification_failures_total', COORDINATOR_UNAVAILABLE):.0f} verification "
-          f"failures while frozen")
+    held = proxy.metric("txnguard_verification_hold_endings_total", HOLDS_DECIDED)
+    print(f"\n{client_name}: aborted {result.aborted} {result.errors}, {held:.0f} checks held through the "
+          f"freeze, {proxy.metric('txnguard_verification_failures_total', COORDINATOR_UNAVAILABLE):.0f} "
+          f"verification failures")
 
     assert freeze.frozen_at is not None
-    # Why a failure is certain: when the hook returns the coordinator is stopped (every thread in state T);
+    # Why a hold is certain: when the hook returns the coordinator is stopped (every thread in state T);
     # the client's next request is the Produce of record 6 of an open transaction whose partition it added
     # before record 1; the proxy checks every write with the coordinator (no leader evidence, TTL 0),
-    # which cannot answer within the 1 s bound, and the freeze lasts 4 s: at least one rejection.
-    assert proxy.metric("txnguard_verification_failures_total", COORDINATOR_UNAVAILABLE) >= 1
+    # which cannot answer its 1 s question, and the freeze lasts 4 s: that check is held, and decided
+    # by the coordinator once it answers again, well inside the Produce's own 30 s timeout.
+    assert held >= 1
+    assert proxy.metric("txnguard_verification_failures_total", COORDINATOR_UNAVAILABLE) == 0
     assert proxy.metric("txnguard_error_rewrites_total", {
         "api": "produce", "from_error": "NETWORK_EXCEPTION", "to_error": "NOT_ENOUGH_REPLICAS",
-        "client_family": FAMILIES[client_name]}) >= 1
-    # The client retried the retriable answer itself: no transaction had to be aborted, none failed.
+        "client_family": FAMILIES[client_name]}) == 0
+    # The client saw a slow acknowledgement, no error: no transaction had to be aborted, none failed.
     assert result.aborted == 0, result.errors
     expected = [v for t in range(5) for v in clients.paced_values(txn_id, t, 20)]
     assert result.committed == expected
@@ -437,19 +478,21 @@ def test_s4_java_copier_rides_out_a_frozen_coordinator_through_the_proxy(
             freeze.release()
         result = copier.result(200)
     failures = proxy.metric("txnguard_verification_failures_total", COORDINATOR_UNAVAILABLE)
-    print(f"\nJava 3.5.2 copier: {result}; {failures:.0f} verification failures while frozen")
+    held = proxy.metric("txnguard_verification_hold_endings_total", HOLDS_DECIDED)
+    print(f"\nJava 3.5.2 copier: {result}; {held:.0f} checks held, {failures:.0f} verification failures")
 
     assert result.shutdown_complete and (result.total_processed, result.remaining) == (len(values), 0)
     clients.stable_end_offsets(cluster.bootstrap_servers, sink)
     out = clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, sink)
     assert out == values  # no loss, no duplicate, in order
-    # Not asserted: failures > 0. We cannot stop the copier at a chosen point as the paced clients stop
+    # Not asserted: held > 0. We cannot stop the copier at a chosen point as the paced clients stop
     # themselves: the freeze comes from outside, when the output log shows 1,500 records. With one record
     # per 512-byte batch a 1,000-record transaction is mostly a long run of Produce requests, each checked
-    # with the coordinator, so the freeze usually lands on one (3 of 3 runs while writing this test: 4, 1
-    # and 4 rejections). But it may also land while AddPartitionsToTxn, AddOffsetsToTxn or EndTxn is in
-    # flight (the Java producer sends no data while a transactional request is pending); the copier then
-    # waits 4 s and sends nothing the proxy must check. The count is printed above for the record.
+    # with the coordinator, so the freeze usually lands on one (before issue 13's holds, 3 of 3 runs saw
+    # 4, 1 and 4 rejections there). But it may also land while AddPartitionsToTxn, AddOffsetsToTxn or
+    # EndTxn is in flight (the Java producer sends no data while a transactional request is pending); the
+    # copier then waits 4 s and sends nothing the proxy must check. The counts are printed above.
+    assert failures == 0
     assert proxy.wire is not None and proxy.wire.leaks(broker_addresses(cluster)) == []
 
 

@@ -1660,9 +1660,13 @@ def paced_values(transactional_id: str, transaction: int, per_transaction: int) 
 def paced_transactions(
     client_name: str, bootstrap_servers: str, topic: str, transactional_id: str, *, transactions: int,
     per_transaction: int, partition: int = 0, gap_s: float = 0.02, on_ack: AckHook | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = 120.0, settings: dict[str, Any] | None = None,
 ) -> PacedResult:
     """`transactions` transactions of `per_transaction` records each, one Produce request per record.
+
+    `settings` are the client library's own producer settings on top of the defaults (kafka-python
+    keyword arguments, librdkafka properties, sarama.Config names), e.g. a small retry budget; not
+    aiokafka.
 
     Each record is sent alone and its acknowledgement awaited before the next (linger 0), so a
     transaction is a long row of small Produce requests to one partition, all after the single
@@ -1675,18 +1679,22 @@ def paced_transactions(
            "aiokafka": _paced_aiokafka, "sarama": _paced_sarama}.get(client_name)
     if run is None:
         raise ValueError(f"no paced transactions for {client_name}")
+    if settings:
+        if client_name == "aiokafka":
+            raise ValueError(f"no producer settings for {client_name}'s paced transactions")
+        run = functools.partial(run, settings=settings)
     return run(bootstrap_servers, topic, transactional_id, transactions, per_transaction, partition, gap_s,
                on_ack or (lambda t, i: None), timeout_s)
 
 
 def _paced_kafka_python(bootstrap_servers: str, topic: str, transactional_id: str, transactions: int,
                         per_transaction: int, partition: int, gap_s: float, on_ack: AckHook,
-                        timeout_s: float) -> PacedResult:
+                        timeout_s: float, settings: dict[str, Any] | None = None) -> PacedResult:
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
     producer = KafkaProducer(bootstrap_servers=bootstrap_servers, transactional_id=transactional_id, linger_ms=0,
-                             max_block_ms=int(timeout_s * 1000))
+                             max_block_ms=int(timeout_s * 1000), **(settings or {}))
     committed: list[bytes] = []
     errors: list[str] = []
     deadline = time.monotonic() + timeout_s
@@ -1720,11 +1728,11 @@ def _paced_kafka_python(bootstrap_servers: str, topic: str, transactional_id: st
 
 def _paced_confluent(bootstrap_servers: str, topic: str, transactional_id: str, transactions: int,
                      per_transaction: int, partition: int, gap_s: float, on_ack: AckHook,
-                     timeout_s: float) -> PacedResult:
+                     timeout_s: float, settings: dict[str, Any] | None = None) -> PacedResult:
     from confluent_kafka import KafkaError, KafkaException, Producer
 
     producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id,
-                         "linger.ms": 0})
+                         "linger.ms": 0, **(settings or {})})
     committed: list[bytes] = []
     errors: list[str] = []
     failed: list[KafkaError] = []

@@ -32,6 +32,7 @@ class TxnActor:
     transactional_id: str
     timeout_ms: int = 60000
     producer: ProducerIdentity | None = None
+    request_timeout_ms: int = 30000  # a Produce's TimeoutMs (clients send their request timeout)
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
     client_id: str = "txnguard-scenario"
 
@@ -100,7 +101,8 @@ class TxnActor:
                             producer_epoch=self.producer.producer_epoch, base_sequence=seq, transactional=True,
                             timestamp=timestamp)
         with self._leader(topic, partition) as c:
-            r = c.produce({tp: batch}, transactional_id=self.transactional_id, version=version)
+            r = c.produce({tp: batch}, transactional_id=self.transactional_id, version=version,
+                          timeout_ms=self.request_timeout_ms)
         p = r.responses[0].partition_responses[0]
         if p.error_code == ErrorCode.none and sequence is None:
             self.sequences[tp] = seq + len(values)
