@@ -118,3 +118,43 @@ def test_sarama_settings_reach_sarama_config_and_a_fatal_error_raises(
     with pytest.raises(ValueError, match=r"Producer\.Retry\.Max"):
         clients.sarama_paced_transactions(cluster.bootstrap_servers, topic, txn_id, transactions=1,
                                           per_transaction=1, settings={"retries": 1})
+
+
+def test_sarama_aborts_and_redoes_a_transaction_the_proxy_rejects_a_late_write_of(
+    cluster: Cluster, start_proxy: StartProxy, unique_name: NameFactory, tmp_path,
+) -> None:
+    """KIP-890's case through the gateway: after the 3rd ack of transaction 1, someone else ends that
+    transaction (EndTxn abort with Sarama's producer id and epoch, as a coordinator timing it out would,
+    minus the epoch bump). Sarama's next Produce is a late write: the proxy answers INVALID_TXN_STATE
+    (the sarama family's cell), which Sarama makes abortable; the program aborts and redoes transaction 1
+    with the same values. Nothing of the first attempt is visible at read_committed, nothing is lost."""
+    topic = fresh_topic(cluster, unique_name("sarama"))
+    txn_id = unique_name("tid")
+    audit = tmp_path / "audit.jsonl"
+    proxy = gateway_for(cluster, start_proxy, audit_path=str(audit))
+    ended: list[int] = []
+
+    def end_it_elsewhere(t: int, i: int) -> None:
+        if (t, i) != (1, 2) or ended:
+            return
+        _, host, port = raw.coordinator_for(proxy.bootstrap, txn_id)
+        with raw.RawClient(host, port) as c:
+            state = c.describe_transactions(txn_id).transaction_states[0]
+            assert state.transaction_state == "Ongoing"
+            producer = raw.ProducerIdentity(int(state.producer_id), int(state.producer_epoch))
+            ended.append(int(c.end_txn(txn_id, producer, committed=False).error_code))
+
+    result = clients.paced_transactions("sarama", proxy.bootstrap, topic, txn_id, transactions=T,
+                                        per_transaction=N, on_ack=end_it_elsewhere, timeout_s=60)
+    proxy.stop()
+    print(f"\nsarama: aborted {result.aborted} {result.errors}")
+    assert ended == [0]
+    assert result.aborted == 1 and "transaction 1: record 3:" in result.errors[0], result.errors
+    expected = [v for t in range(T) for v in clients.paced_values(txn_id, t, N)]
+    assert result.committed == expected
+    clients.stable_end_offsets(cluster.bootstrap_servers, topic)
+    assert clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, topic) == expected
+    decisions = [json.loads(line) for line in audit.read_text().splitlines()]
+    rejected = [(r["outcome"], r["error_name"], r["client_family"]) for r in decisions
+                if r["kind"] == "decision" and r["decision"] == "rejected"]
+    assert rejected == [("late_write", "INVALID_TXN_STATE", "sarama")]
