@@ -217,3 +217,27 @@ def test_the_proxy_scans_continuously_and_exports_the_gauge(
     while p.proxy.metrics.registry.get_sample_value("txnguard_hanging_transactions", labels) is not None:
         assert time.monotonic() < deadline, "the gauge outlived the abort"
         time.sleep(0.1)
+
+
+def test_parity_on_three_brokers(
+    kafka_pool: ClusterPool, unique_name: NameFactory, start_proxy: Callable[..., ProxyThread],
+) -> None:
+    # Leaders and coordinators spread over three brokers: DescribeProducers goes to three leaders (or to
+    # one broker with --broker-id, followers included) and ListTransactions to every broker.
+    cluster = kafka_pool.get("3.5.2", 3)
+    bootstrap = cluster.live_bootstrap()
+    topic = fresh_topic(cluster, unique_name("hang3"), partitions=3)
+    assert len({cluster.leader(topic, p) for p in range(3)}) > 1
+    hung = [make_open_transaction(bootstrap, topic, unique_name("tid"), partition=p) for p in (0, 2)]
+    listed = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=1, added=True)
+
+    kafka_rows = clients.transactions_find_hanging(bootstrap, topic=topic)
+    assert {(r.partition, r.producer_id) for r in kafka_rows} == {(0, hung[0].producer_id), (2, hung[1].producer_id)}
+    assert listed.producer_id not in {r.producer_id for r in kafka_rows}
+    assert same(hanging_table("--bootstrap", bootstrap, "--topic", topic)) == same(kafka_rows)
+    proxy = start_proxy(upstream=bootstrap, mode="gateway")
+    assert same(hanging_table("--bootstrap", proxy.bootstrap, "--topic", topic)) == same(kafka_rows)
+    follower = next(n.id for n in cluster.nodes if n.id != cluster.leader(topic, 0))
+    ours = [r for r in hanging_table("--bootstrap", bootstrap, "--broker-id", str(follower)) if r.topic == topic]
+    theirs = [r for r in clients.transactions_find_hanging(bootstrap, broker_id=follower) if r.topic == topic]
+    assert same(ours) == same(theirs)
