@@ -188,3 +188,48 @@ def cli_args(*argv: str) -> Any:
     parser = argparse.ArgumentParser()
     hanging.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["hanging", "--bootstrap", "b:1", *argv])
+
+
+class TwoBrokerAdmin(FakeAdmin):
+    """Partition t-0 led by broker 1, t-1 by broker 2; broker 1 holds t-0 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[HostPort, list[tuple[str, int]]]] = []
+
+    async def metadata(self, topic: str | None = None) -> hanging.ClusterView:
+        return hanging.ClusterView({1: HostPort("b", 1), 2: HostPort("c", 2)},
+                                   {("t", 0): hanging.PartitionInfo(1, (1,)), ("t", 1): hanging.PartitionInfo(2, (2,))})
+
+    async def describe_producers(self, address: HostPort, tps: Any) -> Any:
+        self.asked.append((address, list(tps)))
+        if address == HostPort("b", 1):
+            return ({tp: self.producers[tp] for tp in tps if tp == ("t", 0)},
+                    {tp: "NOT_LEADER_OR_FOLLOWER" for tp in tps if tp != ("t", 0)})
+        raise hanging.UpstreamError("c is down")
+
+
+def test_scopes_pick_the_broker_asked():
+    old = hanging.now_ms() - 20 * MIN
+    admin = TwoBrokerAdmin()
+    admin.producers = {("t", 0): [ProducerState(7, 0, old, -1, 5)], ("t", 1): [ProducerState(8, 0, old, -1, 9)]}
+    run = lambda scope: asyncio.run(hanging.scan(admin, scope, 15 * MIN))  # type: ignore[arg-type]  # noqa: E731
+
+    # Leaders: t-1's leader does not answer, which is an error for t-1, not the end of the scan.
+    result = run(hanging.Scope(topic="t"))
+    assert [f.partition for f in result.findings] == [0]
+    assert {a for a, _ in admin.asked} == {HostPort("b", 1), HostPort("c", 2)}
+    assert list(result.errors) == [("t", 1)] and result.described == 1
+
+    # A sidecar asks its own broker about everything; what that broker does not hold is out of scope.
+    admin.asked.clear()
+    result = run(hanging.Scope(local_broker=True))
+    assert admin.asked == [(HostPort("b", 1), [("t", 0), ("t", 1)])]
+    assert [f.partition for f in result.findings] == [0] and result.errors == {}
+
+    # --broker-id: the partitions with a replica there, asked of it.
+    admin.asked.clear()
+    result = run(hanging.Scope(broker_id=1))
+    assert admin.asked == [(HostPort("b", 1), [("t", 0)])]
+    with pytest.raises(hanging.HangingScanError, match="broker 5"):
+        run(hanging.Scope(broker_id=5))
