@@ -46,7 +46,6 @@ broker session timeout and move its coordinators elsewhere ("failover").
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,6 +56,7 @@ from kio.schema.errors import ErrorCode
 
 from txnguard.testing import clients, raw
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
+from txnguard.testing.freezes import Freeze, txn_id_coordinated_by
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyThread, broker_addresses, gateway_for
 from txnguard.testing.scenarios import TxnActor, error_name
@@ -93,15 +93,6 @@ class PatientActor(TxnActor):
 
     def _client(self, host: str, port: int) -> raw.RawClient:
         return raw.RawClient(host, port, client_id=self.client_id, timeout=self.socket_timeout_s)
-
-
-def _txn_id_coordinated_by(cluster: Cluster, prefix: str, accept: Callable[[int], bool]) -> tuple[str, int]:
-    for i in range(100):
-        txn_id = f"{prefix}-{i}"
-        coordinator = cluster.transaction_coordinator(txn_id)
-        if accept(coordinator):
-            return txn_id, coordinator
-    raise AssertionError("no transactional id with a suitable coordinator")
 
 
 def _group_coordinated_by(cluster: Cluster, prefix: str, accept: Callable[[int], bool]) -> str:
@@ -154,7 +145,7 @@ def s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], *, stay_fr
     u = uuid.uuid4().hex[:8]
     topic = fresh_topic(cluster, f"s4-{u}", replication_factor=3)
     leader = cluster.leader(topic, 0)
-    txn_id, coordinator = _txn_id_coordinated_by(cluster, f"s4-tid-{u}", lambda c: c != leader)
+    txn_id, coordinator = txn_id_coordinated_by(cluster, f"s4-tid-{u}", lambda c: c != leader)
     group = _group_coordinated_by(cluster, f"s4-group-{u}", lambda c: c != coordinator)
     (third,) = (n.id for n in cluster.nodes if n.id not in (coordinator, leader))
     actor = PatientActor(bootstrap_of(third), txn_id, request_timeout_ms=request_timeout_ms)
@@ -357,44 +348,6 @@ def cluster352(kafka_pool: ClusterPool) -> Cluster:
     return kafka_pool.get("3.5.2", 3)
 
 
-class Freeze:
-    """Freeze a node from inside the client's thread at a chosen acknowledgement, resume it `hold_s` later.
-
-    `hook(transaction, record)` is the paced client's on_ack: it runs after that record's ack and
-    before the next send, so when it returns the node is stopped and the client's very next request
-    is a Produce of an open transaction whose partition is already added.
-    """
-
-    def __init__(self, cluster: Cluster, node_id: int, hold_s: float, at: tuple[int, int] | None = None) -> None:
-        self.cluster, self.node_id, self.at, self.hold_s = cluster, node_id, at, hold_s
-        self.frozen_at: float | None = None
-        self.resumed_at: float | None = None
-        self._timer: threading.Timer | None = None
-
-    def hook(self, transaction: int, record: int) -> None:
-        if (transaction, record) == self.at and self.frozen_at is None:
-            self.freeze()
-
-    def freeze(self) -> None:
-        self.cluster.pause_node(self.node_id)
-        self.frozen_at = time.monotonic()
-        self._timer = threading.Timer(self.hold_s, self._resume)
-        self._timer.start()
-
-    def _resume(self) -> None:
-        self.cluster.resume_node(self.node_id)  # SIGCONT only: safe from the timer's thread
-        self.resumed_at = time.monotonic()
-
-    def release(self) -> None:
-        """Teardown: the node resumed whatever happened, and the shared cluster ready again."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self.cluster.resume_node(self.node_id)
-        if self.resumed_at is None:
-            self.resumed_at = time.monotonic()
-        self.cluster.wait_ready()
-
-
 @pytest.mark.parametrize("client_name", list(FAMILIES))
 def test_s4_real_client_rides_out_a_frozen_coordinator_through_the_proxy(
     cluster352: Cluster, start_proxy: StartProxy, unique_name: NameFactory, client_name: str,
@@ -402,7 +355,7 @@ def test_s4_real_client_rides_out_a_frozen_coordinator_through_the_proxy(
     cluster = cluster352
     topic = fresh_topic(cluster, unique_name("paced"), replication_factor=3)
     leader = cluster.leader(topic, 0)
-    txn_id, coordinator = _txn_id_coordinated_by(cluster, unique_name("tid"), lambda c: c != leader)
+    txn_id, coordinator = txn_id_coordinated_by(cluster, unique_name("tid"), lambda c: c != leader)
     proxy = gateway_for(cluster, start_proxy, verification=VERIFY_WITH_COORDINATOR)
     # Frozen after the 5th ack of the 3rd transaction, for 4 s (the broker session timeout is 9 s).
     freeze = Freeze(cluster, coordinator, hold_s=4.0, at=(2, 4))
@@ -449,9 +402,9 @@ def test_s4_java_copier_rides_out_a_frozen_coordinator_through_the_proxy(
     # one that at least does not lead the output.
     busy = {cluster.leader(source, 0), cluster.leader(sink, 0)}
     try:
-        txn_id, coordinator = _txn_id_coordinated_by(cluster, unique_name("tid"), lambda c: c not in busy)
+        txn_id, coordinator = txn_id_coordinated_by(cluster, unique_name("tid"), lambda c: c not in busy)
     except AssertionError:
-        txn_id, coordinator = _txn_id_coordinated_by(cluster, unique_name("tid"),
+        txn_id, coordinator = txn_id_coordinated_by(cluster, unique_name("tid"),
                                                      lambda c: c != cluster.leader(sink, 0))
     group = _group_coordinated_by(cluster, unique_name("group"), lambda c: c != coordinator)
     # ~300-byte values: the copier's 512-byte batches then hold one record each, so a transaction is
