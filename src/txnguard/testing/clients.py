@@ -1675,8 +1675,9 @@ def paced_transactions(
     know the very next request is a Produce. An abortable error aborts the transaction and redoes
     it with the same values, as an application does; a fatal one raises ClientError.
     """
-    run = {"kafka-python": _paced_kafka_python, "confluent-kafka": _paced_confluent,
-           "aiokafka": _paced_aiokafka, "sarama": _paced_sarama}.get(client_name)
+    run: Callable[..., PacedResult] | None = {
+        "kafka-python": _paced_kafka_python, "confluent-kafka": _paced_confluent, "aiokafka": _paced_aiokafka,
+        "sarama": _paced_sarama}.get(client_name)
     if run is None:
         raise ValueError(f"no paced transactions for {client_name}")
     if settings:
