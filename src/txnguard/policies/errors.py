@@ -79,8 +79,8 @@ FAMILY_OVERRIDES: Mapping[str, ErrorTable] = {
     # (100 ms) apart (async_producer.go handleSuccess, retryBatch); anything else fails the batch,
     # fatal for 31, 35, 49, 53 and 90, abortable for the rest (maybeTransitionToErrorState). So 19
     # is the right "retry" (14, 15, 16 and 51 would abort the transaction), 48 aborts, 49 is fatal
-    # as from a broker. TxnOffsetCommit (transaction_manager.go publishOffsetsToTxn): 15 and 16
-    # refresh the group coordinator and retry, 3, 7, 14 and isRetriableTxnError codes retry, at most
+    # as from a broker. TxnOffsetCommit (transaction_manager.go publishOffsetsToTxn): 7, 15 and 16
+    # refresh the group coordinator and retry, 3, 14 and isRetriableTxnError codes retry, at most
     # Producer.Transaction.Retry.Max (50) times 100 ms apart; 22, 25, 30 and 82 abort; the rest
     # (48, 47, 49, 90) is fatal, as on Java before 3.8. Sarama's budget for 19 is small: a
     # coordinator outage must be waited out by the proxy, not answered (issue 13).
