@@ -130,6 +130,11 @@ def verification() -> dict[str, Any]:
               "(DescribeTransactions / VerifyOnly) or the leader (DescribeProducers)", [
                   q(quantile(0.99, "txnguard_verification_time_ms", "evidence", 'evidence=~"coordinator|leader"'),
                     "{{evidence}}")], "ms"),
+        panel("Checks held for the coordinator", "Checks held now while their coordinator cannot answer (frozen, "
+              "failing over, loading), as the broker holds a Produce; and how holds ended / s: decided by the "
+              "coordinator, or run out at the request's own timeout (then the client got a retriable error)", [
+                  q(f"sum by (instance) (txnguard_verification_holds{{{SEL}}})", "held now {{instance}}"),
+                  q(rate("txnguard_verification_hold_endings_total", "ending"), "ended: {{ending}} /s")]),
         panel("Own verification requests / s by API", "The proxy's FindCoordinator, DescribeTransactions, "
               "DescribeProducers, VerifyOnly requests", [
                   q(rate("txnguard_coordinator_requests_total", "api"), "{{api}}")], "reqps"),
