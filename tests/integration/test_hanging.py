@@ -44,10 +44,16 @@ class Made:
 
 
 def _produce_ok(client: raw.RawClient, topic: str, partition: int, batch: bytes,
-                transactional_id: str | None = None) -> None:
-    resp = client.produce({(topic, partition): batch}, transactional_id=transactional_id)
-    (part,) = resp.responses[0].partition_responses
-    assert part.error_code == ErrorCode.none, part
+                transactional_id: str | None = None) -> int:
+    """Produce one batch (retrying while a just-created partition's leader is not ready); its base offset."""
+    deadline = time.monotonic() + 15
+    while True:
+        resp = client.produce({(topic, partition): batch}, transactional_id=transactional_id)
+        (part,) = resp.responses[0].partition_responses
+        if part.error_code == ErrorCode.none:
+            return int(part.base_offset)
+        assert part.error_code.retriable and time.monotonic() < deadline, part
+        time.sleep(0.1)
 
 
 def make_open_transaction(bootstrap: str, topic: str, txn_id: str, partition: int = 0, *, added: bool = False,
@@ -65,9 +71,8 @@ def make_open_transaction(bootstrap: str, topic: str, txn_id: str, partition: in
     _, host, port = raw.leader_of(bootstrap, topic, partition)
     stamp = datetime.datetime.now(datetime.UTC) - BACKDATE
     with raw.RawClient(host, port) as leader:
-        start = leader.list_offsets(topic, partition, read_committed=False) + before
         _produce_ok(leader, topic, partition, raw.build_batch([b"before-%d" % i for i in range(before)]))
-        _produce_ok(leader, topic, partition, raw.build_batch(
+        start = _produce_ok(leader, topic, partition, raw.build_batch(
             [b"open-0", b"open-1"], producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
             base_sequence=0, transactional=True, timestamp=stamp), transactional_id=txn_id)
         if after:
