@@ -599,9 +599,20 @@ def end_offset(b: Bench, topic: str) -> int:
         return int(c.list_offsets(topic, 0, read_committed=False))
 
 
-def _through_proxy_mib(b: Bench, before: dict[str, float]) -> float:
+def _through_proxy(b: Bench, before: dict[str, float]) -> tuple[float, float]:
+    """(MiB framed both ways, requests) through the proxy since `before`."""
     after = scrape_metrics(b.admin)
-    return (metric_sum(after, "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")) / MIB
+
+    def requests(m: dict[str, float]) -> float:
+        return sum(v for k, v in m.items() if k.startswith("txnguard_frames_total{") and "client_to_broker" in k)
+
+    return ((metric_sum(after, "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")) / MIB,
+            requests(after) - requests(before))
+
+
+def _per_request(cpu: dict[str, float], requests: float) -> dict[str, float]:
+    """Proxy CPU per request (and its response) and requests per MiB: what the CPU per MiB is made of."""
+    return {"proxy_requests": requests, "proxy_cpu_us_per_request": 1e6 * cpu["proxy_cpu_s"] / max(requests, 1)}
 
 
 @contextlib.contextmanager
@@ -640,14 +651,15 @@ def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: s
     with profiled(b, profile_cmd, f"profile-{size}-produce-{b.stamp}"), cpu_meter(b.pid) as cpu:
         r = java_producer_performance(b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=size,
                                       throughput=-1, timeout_s=120 + records * size / MIB)  # >= 1 MiB/s
-    via = _through_proxy_mib(b, before)
+    via, requests = _through_proxy(b, before)
     payload = r.records * size / MIB
     written = end_offset(b, topic)
     problems = []
     if r.records != records or written != records:
         problems.append(f"produce {side} {size} B: {records} asked, the tool counted {r.records}, "
                         f"the log ends at offset {written}")
-    return {**asdict(r), **cpu, "side": side, "topic": topic, "record_size": size, "payload_mib": payload,
+    return {**asdict(r), **cpu, **_per_request(cpu, requests), "side": side, "topic": topic, "record_size": size,
+            "payload_mib": payload,
             "end_offset": written, "proxy_frame_mib": via, "problems": problems,
             "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
 
@@ -661,7 +673,7 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
     with profiled(b, profile_cmd, f"profile-{size}-consume-{b.stamp}"), cpu_meter(b.pid) as cpu:
         run = run_tool(consumer_perf_command(args),
                        timeout_s=60 + 2 * SAT_CONSUMER_TIMEOUT_MS / 1000 + records * size / MIB)
-    via = _through_proxy_mib(b, before)
+    via, requests = _through_proxy(b, before)
     stats = parse_consumer_performance(run.stdout)
     if stats is None:
         raise RuntimeError(f"ConsumerPerformance printed no result:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
@@ -676,7 +688,8 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
     if "WARNING" in run.stdout:
         problems.append(f"consume {side} {size} B: " + next(x for x in run.stdout.splitlines() if "WARNING" in x))
     payload = max(consumed_mib, 1e-9)
-    return {**cpu, "side": side, "topic": topic, "record_size": size, "records": records,
+    return {**cpu, **_per_request(cpu, requests), "side": side, "topic": topic, "record_size": size,
+            "records": records,
             "consumed_records": consumed_msgs, "consumed_mib": consumed_mib,
             "mb_per_sec": stats["MB.sec"], "fetch_mb_per_sec": stats["fetch.MB.sec"],
             "fetch_records_per_sec": stats["fetch.nMsg.sec"], "rebalance_ms": stats["rebalance.time.ms"],
@@ -702,7 +715,8 @@ def _sat_line(kind: str, label: str, run: dict[str, Any]) -> str:
                 f"(fetch; {run['consumed_mib']:.1f} MiB read, join {run['rebalance_ms']:.0f} ms)")
     return (f"  {label} {kind:7} {run['side']:6}: {rate}  proxy CPU {run['proxy_cpu_s']:.2f} s "
             f"[sys {run['proxy_sys_s']:.2f}] "
-            f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_frame_mib']:.0f} MiB framed)  "
+            f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_frame_mib']:.0f} MiB framed, "
+            f"{run['proxy_requests']:.0f} requests, {run['proxy_cpu_us_per_request']:.0f} us each)  "
             f"wall {run['wall_s']:.1f} s  host busy {run['host_busy_pct']:.0f}%"
             + ("  PROBLEM" if run["problems"] else ""))
 
@@ -745,10 +759,11 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
         runs += [{**r, "round": i} for r in sat_pair(b, size, records, order, f"round {i}", profile_cmd)]
     keys = {"produce": ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p99_ms", "proxy_cpu_s",
                         "proxy_cpu_ms_per_mib", "wall_s", "host_busy_pct", "proxy_frame_mib", "proxy_user_s",
-                        "proxy_sys_s"),
+                        "proxy_sys_s", "proxy_requests", "proxy_cpu_us_per_request", "payload_mib"),
             "consume": ("fetch_mb_per_sec", "mb_per_sec", "fetch_records_per_sec", "proxy_cpu_s",
                         "proxy_cpu_ms_per_mib", "wall_s", "fetch_ms", "rebalance_ms", "host_busy_pct",
-                        "proxy_frame_mib", "proxy_user_s", "proxy_sys_s")}
+                        "proxy_frame_mib", "proxy_user_s", "proxy_sys_s", "proxy_requests",
+                        "proxy_cpu_us_per_request")}
     med = {kind: {side: {k: _median(runs, kind, side, k) for k in ks} for side in SIDES} for kind, ks in keys.items()}
     # Each round's own proxied/direct ratio, so a reader sees the spread behind the ratio of medians.
     paired: dict[str, list[float]] = {}
@@ -801,6 +816,10 @@ def saturation_rows(sat: dict[str, Any]) -> list[Row]:
                 f"<= {TARGET_SAT_PRODUCE_MS_PER_MIB:g} ms/MiB", pcpu <= TARGET_SAT_PRODUCE_MS_PER_MIB),
             Row(f"{n}: proxy CPU per MiB consumed (ms)", None, ccpu, None, "",
                 f"<= {TARGET_SAT_CONSUME_MS_PER_MIB:g} ms/MiB", ccpu <= TARGET_SAT_CONSUME_MS_PER_MIB),
+            Row(f"{n}: proxy CPU per Produce request and response (us)", None,
+                p["proxy"]["proxy_cpu_us_per_request"], None, "", "", None),
+            Row(f"{n}: Produce requests per MiB", None,
+                p["proxy"]["proxy_requests"] / max(p["proxy"]["payload_mib"], 1e-9), None, "", "", None),
             Row(f"{n}: proxy % of a core during produce", None,
                 100 * p["proxy"]["proxy_cpu_s"] / p["proxy"]["wall_s"], None, "", "", None),
             Row(f"{n}: proxy % of a core during consume", None,

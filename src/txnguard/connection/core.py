@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -55,7 +56,7 @@ from txnguard.connection.commands import (
     Side,
     WriteAnswered,
 )
-from txnguard.connection.traffic import Traffic
+from txnguard.connection.traffic import RTT_BUCKETS, Traffic
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.decisions import Answer, Clock, Decision, PendingCheck, TransactionRules
 from txnguard.verification.inventory import ConnectionInventory
@@ -66,10 +67,24 @@ RESPONSE_MAX_FRAME = 2 * 1024 * 1024 * 1024 - 1
 # forwarded as its bytes arrive: assembling 100 MiB first cost a copy that stalled every connection.
 CUT_THROUGH_REQUESTS_ABOVE = 1024 * 1024
 _RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
+_REQUEST_HEAD = struct.Struct(">ihhi")  # length, api key, api version, correlation id
+_I16 = struct.Struct(">h")
 
 _PASS = ResponseAction.PASS
 _PRODUCE, _TXN_OFFSET_COMMIT = ApiKey.PRODUCE.value, ApiKey.TXN_OFFSET_COMMIT.value
 _SASL_HANDSHAKE, _API_VERSIONS = ApiKey.SASL_HANDSHAKE.value, ApiKey.API_VERSIONS.value
+_REWRITE_ADDRESSES = ResponseAction.REWRITE_ADDRESSES
+
+# The relay's fast path (`_relay_requests`) books a frame without the general path's helpers only
+# when nothing about it needs reading: these keys always take the general path (a rule reads their
+# response or body, the client's software name, or the inventory notes them), and so does a Produce
+# with a transactional id, or of a version the pinned kio cannot name.
+SLOW_KEYS = frozenset({*ACTION_BY_KEY, _API_VERSIONS, _TXN_OFFSET_COMMIT, _SASL_HANDSHAKE})
+_PRODUCE_KIO = schemas.kio_version_range(_PRODUCE)
+FAST_PRODUCE_VERSIONS = range(3, (_PRODUCE_KIO[1] if _PRODUCE_KIO else 2) + 1)
+_FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
+_ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
+_NO_ADDRESSES = 1 << 15  # above every version
 
 
 class Pause(enum.Enum):
@@ -90,6 +105,7 @@ class Settings:
     partial_frame_timeout_s: float
     idle_timeout_s: float
     debug: bool = False                    # a RequestSeen fact per request
+    fast_path: bool = True                 # relay frames that need no reading without the general path's helpers
 
 
 class Cluster(Protocol):
@@ -145,6 +161,7 @@ class Connection:
         self.traffic = traffic or Traffic()
         limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
         self.requests = FrameSplitter(limit)
+        self._fast = settings.fast_path and not settings.debug  # debug wants a RequestSeen per request
         self._request_left = 0  # bytes still to come of a request being cut through
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
@@ -208,18 +225,87 @@ class Connection:
                 return [SendToBroker([data])]
             out.append(SendToBroker([memoryview(data)[:n]]))
             data = memoryview(data)[n:]  # type: ignore[assignment]  # the splitter reads any buffer
+        to_broker: list[Chunk] = []
+        if (not self.requests.buffered and self._waiting is None and self.client_id is not None
+                and not self.draining and self._fast):
+            done = self._relay_requests(data, to_broker)
+            if done == len(data):
+                # Every frame of the read was relayed: one write of the read as it came.
+                self.partial_since = None
+                out.append(SendToBroker(to_broker))
+                if len(self._order) >= self.settings.max_in_flight:
+                    self._pause(Pause.MAX_IN_FLIGHT, out)
+                return out
+            if done:
+                data = memoryview(data)[done:]  # type: ignore[assignment]
         try:
             frames = self.requests.feed(data)
         except CodecError as e:
             return [*out, self._close_on(e, Direction.CLIENT_TO_BROKER)]
         self.partial_since = (self.partial_since or self._now) if self.requests.buffered else None
-        if frames:
-            to_broker: list[Chunk] = []
+        if frames or to_broker:
             self._requests(frames, out, to_broker)
             self._after_requests(out, to_broker)
         if self.requests.buffered >= CUT_THROUGH_REQUESTS_ABOVE and not self.closed:
             self._cut_through(out)
         return out
+
+    def _relay_requests(self, data: bytes | memoryview, to_broker: list[Chunk]) -> int:
+        """The fast path: book the whole frames at the start of `data` that need no reading; where it stopped.
+
+        A frame qualifies when its key is not in SLOW_KEYS (a Produce also needs a null
+        transactional id and a version kio names), its length is within the limit and all of it is
+        here. Such a frame gets exactly the general path's book-keeping (counters, the in-flight
+        entry, the inventory's Produce version, acks=0 outside the queue), read straight from the
+        bytes. The frames taken leave as one slice of `data`, in order; at the first frame that
+        does not qualify the general path takes over (and judges it: errors are raised there).
+        """
+        end, pos = len(data), 0
+        limit = self.requests.max_frame
+        t = self.traffic
+        frames_in, bytes_in = t.frames_in, t.bytes_in
+        order, forwarded = self._order, self._forwarded
+        now, inventory = self._now, self.inventory
+        while end - pos >= 14:
+            size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data, pos)
+            stop = pos + 4 + size
+            if size < 10 or size > limit or stop > end or key in SLOW_KEYS:
+                break
+            if key == _PRODUCE:
+                if version not in FAST_PRODUCE_VERSIONS:
+                    break
+                # The v1/v2 header: client id (int16 length; the same in flexible headers), then tags.
+                (n,) = _I16.unpack_from(data, pos + 12)
+                at = pos + 14 + (n if n > 0 else 0)
+                if at + 4 > stop:
+                    break
+                if version >= _FIRST_FLEXIBLE_PRODUCE:
+                    if data[at] or data[at + 1]:  # header tags, or a transactional id: the general path
+                        break
+                    at += 2
+                else:
+                    if _I16.unpack_from(data, at)[0] != -1:
+                        break
+                    at += 2
+                if inventory is not None:
+                    inventory.produce_versions.add(version)
+                if not _I16.unpack_from(data, at)[0]:  # acks=0: no response, never in the queue
+                    slot = key
+                    frames_in[slot] += 1
+                    bytes_in[slot] += 4 + size
+                    pos = stop
+                    continue
+            slot = key if 0 <= key < 127 else 127
+            frames_in[slot] += 1
+            bytes_in[slot] += 4 + size
+            entry = InFlight(correlation_id, key, version,
+                             _REWRITE_ADDRESSES if version >= _ADDRESSES_FROM.get(key, _NO_ADDRESSES) else _PASS, now)
+            order.append(entry)
+            forwarded.append(entry)
+            pos = stop
+        if pos:
+            to_broker.append(data if pos == end else memoryview(data)[:pos])
+        return pos
 
     def receive_from_broker(self, data: bytes) -> list[Command]:
         if self.closed:
@@ -228,13 +314,59 @@ class Connection:
         if self.raw:
             return [SendToClient([data])]
         out: list[Command] = []
+        to_client: list[Chunk] = []
+        if not self._left and not self._head and self._fast:
+            done = self._relay_responses(data, to_client)
+            if done == len(data):
+                self._after_responses(out, to_client)
+                return out
+            if done:
+                data = memoryview(data)[done:]  # type: ignore[assignment]  # read as any buffer
         try:
-            to_client = self._responses(data, out)
+            to_client += self._responses(data, out)
         except CodecError as e:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
             return out
         self._after_responses(out, to_client)
         return out
+
+    def _relay_responses(self, data: bytes | memoryview, to_client: list[Chunk]) -> int:
+        """The fast path for responses: the whole frames at the start of `data` that pass untouched; where it stopped.
+
+        A response qualifies when all of it is here, it answers the request at the head of the
+        queue (nothing waits before it), passes as it is (no rewrite, no merge, no life-cycle
+        observation) and closes no verification window. It gets `_response_started`'s counting;
+        the frames taken leave as one slice of `data`. Anything else, errors included, is the
+        general path's (`_responses`), from the first frame that does not qualify.
+        """
+        end, pos = len(data), 0
+        order, forwarded = self._order, self._forwarded
+        t = self.traffic
+        frames_out, bytes_out, rtt_buckets, rtt_sum = t.frames_out, t.bytes_out, t.rtt_buckets, t.rtt_sum
+        now = self._now
+        while end - pos >= 8 and forwarded:
+            size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
+            entry = forwarded[0]
+            stop = pos + 4 + size
+            if (size < 4 or stop > end or entry.correlation_id != correlation_id or entry.action is not _PASS
+                    or order[0] is not entry or entry.window is not None):
+                break
+            forwarded.popleft()
+            order.popleft()
+            key = entry.api_key
+            slot = key if 0 <= key < 127 else 127
+            frames_out[slot] += 1
+            bytes_out[slot] += 4 + size
+            seconds = now - entry.sent_at
+            buckets = rtt_buckets[slot]
+            if buckets is None:
+                buckets = rtt_buckets[slot] = [0] * (len(RTT_BUCKETS) + 1)
+            buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
+            rtt_sum[slot] += seconds
+            pos = stop
+        if pos:
+            to_client.append(data if pos == end else memoryview(data)[:pos])
+        return pos
 
     def answered(self, check_id: int, answer: Answer) -> list[Command]:
         """The verifier's answer to an Ask."""
@@ -577,7 +709,13 @@ class Connection:
         t, slot = self.traffic, (key if 0 <= key < 127 else 127)
         t.frames_out[slot] += 1
         t.bytes_out[slot] += size + 4
-        t.round_trip(slot, self._now - entry.sent_at)
+        # Traffic.round_trip, inlined: this runs once per response.
+        seconds = self._now - entry.sent_at
+        buckets = t.rtt_buckets[slot]
+        if buckets is None:
+            buckets = t.rtt_buckets[slot] = [0] * (len(RTT_BUCKETS) + 1)
+        buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
+        t.rtt_sum[slot] += seconds
         decision = entry.window
         if decision is not None and decision.evidence_at is not None and decision.evidence is not None:
             out.append(WriteAnswered(decision.evidence, (self.clock.perf() - decision.evidence_at) * 1000))
@@ -667,13 +805,14 @@ class Connection:
 
     def _after_responses(self, out: list[Command], to_client: list[Chunk]) -> None:
         """Send what is ready, then the state changes that wait for an empty queue."""
-        self._take_ready(to_client)
+        order = self._order
+        if order and order[0].response is not None:
+            self._take_ready(to_client)
         if to_client:
             out.append(SendToClient(to_client))
-        order = self._order
         if self._raw_after_flush and not order:
             self._enter_raw_mode(out)
-        if len(order) < self.settings.max_in_flight and Pause.MAX_IN_FLIGHT in self._paused:
+        if self._paused and len(order) < self.settings.max_in_flight and Pause.MAX_IN_FLIGHT in self._paused:
             self._resume(Pause.MAX_IN_FLIGHT, out)
         if self.draining and not order:
             out.append(self._close("draining", "proxy shutting down"))

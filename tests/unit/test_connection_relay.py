@@ -1,0 +1,241 @@
+"""The relay's fast path (`Connection._relay_requests`): whole frames that need no reading leave as one
+write of the read they came in, with the general path's book-keeping, in order, never split or merged
+across what the general path would do."""
+
+from __future__ import annotations
+
+import datetime
+import random
+
+from connection_playbook import (
+    T0,
+    Playbook,
+    api_versions_request,
+    correlation_ids,
+    fetch_request,
+    fetch_response,
+    heartbeat,
+    heartbeat_response,
+    of_type,
+    produce,
+    produce_response,
+    request,
+    request_module,
+    response,
+    response_module,
+    to_broker,
+    to_client,
+)
+from kio.static.primitive import i32
+
+from txnguard.connection import core
+from txnguard.connection.commands import (
+    Ask,
+    Close,
+    Command,
+    Direction,
+    PauseReading,
+    RequestSeen,
+    ResumeReading,
+    SendToBroker,
+    SendToClient,
+    Side,
+)
+from txnguard.verification import inventory
+
+
+def metadata_request(correlation_id: int) -> bytes:
+    m = request_module(3, 12)
+    return request(m.MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                     include_topic_authorized_operations=False), correlation_id)
+
+
+def metadata_response(correlation_id: int) -> bytes:
+    m = response_module(3, 12)
+    return response(3, 12, correlation_id, m.MetadataResponse(
+        throttle_time=datetime.timedelta(0),
+        brokers=(m.MetadataResponseBroker(node_id=i32(1), host="kafka-1", port=i32(9092), rack=None),),
+        cluster_id="c", controller_id=i32(1), topics=()))
+
+
+def identified(pb: Playbook) -> None:
+    """The first request names the client (the general path's business); the fast path starts after it."""
+    pb.client_sends(heartbeat(0))
+    pb.broker_answers(heartbeat_response(0))
+
+
+def test_whole_frames_of_one_read_leave_as_that_read_in_one_write():
+    pb = Playbook()
+    identified(pb)
+    read = b"".join([produce(1, [T0], transactional=False), heartbeat(2), produce(3, [T0], transactional=False,
+                                                                                   version=7), fetch_request(4)])
+    out = pb.client_sends(read)
+    assert out == [SendToBroker([read])]
+    assert out[0].data[0] is read  # the read itself: no slice, no copy
+    assert pb.conn.in_flight == 4
+    # (the core never reads a Produce response below v10: a v9 one stands in for v7's)
+    answers = produce_response(1, [T0]) + heartbeat_response(2) + produce_response(3, [T0])
+    assert correlation_ids(to_client(pb.broker_answers(answers + fetch_response(4, b"r" * 100)))) == [1, 2, 3, 4]
+    assert pb.traffic.frames_in[0] == 2 and pb.traffic.frames_in[12] == 2 and pb.traffic.frames_in[1] == 1
+    assert pb.conn.inventory is None or pb.conn.inventory.produce_versions == {7, 9}
+
+
+def test_a_read_that_ends_inside_a_frame_forwards_the_whole_frames_and_keeps_the_rest():
+    pb = Playbook()
+    identified(pb)
+    first, second = heartbeat(1), produce(2, [T0], transactional=False)
+    out = pb.client_sends(first + second[:20])
+    assert [type(c) for c in out] == [SendToBroker] and to_broker(out) == first
+    assert to_broker(pb.client_sends(second[20:])) == second
+    assert correlation_ids(to_client(pb.broker_answers(heartbeat_response(1) + produce_response(2, [T0])))) == [1, 2]
+
+
+def test_a_frame_the_fast_path_leaves_is_forwarded_after_the_ones_before_it():
+    pb = Playbook()
+    identified(pb)
+    pb.transaction_with(T0)
+    frames = [heartbeat(1), produce(2, [T0]), heartbeat(3), api_versions_request(4), heartbeat(5)]
+    out = pb.client_sends(*frames)
+    assert to_broker(out) == b"".join(frames)  # the transactional write, verified at once, in its place
+    assert len(of_type(out, SendToBroker)) == 1  # still one write
+    assert of_type(out, Ask) == []
+
+
+def test_a_held_request_holds_the_frames_behind_it_but_not_those_before():
+    pb = Playbook()
+    identified(pb)
+    frames = [heartbeat(1), produce(2, [T0]), heartbeat(3)]  # no evidence: the verifier is asked
+    out = pb.client_sends(*frames)
+    assert to_broker(out) == frames[0]
+    [ask] = of_type(out, Ask)
+    assert ask.check_id == 1
+    assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "verification")]
+    assert pb.conn.in_flight == 2
+
+
+def test_acks_zero_takes_no_place_in_the_queue_on_the_fast_path():
+    pb = Playbook()
+    identified(pb)
+    read = produce(1, [T0], transactional=False, acks=0) + heartbeat(2)
+    assert pb.client_sends(read) == [SendToBroker([read])]
+    assert pb.conn.in_flight == 1
+    assert correlation_ids(to_client(pb.broker_answers(heartbeat_response(2)))) == [2]
+    assert pb.traffic.frames_in[0] == 1
+
+
+def test_max_in_flight_pauses_after_a_fast_read_and_answers_resume():
+    pb = Playbook(max_in_flight=3)
+    identified(pb)
+    out = pb.client_sends(heartbeat(1), heartbeat(2), heartbeat(3))
+    assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "max_in_flight")]
+    assert to_broker(out) == heartbeat(1) + heartbeat(2) + heartbeat(3)
+    assert of_type(pb.broker_answers(heartbeat_response(1)), ResumeReading) == [
+        ResumeReading(Side.CLIENT, "max_in_flight")]
+
+
+def test_an_oversized_frame_behind_whole_ones_closes_and_forwards_nothing_of_that_read():
+    pb = Playbook(max_frame_bytes=1000)
+    identified(pb)
+    out = pb.client_sends(heartbeat(1), b"\x00\x01\x00\x00")
+    assert [type(c) for c in out] == [Close]
+    assert out[0].reason == "frame_too_large" and out[0].frame_error is Direction.CLIENT_TO_BROKER
+
+
+def test_an_address_bearing_response_is_still_rewritten_after_a_fast_request():
+    pb = Playbook()
+    identified(pb)
+    assert pb.client_sends(metadata_request(1)) == [SendToBroker([metadata_request(1)])]
+    stream = to_client(pb.broker_answers(metadata_response(1)))
+    assert b"proxy.local" in stream and b"kafka-1" not in stream
+
+
+def test_the_keys_the_inventory_reads_take_the_general_path():
+    assert set(inventory._TXN_ID_FIRST) <= core.SLOW_KEYS
+    assert core.FAST_PRODUCE_VERSIONS.start == 3
+
+
+def _mixed_stream() -> tuple[list[bytes], list[bytes]]:
+    """Requests of every kind the fast path meets, and the broker's answers to those that get one."""
+    requests, answers = [], []
+    cid = 1
+    for i in range(40):
+        kind = i % 8
+        if kind == 0:
+            requests.append(produce(cid, [T0], transactional=False, version=3 + i % 9, value=b"v" * (i * 37)))
+            answers.append(produce_response(cid, [T0], version=max(8, 3 + i % 9)))  # read from v10 only
+        elif kind == 1:
+            requests.append(produce(cid, [T0], transactional=False, acks=0))
+        elif kind == 2:
+            requests.append(produce(cid, [T0]))  # transactional, added: verified at once
+            answers.append(produce_response(cid, [T0]))
+        elif kind == 3:
+            requests.append(metadata_request(cid))
+            answers.append(metadata_response(cid))
+        elif kind == 4:
+            requests.append(fetch_request(cid))
+            answers.append(fetch_response(cid, b"r" * (i * 101)))
+        elif kind == 5:
+            requests.append(api_versions_request(cid, version=99))  # answered locally, in turn
+        else:
+            requests.append(heartbeat(cid))
+            answers.append(heartbeat_response(cid))
+        cid += 1
+    return requests, answers
+
+
+def _chunks(frames: list[bytes], rng: random.Random) -> list[bytes]:
+    """The frames' bytes cut into reads: mostly at frame boundaries (a few whole frames per read), sometimes
+    anywhere (inside a length prefix, a header, a body)."""
+    data = b"".join(frames)
+    bounds, at = [], 0
+    for f in frames:
+        at += len(f)
+        bounds.append(at)
+    out, pos = [], 0
+    while pos < len(data):
+        if rng.random() < 0.7:
+            later = [b for b in bounds if b > pos]
+            cut = later[min(len(later) - 1, rng.randrange(4))]
+        else:
+            cut = pos + rng.choice([1, 3, 7, 40, 200, 1000, 5000, 100_000])
+        out.append(data[pos:cut])
+        pos = cut
+    return out
+
+
+def _facts(commands: list[Command]) -> list[str]:
+    return [type(c).__name__ for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
+
+
+def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
+    requests, answers = _mixed_stream()
+    relayed = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        client_reads = _chunks(requests, rng)
+        broker_reads = _chunks(answers, rng)
+        runs = []
+        for fast in (True, False):
+            pb = Playbook()
+            pb.conn._fast = fast
+            pb.transaction_with(T0)
+            per_read, facts, stream = [], [], b""
+            for read in client_reads:
+                before = sum(pb.traffic.frames_in)
+                out = pb.client_sends(read)
+                if fast and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
+                    relayed += sum(pb.traffic.frames_in) - before
+                per_read.append(to_broker(out))
+                facts.append(_facts(out))
+                stream += to_client(out)
+            for read in broker_reads:
+                out = pb.broker_answers(read)
+                facts.append(_facts(out))
+                stream += to_client(out)
+            runs.append((per_read, facts, stream, pb.traffic.frames_in, pb.traffic.bytes_in, pb.traffic.frames_out,
+                         pb.traffic.bytes_out, pb.conn.in_flight))
+        assert runs[0] == runs[1], f"seed {seed}"
+        per_read, _, stream, *_ = runs[0]
+        assert b"".join(per_read) == b"".join(r for r in requests if b"\x00\x12\x00\x63" not in r[4:8])
+        assert len(correlation_ids(stream)) == len(answers) + sum(1 for r in requests if r[4:8] == b"\x00\x12\x00\x63")
+    assert relayed > 30  # reads the fast path carried whole (more were carried in part)
