@@ -182,8 +182,16 @@ def transactions() -> dict[str, Any]:
               "appended: each one a hanging transaction or an aborted record in a later transaction", [
                   q(f"sum by (reason) (({PREVENTED} unless {PREVENTED} offset 1h) or increase({PREVENTED}[1h]))",
                     "{{reason}}")]),
-        text("Hanging transactions", "The proxy does not export hanging-transaction gauges yet. Until it does, "
-             "`kafka-transactions.sh find-hanging` on each broker is the check."),
+        panel("Hanging transactions by partition", "Partitions whose last stable offset is held by a transaction "
+              "older than the find-hanging threshold (health.hanging_scan_interval_s on). Fix: `txnguard hanging "
+              "--abort`", [
+                  q(f"max by (topic, partition) (txnguard_hanging_transactions{{{SEL}}})", "{{topic}}-{{partition}}")]),
+        panel("Oldest open transaction", "Age of the oldest open transaction any partition holds, from its "
+              "producer's last write there (as find-hanging measures it)", [
+                  q(f"max by (instance) (txnguard_oldest_open_transaction_age_seconds{{{SEL}}})", "{{instance}}")],
+              "s"),
+        panel("Hanging-transaction scans / s", "ok or failed (a failed scan leaves the gauges as they were)", [
+            q(rate("txnguard_hanging_scans_total", "outcome"), "{{outcome}}")], "ops"),
     ])
 
 
