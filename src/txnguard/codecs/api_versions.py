@@ -5,6 +5,13 @@ ApiVersionsIntersectFilter). For every API the proxy inspects, the advertised
 range is capped to what the pinned kio decodes; other APIs pass untouched.
 Produce keeps the broker's minimum (0 on Kafka 4.x, KAFKA-18659): versions
 below 3 carry no transactions and no addresses, so they pass opaquely.
+
+Transaction version 2 (KIP-890 part 2) passes through by default: a client that sees
+the feature `transaction.version` finalized at 2 or more sends Produce v12+,
+TxnOffsetCommit v5+ and EndTxn v5+, no AddPartitionsToTxn, and the broker verifies
+(adds) its partitions itself. `hide_transaction_version_2` makes clients fall back to
+version 1, where the proxy verifies: the finalized level is shown as at most 1, the
+supported range likewise, and the versions only a TV2 client sends are capped.
 """
 
 from __future__ import annotations
@@ -37,11 +44,23 @@ INSPECTED_FROM: dict[int, int] = {
 }
 
 
+TRANSACTION_VERSION = "transaction.version"  # the KIP-1022 feature (Kafka 4.0+)
+LAST_TV1_LEVEL = 1
+# The last version a transaction version 1 client sends: the Java client's
+# LAST_STABLE_VERSION_BEFORE_TRANSACTION_V2 of ProduceRequest (11), EndTxnRequest (4) and
+# TxnOffsetCommitRequest (4). A higher one inside a transaction means TV2 to the broker.
+LAST_VERSION_BEFORE_TV2: dict[int, int] = {0: 11, 26: 4, 28: 4}
+
+REWRITE_INTERSECT = "intersect"
+REWRITE_HIDE_TV2 = "hide_transaction_version_2"
+
+
 @dataclass(frozen=True)
 class VersionPolicy:
     unknown_keys: str = "pass"   # "pass": forward keys kio does not know opaquely; "strip": hide them
     max_version: Mapping[int, int] = field(default_factory=dict)  # operator caps per api key
     hidden: frozenset[int] = frozenset()  # api keys never advertised
+    hide_transaction_version_2: bool = False  # clients see transaction.version <= 1 and TV1 versions
 
 
 def advertised_range(api_key: int, broker_min: int, broker_max: int, policy: VersionPolicy) -> tuple[int, int] | None:
@@ -60,13 +79,75 @@ def advertised_range(api_key: int, broker_min: int, broker_max: int, policy: Ver
             lo = max(lo, kio_lo)
     if api_key in policy.max_version:
         hi = min(hi, policy.max_version[api_key])
+    if policy.hide_transaction_version_2 and api_key in LAST_VERSION_BEFORE_TV2:
+        hi = min(hi, LAST_VERSION_BEFORE_TV2[api_key])
     if lo > hi:
         return None
     return lo, hi
 
 
 def intersect(body: Any, policy: VersionPolicy) -> Any:
-    """An ApiVersions response body with every range intersected (same object if unchanged)."""
+    """An ApiVersions response body as clients may see it (same object if unchanged)."""
+    return rewrite(body, policy)[0]
+
+
+def rewrite(body: Any, policy: VersionPolicy) -> tuple[Any, str | None]:
+    """The body to send and what changed it: None (nothing: forward the broker's bytes),
+    REWRITE_INTERSECT (ranges only) or REWRITE_HIDE_TV2 (the hide option changed something)."""
+    if not policy.hide_transaction_version_2:
+        new = _intersect(body, policy)
+        return new, (None if new is body else REWRITE_INTERSECT)
+    plain = _intersect(body, dataclasses.replace(policy, hide_transaction_version_2=False))
+    hidden = hide_transaction_version_2(plain)
+    if hidden is not plain:
+        return hidden, REWRITE_HIDE_TV2
+    return plain, (None if plain is body else REWRITE_INTERSECT)
+
+
+def hide_transaction_version_2(body: Any) -> Any:
+    """The body with transaction version 2 out of sight (same object if it showed none).
+
+    The Java client (4.x) decides on the finalized level alone
+    (TransactionManager.maybeUpdateTransactionV2Enabled: `transaction.version` >= 2) and then
+    caps its own Produce, TxnOffsetCommit and EndTxn versions; the supported range and the
+    API caps keep other clients from inferring TV2 from what the broker could do.
+    """
+    keys = []
+    changed = False
+    for entry in body.api_keys:
+        cap = LAST_VERSION_BEFORE_TV2.get(int(entry.api_key))
+        if cap is not None and entry.max_version > cap:
+            if entry.min_version > cap:
+                changed = True
+                continue
+            entry = dataclasses.replace(entry, max_version=type(entry.max_version)(cap))
+            changed = True
+        keys.append(entry)
+    supported = tuple(_capped(f, "min_version", "max_version") for f in getattr(body, "supported_features", ()))
+    finalized = tuple(_capped(f, "min_version_level", "max_version_level")
+                      for f in getattr(body, "finalized_features", ()))
+    features_changed = supported != getattr(body, "supported_features", ()) or \
+        finalized != getattr(body, "finalized_features", ())
+    if not changed and not features_changed:
+        return body
+    out = dataclasses.replace(body, api_keys=tuple(keys))
+    if features_changed:
+        out = dataclasses.replace(out, supported_features=supported, finalized_features=finalized)
+    return out
+
+
+def _capped(feature: Any, lo_name: str, hi_name: str) -> Any:
+    """A `transaction.version` feature range capped to level 1; any other feature as it is."""
+    if feature.name != TRANSACTION_VERSION:
+        return feature
+    lo, hi = getattr(feature, lo_name), getattr(feature, hi_name)
+    if hi <= LAST_TV1_LEVEL:
+        return feature
+    kind = type(hi)
+    return dataclasses.replace(feature, **{lo_name: kind(min(lo, LAST_TV1_LEVEL)), hi_name: kind(LAST_TV1_LEVEL)})
+
+
+def _intersect(body: Any, policy: VersionPolicy) -> Any:
     keys = []
     changed = False
     for entry in body.api_keys:

@@ -781,10 +781,10 @@ class Connection:
             return frame
         header, decoded = schemas.decode_response(body, entry.api_key, entry.api_version)
         self.cluster.remember_broker_api_versions(decoded)
-        new = api_versions.intersect(decoded, self.cluster.version_policy)
-        if new is decoded:
+        new, kind = api_versions.rewrite(decoded, self.cluster.version_policy)
+        if kind is None:
             return frame
-        out.append(Rewritten(entry.api_key, "intersect"))
+        out.append(Rewritten(entry.api_key, kind))
         return schemas.encode(header, new)
 
     def _sasl_progress(self, entry: InFlight, body: memoryview, out: list[Command]) -> None:

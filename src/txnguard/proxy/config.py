@@ -124,6 +124,9 @@ class ProxyConfig:
     upstream_tls: UpstreamTls | None = None
     unknown_api_keys: str = "pass"                      # pass | strip
     api_max_versions: Mapping[int, int] = field(default_factory=dict)
+    # ApiVersions shows clients transaction.version <= 1 (and TV1 API versions): Kafka 4.x clients
+    # fall back to KIP-890 part 1, which the proxy verifies (see codecs/api_versions.py)
+    hide_transaction_version_2: bool = False
     limits: Limits = field(default_factory=Limits)
     metadata_refresh_s: float = 10.0
     ready_max_metadata_age_s: float = 30.0
@@ -254,6 +257,10 @@ def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one bra
             kw[key] = _choice(key, v, ("none", "sasl"))
         elif key == "unknown_api_keys":
             kw[key] = _choice(key, v, ("pass", "strip"))
+        elif key == "hide_transaction_version_2":
+            if not isinstance(v, bool):
+                raise ConfigError(f"{key}: {v!r} is not true or false")
+            kw[key] = v
         elif key == "log_level":
             kw[key] = _choice(key, v, ("debug", "info", "warning", "error"))
         elif key in ("metadata_refresh_s", "ready_max_metadata_age_s"):

@@ -75,7 +75,8 @@ class Proxy:
         self.log = logs.get(component="proxy", mode=config.mode)
         self.debug = config.log_level == "debug"
         self.version_policy = VersionPolicy(unknown_keys=config.unknown_api_keys,
-                                            max_version=dict(config.api_max_versions))
+                                            max_version=dict(config.api_max_versions),
+                                            hide_transaction_version_2=config.hide_transaction_version_2)
         self.server_ssl = server_ssl_context(config)
         self.upstream_ssl = upstream_ssl_context(config)
         self.policy = policy_from_config(config.policy)
