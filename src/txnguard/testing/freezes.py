@@ -115,8 +115,8 @@ def run_cell(cluster: Cluster, bootstrap_of: Callable[[Cluster], str], client: s
                                             on_ack=freeze.hook, timeout_s=timeout_s,
                                             settings=(SMALL_RETRY_BUDGET[client] if settings is None
                                                       else settings) or None)
-    except clients.ClientError as e:
-        return CellResult(client, freeze_s, target, False, -1, time.monotonic() - started, [str(e)])
+    except Exception as e:  # noqa: BLE001 - a fatal error, or the client library's own (kafka-python's abort can raise)
+        return CellResult(client, freeze_s, target, False, -1, time.monotonic() - started, [f"{type(e).__name__}: {e}"])
     finally:
         freeze.release()
     seconds = time.monotonic() - started
