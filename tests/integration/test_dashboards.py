@@ -7,7 +7,9 @@
                 S1 a partition never added ─▶ INVALID_TXN_STATE        (not_in_transaction)
                 S2 a late write after abort ─▶ INVALID_TXN_STATE       (late_write)
                 a frame claiming 2 GiB ─▶ closed                        (frame_too_large)
-                S4 coordinator frozen (SIGSTOP) 6 s, 1 s bound ─▶ NOT_ENOUGH_REPLICAS, retries, then commits
+                S4 coordinator frozen (SIGSTOP) 6 s, requests allowing 4 s ─▶ held 3.2 s, NOT_ENOUGH_REPLICAS,
+                   retries, then commits
+                a hanging transaction (backdated) ─▶ the proxy's scan (every 1 s) finds it; aborted at the end
     then: each panel query (variables: cluster=it, instance=All, $__rate_interval=15s) and each alert
           expression through /api/v1/query_range over the scenario: an error or an empty answer fails.
 """
@@ -31,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 from test_coordinator_unavailable import VERIFY_WITH_COORDINATOR, _listeners, s4_sequence
+from test_hanging import make_open_transaction, txnguard
 
 from txnguard.testing import clients
 from txnguard.testing.fixtures import fresh_topic
@@ -173,7 +176,8 @@ def _workload(cluster: Any, proxy: ProxyThread, unique_name: Any) -> None:
 
 def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_proxy, unique_name, tmp_path):
     cluster = kafka_pool.get("3.5.2", 3)
-    a = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", verification=VERIFY_WITH_COORDINATOR)
+    a = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", verification=VERIFY_WITH_COORDINATOR,
+                    health={"hanging_scan_interval_s": 1.0})
     node = cluster.nodes[0]
     relay = Relay((node.host, node.port))
     b = start_proxy(upstream=f"127.0.0.1:{relay.port}", listen=f"127.0.0.1:{_free_port()}", mode="sidecar")
@@ -187,9 +191,12 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
         cut_at = time.monotonic()
 
         _workload(cluster, a, unique_name)
-        # Frozen 6 s while the client retries (under the 9 s broker session timeout: no failover), so the
-        # failures span several scrapes, as an outage worth an alert does.
-        run = s4_sequence(cluster, _listeners(a, cluster).__getitem__, stay_frozen_s=6)
+        hanging_topic = fresh_topic(cluster, unique_name("hang"))
+        make_open_transaction(cluster.bootstrap_servers, hanging_topic, unique_name("hung"))
+        # Frozen 6 s while the client retries (under the 9 s broker session timeout: no failover). Its
+        # requests allow 4 s, so each is held 3.2 s and then refused: the failures span several scrapes,
+        # as an outage worth an alert does (with 30 s requests the holds would outlast the freeze).
+        run = s4_sequence(cluster, _listeners(a, cluster).__getitem__, stay_frozen_s=6, request_timeout_ms=4000)
         assert run.first_produce[0] == "NOT_ENOUGH_REPLICAS" and run.end_txn == "NONE", run
         # TxnguardNotReady needs the sidecar's Metadata older than 30 s; a few scrapes more for every series.
         time.sleep(max(0.0, 34 - (time.monotonic() - cut_at)))
@@ -219,12 +226,15 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
     for name, series, peak in rows:
         print(f"{name:<100} {series:>6} {peak:>10.4g}")
     print(f"alert states at the end: {states}; not produced here: {NOT_PRODUCED}")
+    done = txnguard("hanging", "--bootstrap", cluster.bootstrap_servers, "--topic", hanging_topic, "--abort", "--yes")
+    assert done.returncode == 0, done.stderr  # the shared cluster is left without a hanging transaction
     assert not failures, f"no data for: {failures}"
     # And the numbers mean what the scenario did: S1 and S2 each prevented one hanging transaction, and the
     # alert for them fires at once (the others wait out their `for:` and are pending).
     peaks = {name: peak for name, _, peak in rows}
     assert peaks["transactions: Hanging transactions prevented (1 h) [{{reason}}]"] == 1
-    assert states["TxnguardWritesOutsideTransaction"] == "firing"
+    assert states["TxnguardWritesOutsideTransaction"] == states["TxnguardHangingTransaction"] == "firing"
+    assert peaks["alert TxnguardHangingTransaction"] == 1
     assert states["TxnguardDown"] == states["TxnguardNotReady"] == "pending"
 
 
