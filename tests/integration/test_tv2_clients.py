@@ -9,6 +9,10 @@ partitions itself) and once with `hide_transaction_version_2` (ApiVersions shows
 TxnOffsetCommit <= v4, and the proxy verifies every transactional write). Both times the
 read_committed output holds every input record exactly once and the group's offset is at the end.
 What the client sent is read from the proxy's audit connection records and traffic counters.
+
+Negative control: capping the versions alone (`api_max_versions`, the feature still at 2) breaks the
+client: it stays on TV2 (no AddPartitionsToTxn) while its Produce v11 is judged as TV1, so the proxy
+refuses the write (not_in_transaction) and the copier fails. The feature is what the client reads.
 """
 
 from __future__ import annotations
@@ -137,3 +141,25 @@ def test_hide_transaction_version_2_makes_the_java_client_fall_back_and_the_prox
     # Every transactional write was verified by the proxy, and none was refused.
     assert verified >= RECORDS // 200
     assert _total(proxy, "txnguard_verification_failures_total") == 0
+
+
+def test_negative_control_capping_versions_without_hiding_the_feature_breaks_a_tv2_client(
+    cluster: Cluster, start_proxy: Callable[..., ProxyThread], unique_name: Callable[[str], str], tmp_path: Path,
+) -> None:
+    # api_max_versions alone: the client still reads transaction.version 2, adds no partition, and its
+    # Produce (now v11) is judged as TV1: the proxy finds the partition not in the transaction.
+    audit = tmp_path / "audit.jsonl"
+    proxy = gateway_for(cluster, start_proxy, audit_path=str(audit), api_max_versions={0: 11, 26: 4, 28: 4})
+    source, sink = fresh_topic(cluster, unique_name("src")), fresh_topic(cluster, unique_name("sink"))
+    clients.ConfluentKafkaClient().produce(cluster.bootstrap_servers, source, [b"x"] * 200)
+
+    with pytest.raises(clients.ClientError) as failed:
+        clients.java_transactional_copier(
+            proxy.bootstrap, source, sink, unique_name("tid"), unique_name("group"), max_messages=200,
+            java_version="4.3.1", transaction_size=200, timeout_s=60)
+    print(f"capped only: {str(failed.value).splitlines()[0]}; "
+          f"AddPartitionsToTxn {_total(proxy, 'txnguard_frames_total', api='add_partitions_to_txn'):.0f}; "
+          f"failures {_by_labels(proxy, 'txnguard_verification_failures_total')}")
+    assert _total(proxy, "txnguard_frames_total", api="add_partitions_to_txn", direction="client_to_broker") == 0
+    assert _total(proxy, "txnguard_verification_failures_total") >= 1
+    assert clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, sink) == []
