@@ -21,6 +21,8 @@ from connection_playbook import (
     to_broker,
     to_client,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.api_versions.v4.response import (
     ApiVersion,
     ApiVersionsResponse,
@@ -191,3 +193,41 @@ def test_config_option_from_yaml_environment_and_its_validation(tmp_path):
         assert "hide_transaction_version_2" in str(e)
     else:
         raise AssertionError("'yes' (YAML 1.1) must be refused: booleans are true/false")
+
+
+# -- any broker answer ---------------------------------------------------------------------------------------
+
+_range = st.tuples(st.integers(0, 20), st.integers(0, 20)).map(sorted)
+_keys = st.dictionaries(st.sampled_from([0, 3, 18, 19, 22, 24, 25, 26, 28, 1234]), _range, max_size=8)
+_features = st.dictionaries(st.sampled_from(["transaction.version", "metadata.version", "group.version"]), _range,
+                            max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=_keys, supported=_features, finalized=_features, epoch=st.integers(-1, 10**12))
+def test_hide_never_shows_tv2_never_widens_and_is_stable(keys, supported, finalized, epoch):
+    body = ApiVersionsResponse(
+        error_code=ErrorCode.none,
+        api_keys=tuple(ApiVersion(api_key=i16(k), min_version=i16(lo), max_version=i16(hi))
+                       for k, (lo, hi) in keys.items()),
+        throttle_time=datetime.timedelta(0),
+        supported_features=tuple(SupportedFeatureKey(name=n, min_version=i16(lo), max_version=i16(hi))
+                                 for n, (lo, hi) in supported.items()),
+        finalized_features_epoch=i64(epoch),
+        finalized_features=tuple(FinalizedFeatureKey(name=n, min_version_level=i16(lo), max_version_level=i16(hi))
+                                 for n, (lo, hi) in finalized.items()))
+    new, kind = rewrite(body, HIDE)
+    plain, _ = rewrite(body, VersionPolicy())
+    assert new.finalized_features_epoch == epoch
+    assert all(f.max_version_level <= 1 for f in new.finalized_features if f.name == "transaction.version")
+    assert all(f.max_version <= 1 for f in new.supported_features if f.name == "transaction.version")
+    assert [f for f in new.finalized_features if f.name != "transaction.version"] == \
+        [f for f in body.finalized_features if f.name != "transaction.version"]
+    got, before = _ranges(new), _ranges(plain)
+    assert set(got) <= set(before)
+    for k, (lo, hi) in got.items():
+        assert before[k][0] <= lo <= hi <= before[k][1]
+        assert hi <= {0: 11, 26: 4, 28: 4}.get(k, hi)
+    assert rewrite(new, HIDE)[1] is None                     # a second pass changes nothing
+    assert (kind == REWRITE_HIDE_TV2) == (new != plain)
+    assert (kind is None) == (new is body)
