@@ -87,6 +87,17 @@ def _read_committed(cluster: Cluster, topic: str, partition: int) -> tuple[list[
     return values, stable, end
 
 
+def _produce_when_led(actor: TxnActor, topic: str, partition: int, value: bytes) -> int:
+    """The first write to a just-created topic on a just-started broker may find no leader yet (6): retry it."""
+    deadline = time.monotonic() + 15
+    while True:
+        code = actor.produce(topic, partition, [value]).error_code
+        if code not in (ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition) \
+                or time.monotonic() > deadline:
+            return code
+        time.sleep(0.2)
+
+
 def j3_sequence(cluster: Cluster) -> J3Run:
     u = uuid.uuid4().hex[:8]
     topic = fresh_topic(cluster, f"j3-{u}", partitions=2)
@@ -98,7 +109,7 @@ def j3_sequence(cluster: Cluster) -> J3Run:
         assert actor.producer is not None
         # T1
         assert actor.add_partitions(topic, 0) == {0: ErrorCode.none}
-        assert actor.produce(topic, 0, [b"t1"]).error_code == ErrorCode.none
+        assert _produce_when_led(actor, topic, 0, b"t1") == ErrorCode.none
         held = relay.add(Fault(Action.HOLD, api_key=END_TXN))
         with raw.RawClient(relay.host, relay.port, timeout=2.0) as c, pytest.raises(socket.timeout):
             c.end_txn(actor.transactional_id, actor.producer, committed=True)
