@@ -59,12 +59,12 @@ def _report(cell: CellResult) -> None:
     print(f"\n{cell.row()}  errors={cell.errors[:2]}")
 
 
+# Each client and each freeze once (Sarama at 6 s with its budget cut to 1 retry is the control below);
+# bench/coordinator_freeze.py runs the whole matrix.
 @pytest.mark.parametrize(("client", "freeze_s"), [
-    ("sarama", 6.0),            # the cell: failed 2 of 2 before the hold
-    ("sarama", 12.0),           # a failover
-    ("kafka-python", 12.0),
-    ("confluent-kafka", 6.0),
-    ("kafka-python", 2.0),
+    ("kafka-python", 12.0),     # a failover
+    ("confluent-kafka", 2.0),
+    ("sarama", 12.0),           # a failover that outlasts Sarama's 10 s Produce timeout: one hold runs out
 ])
 def test_a_small_retry_budget_client_rides_out_a_frozen_coordinator_through_the_proxy(
     kafka_pool: ClusterPool, start_proxy: StartProxy, client: str, freeze_s: float,
