@@ -612,7 +612,8 @@ def _through_proxy(b: Bench, before: dict[str, float]) -> tuple[float, float]:
 
 def _per_request(cpu: dict[str, float], requests: float) -> dict[str, float]:
     """Proxy CPU per request (and its response) and requests per MiB: what the CPU per MiB is made of."""
-    return {"proxy_requests": requests, "proxy_cpu_us_per_request": 1e6 * cpu["proxy_cpu_s"] / max(requests, 1)}
+    return {"proxy_requests": requests,
+            "proxy_cpu_us_per_request": 1e6 * cpu["proxy_cpu_s"] / requests if requests else 0.0}
 
 
 @contextlib.contextmanager

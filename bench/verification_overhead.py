@@ -98,6 +98,9 @@ class Side:
         self.runs: list[Any] = []
 
 
+PROXY_ENV: dict[str, str] = {}  # --proxy-rev: PYTHONPATH to that revision's src/ (proxy_overhead.proxy_source)
+
+
 def start_proxy(name: str, upstream: str, tmp: Path, mode: str = "gateway", policy_mode: str = "enforce",
                 listen: str | None = None) -> Side:
     port = free_port() if listen is None else int(listen.rsplit(":", 1)[1])
@@ -108,7 +111,8 @@ def start_proxy(name: str, upstream: str, tmp: Path, mode: str = "gateway", poli
         "mode": mode, "upstream": upstream, "listen": listen or f"127.0.0.1:{port}", "admin": admin,
         "audit_path": str(audit), "policy": {"mode": policy_mode}, "log_level": "warning",
     }))
-    proc = ProxyProcess(["--config", str(config)], tmp / f"{name}.log").start(wait_port=("127.0.0.1", port))
+    proc = ProxyProcess(["--config", str(config)], tmp / f"{name}.log",
+                        env=PROXY_ENV or None).start(wait_port=("127.0.0.1", port))
     return Side(name, f"127.0.0.1:{port}", proc, admin, audit)
 
 
@@ -237,17 +241,26 @@ def sidecar_phase(tmp: Path, records: int, rate: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one short round (~1 minute)")
+    parser.add_argument("--proxy-rev", default=None,
+                        help="run the proxies of this git revision (git archive) instead of the working tree's src/")
     args = parser.parse_args()
     rounds, records, rate = (1, 5000, 2500) if args.quick else (3, 20000, 2500)
+    source: dict[str, Any] = {"source": "working tree"}
     with tempfile.TemporaryDirectory(prefix="txnguard-bench-") as d:
         tmp = Path(d)
+        if args.proxy_rev is not None:
+            from proxy_overhead import proxy_source  # the same git archive as proxy_overhead --proxy-rev
+
+            env, source = proxy_source(args.proxy_rev, tmp)
+            PROXY_ENV.update(env)
+        print(f"proxy code: {source}", flush=True)
         print(f"gateway: {rounds} round(s) of {records} records at {rate}/s, {TRANSACTION_MS} ms transactions",
               flush=True)
         gateway = gateway_phase(tmp, rounds, records, rate)
         print("sidecar: one run", flush=True)
         sidecar = sidecar_phase(tmp, records, rate)
     summary = {"kafka": KAFKA_VERSION, "records": records, "offered_rate": rate, "rounds": rounds,
-               "transaction_ms": TRANSACTION_MS, "gateway": gateway, "sidecar": sidecar,
+               "transaction_ms": TRANSACTION_MS, "gateway": gateway, "sidecar": sidecar, "proxy_source": source,
                "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     print(json.dumps(summary, indent=2))
     RESULTS.mkdir(exist_ok=True)
