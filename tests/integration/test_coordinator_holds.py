@@ -118,3 +118,65 @@ def test_control_without_the_hold_a_small_retry_budget_runs_out_and_with_it_does
         assert cell.aborted >= 1 and failures >= 2, (cell, failures)
     # Either way nothing was lost or doubled: an aborted transaction is redone, exactly once.
     assert cell.exactly_once, cell
+
+
+def test_a_held_check_holds_its_own_request_only(kafka_pool: ClusterPool, start_proxy: StartProxy) -> None:
+    """    client A ─Produce─▶ proxy (no evidence of A's transaction: added elsewhere) ─▶ frozen C … held
+           client B ─Produce─▶ proxy (B's AddPartitionsToTxn came through it: local evidence) ✓ at once
+           client N ─Produce (not transactional)─▶ proxy ✓ at once
+           C resumed ─▶ A's write is decided by C's answer ✓
+
+    (B is not a transaction whose coordinator the proxy must ask: while one of three KRaft nodes was
+    stopped, another node asked DescribeTransactions directly did not answer within 15 s once here; and
+    the topic has one replica, as acks=all writes wait seconds for a frozen follower, Kafka's own wait.)"""
+    import concurrent.futures
+    import time
+    import uuid
+
+    from kio.schema.errors import ErrorCode
+
+    from txnguard.testing.fixtures import fresh_topic
+    from txnguard.testing.freezes import txn_id_coordinated_by
+    from txnguard.testing.raw import RawClient, build_batch
+    from txnguard.testing.scenarios import TxnActor
+
+    cluster = kafka_pool.get("3.5.2", 3)
+    u = uuid.uuid4().hex[:8]
+    # One replica: with three, acks=all writes wait for the frozen follower (Kafka's own, for seconds).
+    topic = fresh_topic(cluster, f"only-{u}", replication_factor=1)
+    leader = cluster.leader(topic, 0)
+    held_id, frozen = txn_id_coordinated_by(cluster, f"only-a-{u}", lambda c: c != leader)
+    front = ProxyFront(start_proxy, evidence_ttl_ms=None)   # gateway default: local evidence is used
+    front(cluster)
+    assert front.proxy is not None and front.proxy.proxy is not None
+    listeners = front.proxy.proxy.listeners
+    front.proxy.wait_for(lambda: leader in listeners, 30, "the leader's listener")
+    # The clients bootstrap through the leader's listener: a client whose only bootstrap address is the
+    # frozen node waits for its Metadata, through a proxy or not (real clients list several).
+    bootstrap = f"127.0.0.1:{listeners[leader].address.port}"
+    a = TxnActor(cluster.bootstrap_servers, held_id)        # A's transaction begins directly on Kafka ...
+    a.init()
+    assert a.add_partitions(topic, 0) == {0: ErrorCode.none}
+    a.bootstrap = bootstrap                                  # ... and writes through the proxy
+    b = TxnActor(bootstrap, f"only-b-{u}")
+    b.init()
+    assert b.add_partitions(topic, 0) == {0: ErrorCode.none}
+    cluster.pause_node(frozen)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(a.produce, topic, 0, [b"held"])
+            front.proxy.wait_for(lambda: front.metric("txnguard_verification_holds", {}) == 1, 15, "A's check held")
+            started = time.monotonic()
+            assert b.produce(topic, 0, [b"free"]).error_code == ErrorCode.none
+            with RawClient.connect(bootstrap) as c:
+                plain = c.produce({(topic, 0): build_batch([b"plain"])})
+            others_s = time.monotonic() - started
+            assert plain.responses[0].partition_responses[0].error_code == ErrorCode.none
+            assert not held.done() and front.metric("txnguard_verification_holds", {}) == 1
+            cluster.resume_node(frozen)
+            assert held.result(30).error_code == ErrorCode.none
+    finally:
+        cluster.resume_node(frozen)
+        cluster.wait_ready()
+    print(f"\nwhile A was held: B's transactional write and a plain write answered in {others_s:.2f} s")
+    assert front.metric("txnguard_verification_hold_endings_total", {"ending": "decided"}) == 1

@@ -160,14 +160,20 @@ class Verifier:
 
     async def _any_broker(self, payload: Any) -> Any:
         """Ask the first bootstrap broker that answers; the one that answered is tried first next time,
-        so a broker that is down costs one timeout, not one per question."""
+        and one that did not goes last, so a broker that is down costs one timeout, not one per question.
+
+        Connecting is bounded by `timeout_s` too (shielded: the connection attempt may go on for the
+        next question): a frozen broker's full accept queue leaves a connect hanging for the whole
+        connect timeout, and every other transactional id's FindCoordinator would wait behind it.
+        """
         last: Exception | None = None
         for address in list(self.bootstrap):
             try:
-                conn = await self._connection(address)
+                conn = await asyncio.wait_for(asyncio.shield(self._connection(address)), self.timeout_s)
                 answer = await conn.request(payload, self.timeout_s)
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 last = e
+                self.bootstrap = (*(a for a in self.bootstrap if a != address), address)
                 continue
             if self.bootstrap[0] != address:
                 self.bootstrap = (address, *(a for a in self.bootstrap if a != address))
