@@ -91,7 +91,8 @@ TARGET_SAT_RATIO = 0.95             # saturation throughput through the proxy, p
 TARGET_SAT_PRODUCE_MS_PER_MIB = 4.0
 TARGET_SAT_CONSUME_MS_PER_MIB = 1.5
 
-PARTS = ("fixed", "e2e", "rtt", "idle", "saturation")   # --only chooses among these
+PARTS = ("fixed", "e2e", "rtt", "idle", "saturation", "ab")   # --only chooses among these
+DEFAULT_PARTS = PARTS[:-1]          # "ab" needs --compare-rev
 SAT_RECORD_SIZES = (1024, 16 * 1024)
 SAT_MIB = 200                       # payload per saturation run (the issue read 200,000 x 1 KiB)
 SAT_WARMUP_SHARE = 0.25             # the untimed warm-up run per side carries this share of SAT_MIB
@@ -112,8 +113,9 @@ class Settings:
     rounds: int = 3                 # saturation: direct+proxy rounds per record size
     sat_mib: float = SAT_MIB        # saturation: payload MiB per run
     record_sizes: tuple[int, ...] = SAT_RECORD_SIZES
-    parts: tuple[str, ...] = PARTS
+    parts: tuple[str, ...] = DEFAULT_PARTS
     profile_cmd: str | None = None  # attached to the proxy around each proxied saturation run of round 0
+    compare_rev: str | None = None  # "ab": a second proxy of this git revision, alternating with the first
 
     @property
     def records(self) -> int:
@@ -849,6 +851,76 @@ def saturation_notes(sat: dict[str, Any]) -> list[str]:
     return out
 
 
+# -- two proxy revisions, one load -------------------------------------------------------------------
+
+
+def ab_phase(b: Bench, s: Settings) -> dict[str, Any]:
+    """ProducerPerformance at saturation through this proxy and through one of `s.compare_rev`, alternating.
+
+    Both proxies front the same broker in the same run, so the machine's load (on a shared
+    machine it moves the CPU per MiB by tens of percent between runs minutes apart) falls on both
+    alike; what differs is the code. Each run's proxy CPU is its own process's.
+    """
+    assert s.compare_rev is not None
+    with tempfile.TemporaryDirectory(prefix="txnguard-ab-") as d:
+        env, source = proxy_source(s.compare_rev, Path(d))
+        listen, admin_port = proxy_ports()
+        admin = f"{HOST}:{admin_port}"
+        other = ProxyProcess(["--upstream", b.cluster.bootstrap_servers, "--listen", f"{HOST}:{listen}",
+                              "--admin", admin, "--mode", "gateway"], Path(d) / "compare.log", env=env)
+        sides = {"this": b, "compare": Bench(b.cluster, other, listen, admin, b.stamp)}
+        say(f"\n[ab] this proxy vs {source['source']} ({source['commit'][:12]}): ProducerPerformance --throughput -1, "
+            f"{s.sat_mib:g} MiB per run, record sizes {', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds")
+        runs: list[dict[str, Any]] = []
+        try:
+            other.start(wait_port=(HOST, listen))
+            wait_ready(admin, listen + 2)
+            for size in s.record_sizes:
+                records = max(1000, int(s.sat_mib * MIB / size))
+                for name in sides:  # untimed warm-up of each
+                    sat_produce_run(sides[name], "proxy", size, max(500, int(records * SAT_WARMUP_SHARE)))
+                for i in range(s.rounds):
+                    for name in (("this", "compare") if i % 2 == 0 else ("compare", "this")):
+                        run = sat_produce_run(sides[name], "proxy", size, records)
+                        run["problems"] += _route_problems(run, run["payload_mib"])
+                        runs.append({**run, "rev": name, "round": i})
+                        say(_sat_line("produce", f"round {i} {name:7}", run))
+        finally:
+            if other.proc is not None and other.proc.poll() is None:
+                other.terminate(timeout=30)
+    out: dict[str, Any] = {"compare": source, "runs": runs, "sizes": {}}
+    for size in s.record_sizes:
+        med = {name: {k: float(statistics.median(r[k] for r in runs if r["rev"] == name and r["record_size"] == size))
+                      for k in ("proxy_cpu_ms_per_mib", "proxy_cpu_us_per_request", "proxy_user_s", "proxy_sys_s",
+                                "mb_per_sec", "host_busy_pct")} for name in sides}
+        out["sizes"][str(size)] = med
+    out["warnings"] = [p for r in runs for p in r["problems"]]
+    return out
+
+
+def ab_rows(ab: dict[str, Any]) -> list[Row]:
+    rev = ab["compare"]["commit"][:7]
+    rows = []
+    for size, med in ab["sizes"].items():
+        n, c, t = _size_name(int(size)), med["compare"], med["this"]
+        rows += [
+            Row(f"{n}: proxy CPU per MiB produced (ms), {rev} | this", c["proxy_cpu_ms_per_mib"],
+                t["proxy_cpu_ms_per_mib"], t["proxy_cpu_ms_per_mib"] / c["proxy_cpu_ms_per_mib"], "ratio",
+                f"<= {TARGET_SAT_PRODUCE_MS_PER_MIB:g} ms/MiB",
+                t["proxy_cpu_ms_per_mib"] <= TARGET_SAT_PRODUCE_MS_PER_MIB),
+            Row(f"{n}: proxy CPU per Produce request (us), {rev} | this", c["proxy_cpu_us_per_request"],
+                t["proxy_cpu_us_per_request"],
+                t["proxy_cpu_us_per_request"] / max(c["proxy_cpu_us_per_request"], 1e-9), "ratio", "", None),
+            Row(f"{n}: proxy user CPU per run (s), {rev} | this", c["proxy_user_s"], t["proxy_user_s"],
+                t["proxy_user_s"] / max(c["proxy_user_s"], 1e-9), "ratio", "", None),
+            Row(f"{n}: proxy kernel CPU per run (s), {rev} | this", c["proxy_sys_s"], t["proxy_sys_s"],
+                t["proxy_sys_s"] / max(c["proxy_sys_s"], 1e-9), "ratio", "", None),
+            Row(f"{n}: produce MB/s through each, {rev} | this", c["mb_per_sec"], t["mb_per_sec"],
+                t["mb_per_sec"] / c["mb_per_sec"], "ratio", "", None),
+        ]
+    return rows
+
+
 # -- the proxy's own account -------------------------------------------------------------------------
 
 
@@ -1042,6 +1114,7 @@ PHASES: dict[str, tuple[str, Callable[[Bench, Settings], dict[str, Any]], Callab
     "rtt": ("produce_rtt", rtt_phase, rtt_rows),
     "idle": ("idle_connections", idle_phase, idle_rows),
     "saturation": ("saturation", saturation_phase, saturation_rows),
+    "ab": ("ab", ab_phase, ab_rows),
 }
 
 
@@ -1104,9 +1177,10 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=OFFERED_RATE,
                         help=f"ProducerPerformance offered rate in records/s (default {OFFERED_RATE}); "
                              "lower it if the direct runs do not reach it")
-    parser.add_argument("--only", default=",".join(PARTS),
-                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all); "
-                             "'fixed' is the fixed-rate ProducerPerformance")
+    parser.add_argument("--only", default=",".join(DEFAULT_PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all but ab); "
+                             "'fixed' is the fixed-rate ProducerPerformance; 'ab' compares this proxy with the one "
+                             "of --compare-rev at saturation (produce), alternating in one run")
     parser.add_argument("--records", default=",".join(str(x) for x in SAT_RECORD_SIZES),
                         help="saturation record sizes in bytes, comma-separated (default 1024,16384)")
     parser.add_argument("--rounds", type=int, default=None,
@@ -1117,6 +1191,9 @@ def main() -> int:
     parser.add_argument("--proxy-rev", default=None,
                         help="run the proxy of this git revision (git archive into the temporary folder) instead "
                              "of the working tree's src/")
+    parser.add_argument("--compare-rev", default=None,
+                        help="for --only ab: the git revision whose proxy runs beside this one (e.g. the previous "
+                             "commit); --records, --rounds and --sat-mib apply")
     parser.add_argument("--profile-cmd", default=None,
                         help="a profiler attached to the proxy around each proxied saturation run of round 0, "
                              "with {pid} and {out} filled in, e.g. 'py-spy record --pid {pid} --format raw -o {out}' "
@@ -1131,7 +1208,10 @@ def main() -> int:
         base, rate=args.rate, parts=parts, record_sizes=tuple(int(x) for x in args.records.split(",") if x.strip()),
         rounds=args.rounds if args.rounds is not None else base.rounds,
         sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
+        compare_rev=args.compare_rev,
     )
+    if ("ab" in parts) != (args.compare_rev is not None):
+        parser.error("--only ab and --compare-rev go together")
     if s.rounds < 1 or s.sat_mib <= 0 or not s.record_sizes or min(s.record_sizes) < 1:
         parser.error("--rounds, --sat-mib and --records must be positive")
     signal.signal(signal.SIGTERM, _sigterm)
