@@ -52,8 +52,8 @@ class ClientProtocol(asyncio.Protocol):
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        # The transport looks data_received up once, when it is made: the session's own method,
-        # bound here, saves a Python call per read.
+        # An instance attribute: the transport calls the session's own method, one Python call less
+        # per read.
         self.data_received = session.from_client  # type: ignore[method-assign]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
