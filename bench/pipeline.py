@@ -10,6 +10,9 @@ batch job in this process and prints, as figures (nothing is asserted):
   (ingest: read, parse, route, write decisions/connections/quarantine; aggregate: the four derived
   tables; collect: the report's queries; report: plots and page);
 * the SparkSession start (not in the end-to-end rate: a long-running job pays it once);
+* CPU seconds per stage of the Spark JVM (on local[*] the driver and executors are that one process), and
+  events per CPU second: on this shared machine the wall-clock rate measures the other engineers' load as
+  much as the job, the CPU rate does not;
 * driver peak memory: the Spark JVM's peak resident set (VmHWM; on local[*] the executors are inside
   it) and the Python process's own peak.
 Target: >= 200,000 events/s from JSONL on local[2].
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import tempfile
@@ -75,21 +79,37 @@ def jvm_peak_rss_mb(spark: Any) -> float:
     return float("nan")
 
 
+def jvm_cpu_seconds(spark: Any) -> Any:
+    """A clock of the Spark JVM's CPU time (user + system, every thread), from /proc."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    return read
+
+
 def run(spark: Any, source: job.Source, out: Path, n: int) -> dict[str, Any]:
-    summary = job.run_batch(spark, source, out)
-    stages = summary.seconds
-    total = sum(stages.values())
-    return {"rows": summary.rows, "stages": stages, "total_s": total,
-            "end_to_end_events_per_s": n / total,
-            "events_per_s_by_stage": {k: (n / v if v else float("inf")) for k, v in stages.items()}}
+    summary = job.run_batch(spark, source, out, cpu_probe=jvm_cpu_seconds(spark))
+    stages, cpu = summary.seconds, summary.cpu_seconds
+    total, total_cpu = sum(stages.values()), sum(cpu.values())
+    return {"rows": summary.rows, "stages": stages, "total_s": total, "cpu": cpu, "total_cpu_s": total_cpu,
+            "end_to_end_events_per_s": n / total, "events_per_cpu_s": n / total_cpu if total_cpu else float("inf"),
+            "events_per_s_by_stage": {k: (n / v if v else float("inf")) for k, v in stages.items()},
+            "load_average": os.getloadavg()}
 
 
 def print_result(name: str, n: int, prepared_s: float, result: dict[str, Any]) -> None:
     print(f"\n== {name}: {n:,} records (prepared in {prepared_s:.1f} s) ==")
-    print(f"  end to end: {result['total_s']:.1f} s = {result['end_to_end_events_per_s']:,.0f} events/s")
+    print(f"  end to end: {result['total_s']:.1f} s = {result['end_to_end_events_per_s']:,.0f} events/s; "
+          f"JVM CPU {result['total_cpu_s']:.1f} s = {result['events_per_cpu_s']:,.0f} events per CPU second "
+          f"(load average after: {result['load_average'][0]:.1f})")
     for stage, seconds in result["stages"].items():
         rate = result["events_per_s_by_stage"][stage]
-        print(f"  {stage:<10} {seconds:8.1f} s  {rate:14,.0f} events/s")
+        cpu = result["cpu"].get(stage, 0.0)
+        print(f"  {stage:<10} {seconds:8.1f} s  {rate:14,.0f} events/s   CPU {cpu:7.1f} s")
     rows = result["rows"]
     print(f"  rows: decisions {rows['decisions']:,}, connections {rows['connections']:,}, "
           f"quarantine {rows['quarantine']:,}", flush=True)

@@ -34,14 +34,14 @@ def _pre_tv2(api: Column, version: Column) -> Column:
 def decisions(routed: DataFrame) -> DataFrame:
     """One row per verification decision (v1 and v2), with the target split into topic/partition or group."""
     rows = routed.where(F.col("route") == DECISION)
-    target = F.col("r.target")
+    target = F.col("target")
     is_group = target.startswith("group:")
     return rows.select(
-        _day(F.col("r.time_ms")).alias("day"),
-        F.timestamp_millis(F.col("r.time_ms")).alias("event_time"),
-        F.col("r.schema_version").alias("schema_version"),
-        F.col("r.proxy_id").alias("proxy_id"),
-        *[F.col(f"r.{n}").alias(n) for n in DECISION_FIELDS],
+        _day(F.col("time_ms")).alias("day"),
+        F.timestamp_millis(F.col("time_ms")).alias("event_time"),
+        F.col("schema_version").alias("schema_version"),
+        F.col("proxy_id").alias("proxy_id"),
+        *[F.col(n) for n in DECISION_FIELDS],
         F.when(~is_group, F.regexp_extract(target, r"^(.*)-\d+$", 1)).alias("topic"),
         F.when(~is_group, F.regexp_extract(target, r"-(\d+)$", 1).cast("int")).alias("partition"),
         F.when(is_group, F.substring(target, 7, 1 << 20)).alias("group_id"),
@@ -53,11 +53,11 @@ def connections(routed: DataFrame) -> DataFrame:
     """One row per client connection record (schema v2)."""
     rows = routed.where(F.col("route") == CONNECTION)
     return rows.select(
-        _day(F.col("r.time_ms")).alias("day"),
-        F.timestamp_millis(F.col("r.time_ms")).alias("event_time"),
-        F.timestamp_millis(F.col("r.connected_ms")).alias("connected_time"),
-        F.col("r.proxy_id").alias("proxy_id"),
-        *[F.col(f"r.{n}").alias(n) for n in CONNECTION_FIELDS],
+        _day(F.col("time_ms")).alias("day"),
+        F.timestamp_millis(F.col("time_ms")).alias("event_time"),
+        F.timestamp_millis(F.col("connected_ms")).alias("connected_time"),
+        F.col("proxy_id").alias("proxy_id"),
+        *[F.col(n) for n in CONNECTION_FIELDS],
         F.col("source"),
     )
 
