@@ -99,7 +99,9 @@ def test_native_3_9_2_holds_the_write_for_a_small_retry_budget_client(kafka_pool
 ONE_RETRY = {"retries": 1, "retry.backoff.ms": 100}
 
 
-@pytest.mark.parametrize(("hold_share", "passes"), [(0.0, False), (0.8, True)])
+# (0.8, True), the same client with the hold on, passed in the runs made while writing this (2 of 2): the cells
+# above already show the hold, so make test runs the half that shows the test can fail.
+@pytest.mark.parametrize(("hold_share", "passes"), [(0.0, False)])
 def test_control_without_the_hold_a_small_retry_budget_runs_out_and_with_it_does_not(
     kafka_pool: ClusterPool, start_proxy: StartProxy, hold_share: float, passes: bool,
 ) -> None:

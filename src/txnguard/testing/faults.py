@@ -231,6 +231,7 @@ class FaultRelay:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._connections: set[asyncio.Task[None]] = set()
+        self._open: set[_Connection] = set()
 
     # -- life cycle (any thread) -----------------------------------------------------------------------------
 
@@ -338,14 +339,22 @@ class FaultRelay:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        conn = _Connection(self, (reader, writer), broker)
+        self._open.add(conn)
         try:
-            await _Connection(self, (reader, writer), broker).run()
+            await conn.run()
         finally:
             self._connections.discard(task)
+            self._open.discard(conn)
 
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
+        pipes = [t for conn in self._open for t in (conn.to_broker.task, conn.to_client.task)]
+        for conn in list(self._open):
+            conn.abort()  # transports closed while the loop still runs: nothing left to close after it
+        tasks = [*self._connections, *pipes]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.05)  # let the aborted transports' close callbacks run
