@@ -92,7 +92,7 @@ test-integration: setup
 	$(BIN)/pytest tests/integration -q
 
 test: setup lint image
-	$(BIN)/pytest tests -q -p no:cacheprovider
+	$(BIN)/pytest tests -q -p no:cacheprovider --durations=25
 
 run: setup
 	$(BIN)/txnguard dev --version 3.5.2 --dir .run/kafka --listen 127.0.0.1:19092 --admin 127.0.0.1:19000
