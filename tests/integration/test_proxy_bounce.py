@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from txnguard.testing import clients
-from txnguard.testing.bounce import free_port, gateway, kill, run_bounce
+from txnguard.testing.bounce import free_port, gateway, kill, listener_ports, run_bounce
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyProcess
@@ -55,9 +55,9 @@ def test_a_transaction_open_across_the_restart_is_verified_with_the_coordinator_
     from txnguard.testing.scenarios import TxnActor
 
     topic = fresh_topic(cluster, unique_name("open"), replication_factor=3)
-    port, admin = free_port(), free_port()
+    port, admin, brokers = free_port(), free_port(), listener_ports(cluster)
     audit = tmp_path / "after.jsonl"
-    first = gateway(cluster, port, admin, tmp_path / "before.jsonl", tmp_path / "before.log")
+    first = gateway(cluster, port, admin, tmp_path / "before.jsonl", tmp_path / "before.log", brokers)
     second: ProxyProcess | None = None
     try:
         actor = TxnActor(f"127.0.0.1:{port}", unique_name("tid"))
@@ -65,7 +65,7 @@ def test_a_transaction_open_across_the_restart_is_verified_with_the_coordinator_
         assert actor.add_partitions(topic, 0) == {0: 0}
         assert actor.produce(topic, 0, [b"before"]).error_code == 0
         kill(first)
-        second = gateway(cluster, port, admin, audit, tmp_path / "after.log")
+        second = gateway(cluster, port, admin, audit, tmp_path / "after.log", brokers)
         assert actor.produce(topic, 0, [b"after"]).error_code == 0
         assert actor.end(commit=True) == 0
     finally:

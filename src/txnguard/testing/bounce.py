@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +37,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gateway(cluster: Cluster, port: int, admin: int, audit: Path, log: Path) -> ProxyProcess:
+def listener_ports(cluster: Cluster) -> dict[int, int]:
+    """A free port per broker listener, chosen once so that a restarted gateway opens the same ones (the
+    default, bootstrap port + 1 + node id, may already be taken on a busy machine)."""
+    return {n.id: free_port() for n in cluster.nodes}
+
+
+def gateway(cluster: Cluster, port: int, admin: int, audit: Path, log: Path,
+            broker_ports: dict[int, int]) -> ProxyProcess:
+    """A gateway process, returned once its bootstrap port listens and /readyz says it knows the brokers."""
     config = log.with_suffix(".yaml")
     config.write_text(json.dumps({
         "mode": "gateway", "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{port}",
-        "admin": f"127.0.0.1:{admin}", "audit": {"path": str(audit)}, "log_level": "warning"}))
-    return ProxyProcess(["--config", str(config)], log).start(wait_port=("127.0.0.1", port))
+        "broker_ports": broker_ports, "admin": f"127.0.0.1:{admin}", "audit": {"path": str(audit)},
+        "log_level": "warning"}))
+    proxy = ProxyProcess(["--config", str(config)], log).start(wait_port=("127.0.0.1", port))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return proxy
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway was not ready within 30 s:\n{proxy.log()}")
+        time.sleep(0.1)
 
 
 def kill(proxy: ProxyProcess) -> None:
@@ -82,9 +103,9 @@ def run_bounce(cluster: Cluster, copier: str, tmp: Path, *, records: int = 6000,
     sink = fresh_topic(cluster, f"bounce-out-{u}", replication_factor=3)
     values = [f"bounce-{i:05d}-{'x' * 200}".encode() for i in range(records)]
     clients.ConfluentKafkaClient().produce(cluster.bootstrap_servers, source, values, partition=0)
-    port, admin = free_port(), free_port()
+    port, admin, brokers = free_port(), free_port(), listener_ports(cluster)
     before, after = tmp / f"before-{u}.jsonl", tmp / f"after-{u}.jsonl"
-    first = gateway(cluster, port, admin, before, tmp / f"before-{u}.log")
+    first = gateway(cluster, port, admin, before, tmp / f"before-{u}.log", brokers)
     second: ProxyProcess | None = None
     progress = [0]
     bootstrap = f"127.0.0.1:{port}"
@@ -110,7 +131,7 @@ def run_bounce(cluster: Cluster, copier: str, tmp: Path, *, records: int = 6000,
             kill(first)
             killed_at = high_watermark(cluster, sink)
             time.sleep(pause_s)
-            second = gateway(cluster, port, admin, after, tmp / f"after-{u}.log")
+            second = gateway(cluster, port, admin, after, tmp / f"after-{u}.log", brokers)
             outcome = job.result(timeout_s + 30)
     finally:
         for p in (first, second):
