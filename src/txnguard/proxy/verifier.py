@@ -163,8 +163,8 @@ class Verifier:
         and one that did not goes last, so a broker that is down costs one timeout, not one per question.
 
         Connecting is bounded by `timeout_s` too (shielded: the connection attempt may go on for the
-        next question): a frozen broker's full accept queue leaves a connect hanging for the whole
-        connect timeout, and every other transactional id's FindCoordinator would wait behind it.
+        next question): a stopped broker whose accept queue is full can leave a connect hanging for the
+        whole connect timeout, and every other transactional id's FindCoordinator would wait behind it.
         """
         last: Exception | None = None
         for address in list(self.bootstrap):
