@@ -12,7 +12,8 @@ import struct
 from dataclasses import dataclass
 
 from txnguard.codecs.bounds import MAX_TAGGED_FIELDS
-from txnguard.codecs.errors import TooManyTaggedFields, TruncatedFrame, UnsupportedApiVersion
+from txnguard.codecs.bounds import read_uvarint as bounds_read_uvarint
+from txnguard.codecs.errors import BoundsExceeded, TooManyTaggedFields, TruncatedFrame, UnsupportedApiVersion
 from txnguard.codecs.schemas import request_header_version
 
 _KEY_VERSION_CORRELATION = struct.Struct(">hhi")
@@ -50,19 +51,14 @@ def peek_client_id(frame: bytes | memoryview) -> str | None:
 
 
 def read_uvarint(frame: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """(value, position after it) of an unsigned varint; the flexible versions' lengths and tags."""
-    value = shift = 0
-    while True:
-        if pos >= len(frame):
-            raise TruncatedFrame("tagged fields run past the end of the frame")
-        b = frame[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 35:
-            raise TruncatedFrame("unsigned varint longer than 5 bytes")
+    """(value, position after it) of an unsigned varint; the flexible versions' lengths and tags.
+
+    The bounded reader of codecs.bounds, with the header's own error: a header that ends early is a
+    truncated frame (its close reason), not a size claim beyond the frame."""
+    try:
+        return bounds_read_uvarint(frame, pos, len(frame))
+    except BoundsExceeded as e:
+        raise TruncatedFrame(f"header: {e}") from None
 
 
 def request_body_offset(frame: bytes | memoryview, head: RequestHead) -> int:
