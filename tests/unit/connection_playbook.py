@@ -22,6 +22,7 @@ from txnguard.connection.core import Connection, Settings
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.policy import policy_from_config
 from txnguard.testing.raw import build_batch
+from txnguard.verification.concurrent import ConcurrentRetry
 from txnguard.verification.decisions import TransactionRules
 from txnguard.verification.registry import Registry
 
@@ -165,7 +166,10 @@ def init_producer_id_response(correlation_id: int) -> bytes:
         producer_epoch=i16(EPOCH)))
 
 
-def add_partitions_response(correlation_id: int, partitions: list[tuple[str, int]]) -> bytes:
+def add_partitions_response(correlation_id: int, partitions: list[tuple[str, int]],
+                            errors: dict[tuple[str, int], ErrorCode] | None = None,
+                            error: ErrorCode = ErrorCode.none) -> bytes:
+    """Every partition answered `error`, unless `errors` names its own."""
     m = response_module(24, 3)
     topics: dict[str, list[int]] = {}
     for t, p in partitions:
@@ -173,8 +177,21 @@ def add_partitions_response(correlation_id: int, partitions: list[tuple[str, int
     return response(24, 3, correlation_id, m.AddPartitionsToTxnResponse(
         throttle_time=datetime.timedelta(0),
         results_by_topic_v3_and_below=tuple(m.AddPartitionsToTxnTopicResult(name=t, results_by_partition=tuple(
-            m.AddPartitionsToTxnPartitionResult(partition_index=i32(p), partition_error_code=ErrorCode.none)
+            m.AddPartitionsToTxnPartitionResult(partition_index=i32(p),
+                                                partition_error_code=(errors or {}).get((t, p), error))
             for p in ps)) for t, ps in topics.items())))
+
+
+def add_offsets(correlation_id: int, group: str = "g") -> bytes:
+    m = request_module(25, 3)
+    return request(m.AddOffsetsToTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH),
+                                            group_id=group), correlation_id)
+
+
+def add_offsets_response(correlation_id: int, error: ErrorCode = ErrorCode.none) -> bytes:
+    m = response_module(25, 3)
+    return response(25, 3, correlation_id, m.AddOffsetsToTxnResponse(throttle_time=datetime.timedelta(0),
+                                                                      error_code=error))
 
 
 def decode_produce_response(frame: bytes, version: int = 9) -> list[tuple[str, int, int, str | None]]:
@@ -233,11 +250,12 @@ class Playbook:
     """One connection core with its registry, policy, clock and cluster."""
 
     def __init__(self, *, max_in_flight: int = 100, policy: dict[str, Any] | None = None,
-                 pre_auth_max_frame_bytes: int | None = None, max_frame_bytes: int = 100 << 20) -> None:
+                 pre_auth_max_frame_bytes: int | None = None, max_frame_bytes: int = 100 << 20,
+                 concurrent: ConcurrentRetry | None = None) -> None:
         self.clock = FakeClock()
         self.cluster = FakeCluster()
         self.registry = Registry()
-        self.rules = TransactionRules(self.registry, policy_from_config(policy or {}))
+        self.rules = TransactionRules(self.registry, policy_from_config(policy or {}), concurrent=concurrent)
         self.traffic = Traffic()
         self.conn = Connection(
             Settings(connection_id=1, listener="bootstrap", max_frame_bytes=max_frame_bytes,

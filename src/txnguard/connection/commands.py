@@ -47,6 +47,14 @@ class Ask:
 
 
 @dataclass(frozen=True, slots=True)
+class StartTimer:
+    """Call `Connection.timer_fired(token)` after `delay_s` (the core has no clock of its own)."""
+
+    token: int
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     reason: str              # the connection_closes_total label
     detail: str = ""
@@ -110,6 +118,16 @@ class WriteAnswered:
 
 
 @dataclass(frozen=True, slots=True)
+class ConcurrentAbsorbed:
+    """The coordinator said CONCURRENT_TRANSACTIONS and the core asked again itself (KIP-609 idea)."""
+
+    api_key: int
+    retries: int             # how many times the request was sent again
+    waited_ms: float         # from the first CONCURRENT_TRANSACTIONS to the answer the client got
+    ending: str              # "absorbed": the client got another answer; "budget_spent": it got 51 after all
+
+
+@dataclass(frozen=True, slots=True)
 class RequestSeen:
     """Only when the core was built with `debug`: one per request."""
 
@@ -128,8 +146,8 @@ class Authenticated:
     pass
 
 
-Command = (SendToClient | SendToBroker | Ask | Close | PauseReading | ResumeReading | ClientIdentified
-           | ClientSoftware | AnsweredLocally | Rewritten | Decided | WriteAnswered | RequestSeen | RawMode
-           | Authenticated)
+Command = (SendToClient | SendToBroker | Ask | StartTimer | Close | PauseReading | ResumeReading | ClientIdentified
+           | ClientSoftware | AnsweredLocally | Rewritten | Decided | WriteAnswered | ConcurrentAbsorbed | RequestSeen
+           | RawMode | Authenticated)
 
 

@@ -44,6 +44,7 @@ from txnguard.connection.commands import (
     ClientSoftware,
     Close,
     Command,
+    ConcurrentAbsorbed,
     Decided,
     Direction,
     PauseReading,
@@ -54,10 +55,12 @@ from txnguard.connection.commands import (
     SendToBroker,
     SendToClient,
     Side,
+    StartTimer,
     WriteAnswered,
 )
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
 from txnguard.verification.audit import ClientInfo
+from txnguard.verification.concurrent import ABSORBED_KEYS
 from txnguard.verification.decisions import Answer, Clock, Decision, PendingCheck, TransactionRules
 from txnguard.verification.inventory import ConnectionInventory
 
@@ -91,6 +94,7 @@ class Pause(enum.Enum):
     """Why the core stops reading the client."""
 
     VERIFICATION = "verification"
+    CONCURRENT_TRANSACTIONS = "concurrent_transactions"  # asking the coordinator again (KIP-609 idea)
     MAX_IN_FLIGHT = "max_in_flight"
     DRAINING = "draining"
 
@@ -124,7 +128,8 @@ class ResponseOutOfOrder(CodecError):
 
 
 class InFlight:
-    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "response", "sent_at", "window")
+    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "refused_at", "request",
+                 "response", "retries", "sent_at", "window")
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, action: ResponseAction,
                  sent_at: float) -> None:
@@ -136,6 +141,9 @@ class InFlight:
         self.response: list[Chunk] | None = None   # complete and waiting its turn
         self.context: Any = None                    # the decoded request, or the Decision to merge
         self.window: Decision | None = None         # a verified write: its answer closes the window
+        self.request: bytes | None = None           # kept to ask again after CONCURRENT_TRANSACTIONS
+        self.retries = 0                            # times sent again
+        self.refused_at: float | None = None        # the first CONCURRENT_TRANSACTIONS answer
 
 
 class _Waiting:
@@ -166,6 +174,11 @@ class Connection:
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
         self._waiting: _Waiting | None = None
+        # A life-cycle request the coordinator refused with CONCURRENT_TRANSACTIONS, being asked again:
+        # like a verification, it holds the client's later requests (they must follow its answer).
+        self._absorbing: InFlight | None = None
+        self._absorb_token = 0
+        self._release_after_responses = False
         self._held: list[memoryview] = []
         self._checks = 0
         self._paused: set[Pause] = set()
@@ -226,8 +239,8 @@ class Connection:
             out.append(SendToBroker([memoryview(data)[:n]]))
             data = memoryview(data)[n:]  # type: ignore[assignment]  # the splitter reads any buffer
         to_broker: list[Chunk] = []
-        if (not self.requests.buffered and self._waiting is None and self.client_id is not None
-                and not self.draining and self._fast):
+        if (not self.requests.buffered and self._waiting is None and self._absorbing is None
+                and self.client_id is not None and not self.draining and self._fast):
             done = self._relay_requests(data, to_broker)
             if done == len(data):
                 # Every frame of the read was relayed: one write of the read as it came.
@@ -328,6 +341,11 @@ class Connection:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
             return out
         self._after_responses(out, to_client)
+        if self._release_after_responses:
+            # An absorption ended inside this chunk: held requests go on only now, after the
+            # responses above, so nothing the client reads can overtake them.
+            self._release_after_responses = False
+            self._release_held(out)
         return out
 
     def _relay_responses(self, data: bytes | memoryview, to_client: list[Chunk]) -> int:
@@ -391,12 +409,20 @@ class Connection:
         if forward is not None:
             to_broker.append(forward)
         self._resume(Pause.VERIFICATION, out)
-        held, self._held = self._held, []
-        if held:
-            self._requests(held, out, to_broker)
-        if not self.closed:
-            self._after_requests(out, to_broker)
+        self._release_held(out, to_broker)
         return out
+
+    def timer_fired(self, token: int) -> list[Command]:
+        """A StartTimer ran out: ask the coordinator again with the refused request's own bytes."""
+        entry = self._absorbing
+        if self.closed or entry is None or token != self._absorb_token or entry.request is None:
+            return []
+        self._now = self.clock.perf()
+        self._absorb_token += 1  # this pause is over: its timer cannot fire twice
+        entry.retries += 1
+        entry.sent_at = self._now
+        self._forwarded.append(entry)  # the broker answers in order: after whatever is already out
+        return [SendToBroker([entry.request])]
 
     def verification_failed(self, check_id: int, reason: str, detail: str) -> list[Command]:
         waiting = self._waiting
@@ -436,7 +462,7 @@ class Connection:
 
     def _requests(self, frames: list[memoryview], out: list[Command], to_broker: list[Chunk]) -> None:
         for i, frame in enumerate(frames):
-            if self._waiting is not None:
+            if self._waiting is not None or self._absorbing is not None:
                 self._held.extend(frames[i:])
                 return
             try:
@@ -481,7 +507,7 @@ class Connection:
         Only a Produce the proxy does not verify qualifies (verification reads every batch header),
         and only when nothing is held: requests reach the broker in the client's order.
         """
-        if self._waiting is not None or self._held or self.draining:
+        if self._waiting is not None or self._absorbing is not None or self._held or self.draining:
             return
         found = self.requests.incomplete()
         if found is None:
@@ -535,6 +561,8 @@ class Connection:
         entry = InFlight(correlation_id, key, version, action, self._now)
         if action is ResponseAction.OBSERVE:
             entry.context = self.rules.observe_request(key, version, body, self.clock.wall_ms())
+            if key in ABSORBED_KEYS and entry.context is not None and self.rules.concurrent.enabled:
+                entry.request = bytes(frame)  # a few hundred bytes, kept until the answer
         self._order.append(entry)
         self._forwarded.append(entry)
         return frame
@@ -736,22 +764,66 @@ class Connection:
             entry.response = parts  # complete, waiting its turn
             return
         frame = memoryview(b"".join(parts))
-        entry.response = [self._rewrite(entry, frame, out)]
+        response = self._rewrite(entry, frame, out)
+        if response is not None:
+            entry.response = [response]
 
-    def _rewrite(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
+    def _rewrite(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk | None:
+        """The response for the client; None while the request is being asked again."""
         action = entry.action
         if action is ResponseAction.REWRITE_ADDRESSES:
             return self._rewrite_addresses(entry, frame, out)
         if action is ResponseAction.REWRITE_API_VERSIONS:
             return self._rewrite_api_versions(entry, frame, out)
         if action is ResponseAction.OBSERVE:
-            self.rules.observe_response(entry.api_key, entry.api_version, entry.context, frame[4:],
-                                        self.clock.wall_ms())
+            concurrent = self.rules.observe_response(entry.api_key, entry.api_version, entry.context, frame[4:],
+                                                     self.clock.wall_ms())
+            if concurrent and entry.request is not None:
+                return self._absorb(entry, frame, out)
+            if entry.retries:
+                self._end_absorbing(entry, "absorbed", out)
             return frame
         if action is ResponseAction.MERGE_PRODUCE:
             return self._merge_produce(entry, frame)
         self._sasl_progress(entry, frame[4:], out)
         return frame
+
+    def _absorb(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk | None:
+        """CONCURRENT_TRANSACTIONS for the whole request: ask again after a short pause, or (the budget
+        spent) give the client this answer, as the coordinator gave it."""
+        now = self._now
+        if entry.refused_at is None:
+            entry.refused_at = now
+        waited_ms = (now - entry.refused_at) * 1000
+        delay_ms = self.rules.concurrent.delay_ms(entry.retries, waited_ms)
+        if delay_ms is None:
+            self._end_absorbing(entry, "budget_spent", out)
+            return frame
+        if self._absorbing is None:
+            self._absorbing = entry
+            self._pause(Pause.CONCURRENT_TRANSACTIONS, out)
+        self._absorb_token += 1
+        out.append(StartTimer(self._absorb_token, delay_ms / 1000))
+        return None
+
+    def _end_absorbing(self, entry: InFlight, ending: str, out: list[Command]) -> None:
+        waited_ms = (self._now - entry.refused_at) * 1000 if entry.refused_at is not None else 0.0
+        out.append(ConcurrentAbsorbed(entry.api_key, entry.retries, waited_ms, ending))
+        entry.request = None
+        if self._absorbing is entry:
+            self._absorbing = None
+            self._resume(Pause.CONCURRENT_TRANSACTIONS, out)
+            self._release_after_responses = True
+
+    def _release_held(self, out: list[Command], to_broker: list[Chunk] | None = None) -> None:
+        """Requests held behind a verification or an absorption go on once neither holds any more."""
+        to_broker = [] if to_broker is None else to_broker
+        if self._waiting is None and self._absorbing is None:
+            held, self._held = self._held, []
+            if held:
+                self._requests(held, out, to_broker)
+        if not self.closed:
+            self._after_requests(out, to_broker)
 
     def _rewrite_addresses(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
         header, body = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)

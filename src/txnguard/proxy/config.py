@@ -108,6 +108,9 @@ class Health:
 
     hanging_scan_interval_s: float | None = None   # set: scan for hanging transactions this often (off: None)
     hanging_max_transaction_timeout_s: float = 900.0  # find-hanging's --max-transaction-timeout (15 min)
+    # CONCURRENT_TRANSACTIONS on AddPartitionsToTxn/AddOffsetsToTxn asked again by the proxy (KIP-609 idea):
+    # within this budget the client sees one slower answer instead of the error; 0 turns it off.
+    concurrent_transactions_budget_ms: float = 2000.0
 
 
 @dataclass(frozen=True)
@@ -340,8 +343,14 @@ def _health(raw: Any) -> Health:
     unknown = set(raw) - names
     if unknown:
         raise ConfigError(f"health.{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(names))})")
-    values: dict[str, Any] = {k: None if v is None and k == "hanging_scan_interval_s" else
-              float(_positive_number(f"health.{k}", v, integer=False)) for k, v in raw.items()}
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        if v is None and k == "hanging_scan_interval_s":
+            values[k] = None
+        elif k == "concurrent_transactions_budget_ms" and v == 0 and not isinstance(v, bool):
+            values[k] = 0.0  # off: the client gets CONCURRENT_TRANSACTIONS as the coordinator said it
+        else:
+            values[k] = float(_positive_number(f"health.{k}", v, integer=False))
     return Health(**values)
 
 

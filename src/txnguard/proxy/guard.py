@@ -22,6 +22,7 @@ from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
 from txnguard.verification.audit import ClientInfo, audit_record, connection_record, identified, record_key
+from txnguard.verification.concurrent import concurrent_retry
 from txnguard.verification.decisions import Answer, Decision, Question, TransactionRules
 from txnguard.verification.holds import HoldLimits, worth_asking_again
 from txnguard.verification.inventory import ConnectionInventory
@@ -118,7 +119,8 @@ class TransactionGuard:
                                                 evidence_ttl_ms=evidence_ttl(config)))
         self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence,
                                       holds=HoldLimits(share=v.hold_share, max_ms=v.hold_max_ms,
-                                                       default_request_timeout_ms=v.client_request_timeout_ms))
+                                                       default_request_timeout_ms=v.client_request_timeout_ms),
+                                      concurrent=concurrent_retry(config.health.concurrent_transactions_budget_ms))
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence)

@@ -64,6 +64,19 @@ class ProxyMetrics:
             registry=r)
         for ending in ("decided", "timeout"):
             self.verification_hold_endings.labels(ending)
+        # CONCURRENT_TRANSACTIONS asked again by the proxy (verification/concurrent.py, the KIP-609 idea).
+        self.concurrent_absorptions = Counter(
+            "txnguard_concurrent_transactions_absorptions", "AddPartitionsToTxn/AddOffsetsToTxn answered "
+            "CONCURRENT_TRANSACTIONS and asked again by the proxy, by API and ending: absorbed (the client got "
+            "another answer) or budget_spent (the client got CONCURRENT_TRANSACTIONS after all)", ["api", "ending"],
+            registry=r)
+        self.concurrent_retries = Counter(
+            "txnguard_concurrent_transactions_retries", "Requests the proxy sent again after "
+            "CONCURRENT_TRANSACTIONS, by API", ["api"], registry=r)
+        for api in ("add_partitions_to_txn", "add_offsets_to_txn"):
+            self.concurrent_retries.labels(api)
+            for ending in ("absorbed", "budget_spent"):
+                self.concurrent_absorptions.labels(api, ending)
         # Kafka starts VerificationTimeMs once the request is parsed; the proxy's parsing is shown apart.
         self.inspection_time = Histogram(
             "txnguard_inspection_time_ms", "Decoding a request the guard checks (before its verification "

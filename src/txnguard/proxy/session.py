@@ -122,7 +122,9 @@ class Session:
             c.ClientSoftware: self._client_software, c.AnsweredLocally: self._answered_locally,
             c.Rewritten: self._rewritten, c.Decided: self._decided, c.WriteAnswered: self._write_answered,
             c.RequestSeen: self._request_seen, c.RawMode: self._raw_mode, c.Authenticated: self._authenticated,
+            c.StartTimer: self._start_timer, c.ConcurrentAbsorbed: self._concurrent_absorbed,
         }
+        self._timers: set[asyncio.TimerHandle] = set()
 
     # -- who the client is (for the proxy's other parts) -------------------------------------------------
 
@@ -192,6 +194,9 @@ class Session:
             self._upstream_task.cancel()
         for task in list(self._checks):
             task.cancel()
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
         if self.core.inventory is not None:
             self.guard.audit.connection_closed(self.core.client_info(), self.core.inventory, reason)
         self.proxy.session_closed(self)
@@ -314,6 +319,26 @@ class Session:
 
     def _decided(self, command: c.Decided) -> None:
         self.guard.record(command.decision, self.log)
+
+    def _start_timer(self, command: c.StartTimer) -> None:
+        def fire() -> None:
+            self._timers.discard(handle)
+            if not self.closed:
+                self._execute(self.core.timer_fired(command.token))
+
+        handle = asyncio.get_running_loop().call_later(command.delay_s, fire)
+        self._timers.add(handle)
+
+    def _concurrent_absorbed(self, command: c.ConcurrentAbsorbed) -> None:
+        api = schemas.api_name(command.api_key)
+        self.metrics.concurrent_absorptions.labels(api, command.ending).inc()
+        if command.retries:
+            self.metrics.concurrent_retries.labels(api).inc(command.retries)
+        # Absorbed is the normal case of a short-transaction loop: debug. A spent budget means the client
+        # backs off after all, which an operator may want to see.
+        log = self.log.debug if command.ending == "absorbed" else self.log.info
+        log("concurrent_transactions_" + command.ending, api=api, retries=command.retries,
+            waited_ms=round(command.waited_ms, 3))
 
     def _write_answered(self, command: c.WriteAnswered) -> None:
         self.metrics.child(self.metrics.verification_window, command.evidence).observe(command.window_ms)

@@ -104,6 +104,8 @@ class _Pipe:
                 fault = self.relay.fault_for(self.direction, api_key, frame)
                 action = fault.action if fault is not None else None
                 self.relay.seen.frames.append((self.direction, api_key, correlation_id, action))
+                for observe in self.relay.observers:
+                    observe(self.direction, api_key, self.conn.version_of.get(correlation_id, -1), frame)
                 if fault is not None:
                     fault.applied += 1
                     if fault.action is Action.DROP:
@@ -164,6 +166,7 @@ class _Connection:
         self.client_reader, self.client_writer = client
         self.broker_reader, self.broker_writer = broker
         self.api_of: dict[int, int] = {}       # correlation id -> api key, for responses
+        self.version_of: dict[int, int] = {}   # correlation id -> api version (observers decode with it)
         self.swallow: dict[int, int] = {}      # duplicated request -> answers still to drop (the later ones)
         self.client_gone = False
         self.to_broker = _Pipe(relay, self, Direction.REQUEST, self.broker_writer)
@@ -198,10 +201,11 @@ class _Connection:
     async def _read_requests(self) -> None:
         async for frame in self._frames(self.client_reader):
             if len(frame) >= _FRAME_HEAD.size:
-                _, api_key, _, correlation_id = _FRAME_HEAD.unpack_from(frame)
+                _, api_key, api_version, correlation_id = _FRAME_HEAD.unpack_from(frame)
             else:
-                api_key, correlation_id = -1, -1
+                api_key, api_version, correlation_id = -1, -1, -1
             self.api_of[correlation_id] = api_key
+            self.version_of[correlation_id] = api_version
             await self.to_broker.queue.put((frame, api_key, correlation_id))
         await self.to_broker.queue.put(None)  # the client closed: the broker side closes once drained
 
@@ -221,11 +225,14 @@ class _Connection:
 class FaultRelay:
     """A relay to `target` on a loopback port of its own, in a thread with its own event loop."""
 
-    def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1") -> None:
+    def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.target, self.host = target, host
-        self.port = 0
+        self.port = port  # 0: any free port
         self.faults: list[Fault] = []
         self.seen = Seen()
+        # Called on the relay's loop with (direction, api key, api version, frame) for every frame that
+        # crosses, before its fault applies: a tap for what a client really received.
+        self.observers: list[Callable[[Direction, int, int, bytes], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -322,7 +329,7 @@ class FaultRelay:
         loop = asyncio.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
-        self._server = loop.run_until_complete(asyncio.start_server(self._accept, self.host, 0))
+        self._server = loop.run_until_complete(asyncio.start_server(self._accept, self.host, self.port))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         try:
@@ -343,6 +350,10 @@ class FaultRelay:
         self._open.add(conn)
         try:
             await conn.run()
+        except asyncio.CancelledError:
+            # The relay stops. Ending quietly matters: asyncio's start_server callback asks a cancelled
+            # handler task for its exception and logs the CancelledError as an error.
+            return
         finally:
             self._connections.discard(task)
             self._open.discard(conn)

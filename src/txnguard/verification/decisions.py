@@ -35,6 +35,7 @@ from txnguard.policies.enforcement import Mode
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT, ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
+from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry, only_concurrent_transactions
 from txnguard.verification.holds import HoldLimits
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
 from txnguard.verification.outcomes import Verdict
@@ -157,12 +158,13 @@ class TransactionRules:
     """KIP-890 part 1 decisions for every connection of one proxy (they share the registry)."""
 
     def __init__(self, registry: Registry, policy: Policy, *, enabled: bool = True, ask_leader: bool = True,
-                 holds: HoldLimits | None = None) -> None:
+                 holds: HoldLimits | None = None, concurrent: ConcurrentRetry | None = None) -> None:
         self.registry = registry
         self.policy = policy
         self.enabled = enabled
         self.ask_leader = ask_leader
         self.holds = holds or HoldLimits()
+        self.concurrent = concurrent or ConcurrentRetry()
         self.offsets_partitions: int | None = None
 
     # -- which requests -----------------------------------------------------------------------------
@@ -191,13 +193,15 @@ class TransactionRules:
             return None  # EndTxn takes effect when sent: its answer changes nothing here
         return req
 
-    def observe_response(self, key: int, version: int, request: Any, body: memoryview, now_ms: int) -> None:
+    def observe_response(self, key: int, version: int, request: Any, body: memoryview, now_ms: int) -> bool:
+        """Learn from a life-cycle answer; True when it refuses the whole request with
+        CONCURRENT_TRANSACTIONS (the core may then ask again itself: verification/concurrent.py)."""
         if request is None:
-            return
+            return False
         try:
             _, resp = schemas.decode_response(body, key, version)
         except Exception:  # noqa: BLE001
-            return
+            return False
         if key == INIT_PRODUCER_ID:
             if resp.error_code == ErrorCode.none and request.transactional_id:
                 timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
@@ -212,6 +216,7 @@ class TransactionRules:
         elif key == ADD_OFFSETS and resp.error_code == ErrorCode.none:
             self.registry.added(str(request.transactional_id), int(request.producer_id), int(request.producer_epoch),
                                 now_ms, group=str(request.group_id))
+        return key in ABSORBED_KEYS and only_concurrent_transactions(key, resp)
 
     @staticmethod
     def added_partitions(resp: Any) -> set[TopicPartition]:
