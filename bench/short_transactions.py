@@ -1,15 +1,23 @@
 """Short-transaction loops, direct vs through txnguard, side by side (issue 11: CONCURRENT_TRANSACTIONS absorbed).
 
 One Kafka 3.5.2 node in the sidecar layout: the broker advertises a port where a tap
-(a FaultRelay with no fault) listens. Direct, the tap forwards to the broker; proxied,
-to a `txnguard run --mode sidecar` process in front of the broker; and optionally to
-a proxy with absorption off (`--with-off`). Every client sees the same path length
-but for the proxy. Per client family and round, the modes alternate; the loop writes
-one record to partition 0 per transaction.
+(a FaultRelay with no fault, counting AddPartitionsToTxn/AddOffsetsToTxn answers that
+carry CONCURRENT_TRANSACTIONS) listens in front of the broker. Modes, alternating per
+round, each with exactly one tap hop:
 
-Printed per family: transactions/s per mode (median of rounds), the ratio proxied /
-direct, the CONCURRENT_TRANSACTIONS answers the client received (the tap's count), and
-the proxy's own absorption counters from /metrics.
+    direct    client -> tap -> broker            the tap counts what the client received
+    gateway   client -> txnguard gateway -> tap -> broker
+              (the deployment the proxy is built for: it sees every request, so local
+              evidence decides; the client received a CONCURRENT_TRANSACTIONS only when the
+              proxy's budget ran out: its budget_spent counter)
+    sidecar   client -> tap -> txnguard sidecar -> broker   the tap counts what the client received
+              (a sidecar reuses no evidence by default: every write is checked with the
+              coordinator and the leader, so it costs more per transaction)
+
+The loop writes one record to partition 0 per transaction, as fast as the client goes.
+Printed per family: transactions/s per mode (median of rounds), ratios to direct, the
+CONCURRENT_TRANSACTIONS answers the client received, the proxies' absorptions, and the
+proxy CPU per transaction (from /proc).
 
     .venv/bin/python bench/short_transactions.py --transactions 300 --rounds 3
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -47,15 +56,23 @@ def metric_sum(admin: int, name: str, label: str) -> dict[str, float]:
     return out
 
 
-def start_proxy(node: Any, tmp: Path, budget_ms: float) -> tuple[ProxyProcess, int, int]:
-    port, admin = free_port(), free_port()
-    config = tmp / f"proxy-{port}.yaml"
+def start_gateway(upstream: str, tmp: Path, budget_ms: float) -> tuple[ProxyProcess, int, int]:
+    port, admin, listener = free_port(), free_port(), free_port()
+    config = tmp / f"gateway-{port}.yaml"
     config.write_text(json.dumps({
-        "mode": "sidecar", "upstream": f"{node.host}:{node.port}", "listen": f"127.0.0.1:{port}",
+        "mode": "gateway", "upstream": upstream, "listen": f"127.0.0.1:{port}", "broker_ports": {0: listener},
         "admin": f"127.0.0.1:{admin}", "log_level": "warning",
         "health": {"concurrent_transactions_budget_ms": budget_ms}}))
-    proxy = ProxyProcess(["--config", str(config)], tmp / f"proxy-{port}.log").start(wait_port=("127.0.0.1", port))
+    proxy = ProxyProcess(["--config", str(config)], tmp / f"gateway-{port}.log").start(wait_port=("127.0.0.1", port))
     return proxy, port, admin
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+ABSORPTIONS = "txnguard_concurrent_transactions_absorptions_total"
 
 
 def main() -> None:
@@ -63,56 +80,65 @@ def main() -> None:
     ap.add_argument("--transactions", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--families", default=",".join(FAMILIES))
-    ap.add_argument("--with-off", action="store_true", help="also a proxy with absorption off")
+    ap.add_argument("--with-off", action="store_true", help="also a gateway with absorption off")
     args = ap.parse_args()
     families = args.families.split(",")
-    modes = ["direct", "proxied", *(["proxied_off"] if args.with_off else [])]
+    modes = ["direct", "gateway", *(["gateway_off"] if args.with_off else [])]
     tmp = Path(tempfile.mkdtemp(prefix="short-txn-"))
     cluster = kafka.up("3.5.2", 1, tmp / "kafka", sidecars=True, die_with_parent=True)
     node = cluster.nodes[0]
-    bootstrap = f"{node.host}:{node.sidecar_port}"
-    proxies = {"proxied": start_proxy(node, tmp, 2000)}
-    if args.with_off:
-        proxies["proxied_off"] = start_proxy(node, tmp, 0)
+    tapped = f"{node.host}:{node.sidecar_port}"  # what the broker advertises: the tap
     rows: list[dict[str, Any]] = []
-    try:
-        raw.create_topic(cluster.live_bootstrap(), "short", 1, -1, None)
-        for family in families:
-            for rnd in range(args.rounds):
-                for mode in modes:
-                    target = (node.host, node.port) if mode == "direct" else ("127.0.0.1", proxies[mode][1])
-                    before = metric_sum(proxies[mode][2], "txnguard_concurrent_transactions_absorptions_total",
-                                        "ending") if mode != "direct" else {}
-                    with ConcurrentTap(target, node.sidecar_port) as tap:  # type: ignore[arg-type]
+    with ConcurrentTap((node.host, node.port), node.sidecar_port) as tap:  # type: ignore[arg-type]
+        proxies = {"gateway": start_gateway(tapped, tmp, 2000)}
+        if args.with_off:
+            proxies["gateway_off"] = start_gateway(tapped, tmp, 0)
+        try:
+            raw.create_topic(cluster.live_bootstrap(), "short", 1, -1, None)
+            for family in families:
+                for rnd in range(args.rounds):
+                    for mode in modes:
+                        proxy = proxies.get(mode)
+                        bootstrap = tapped if proxy is None else f"127.0.0.1:{proxy[1]}"
+                        before = metric_sum(proxy[2], ABSORPTIONS, "ending") if proxy else {}
+                        cpu_before = cpu_seconds(proxy[0].proc.pid) if proxy and proxy[0].proc else 0.0
+                        tap_before = tap.count
                         result = run_loop(family, bootstrap, "short", f"short-{family}-{mode}-{rnd}",
                                           args.transactions)
                         time.sleep(0.2)  # the last answers through the tap
-                        seen = tap.count
-                    after = metric_sum(proxies[mode][2], "txnguard_concurrent_transactions_absorptions_total",
-                                       "ending") if mode != "direct" else {}
-                    row = {"family": family, "round": rnd, "mode": mode, "transactions": result.transactions,
-                           "seconds": round(result.seconds, 3), "per_second": round(result.per_second, 1),
-                           "client_saw_concurrent": seen,
-                           "absorbed": after.get("absorbed", 0) - before.get("absorbed", 0),
-                           "budget_spent": after.get("budget_spent", 0) - before.get("budget_spent", 0)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-    finally:
-        for proxy, _, _ in proxies.values():
-            proxy.terminate()
-        cluster.down()
-    print()
-    print(f"| client | {' | '.join(f'{m} txn/s' for m in modes)} | proxied / direct | "
-          f"{' | '.join(f'51 seen by client, {m}' for m in modes)} | absorbed by proxy |")
-    print("|" + " --- |" * (2 * len(modes) + 3))
+                        broker_said = tap.count - tap_before
+                        after = metric_sum(proxy[2], ABSORPTIONS, "ending") if proxy else {}
+                        cpu = cpu_seconds(proxy[0].proc.pid) - cpu_before if proxy and proxy[0].proc else 0.0
+                        spent = after.get("budget_spent", 0) - before.get("budget_spent", 0)
+                        # What the client received: direct and with absorption off, every refusal the
+                        # broker sent; through an absorbing gateway, only those it gave up on.
+                        client_saw = spent if mode == "gateway" else broker_said
+                        row = {"family": family, "round": rnd, "mode": mode, "transactions": result.transactions,
+                               "seconds": round(result.seconds, 3), "per_second": round(result.per_second, 1),
+                               "broker_said_concurrent": broker_said, "client_saw_concurrent": client_saw,
+                               "absorbed": after.get("absorbed", 0) - before.get("absorbed", 0),
+                               "proxy_cpu_ms_per_txn": round(cpu * 1000 / result.transactions, 3)}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+        finally:
+            for proxy_process, _, _ in proxies.values():
+                proxy_process.terminate()
+            cluster.down()
+    print(f"\nload average at the end: {os.getloadavg()}")
+    print(f"| client | {' | '.join(f'{m} txn/s' for m in modes)} | "
+          f"{' | '.join(f'{m} / direct' for m in modes[1:])} | "
+          f"{' | '.join(f'51 received by client, {m}' for m in modes)} | absorbed by gateway | gateway CPU ms/txn |")
+    print("|" + " --- |" * (3 * len(modes) + 2))
     for family in families:
         mine = [r for r in rows if r["family"] == family]
         rate = {m: statistics.median(r["per_second"] for r in mine if r["mode"] == m) for m in modes}
-        seen = {m: sum(r["client_saw_concurrent"] for r in mine if r["mode"] == m) for m in modes}
-        absorbed = sum(r["absorbed"] for r in mine if r["mode"] == "proxied")
+        seen = {m: int(sum(r["client_saw_concurrent"] for r in mine if r["mode"] == m)) for m in modes}
+        absorbed = sum(r["absorbed"] for r in mine if r["mode"] == "gateway")
+        cpu = statistics.median(r["proxy_cpu_ms_per_txn"] for r in mine if r["mode"] == "gateway")
+        ratios = " | ".join(f"x{rate[m] / rate['direct']:.2f}" for m in modes[1:])
         print(f"| {family} | {' | '.join(f'{rate[m]:.1f}' for m in modes)} | "
-              f"x{rate['proxied'] / rate['direct']:.2f} | {' | '.join(str(seen[m]) for m in modes)} | "
-              f"{absorbed:.0f} |")
+              f"{ratios} | "
+              f"{' | '.join(str(seen[m]) for m in modes)} | {absorbed:.0f} | {cpu:.3f} |")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"short-transactions-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"transactions": args.transactions, "rounds": args.rounds, "rows": rows}, indent=1))
