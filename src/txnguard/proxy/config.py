@@ -50,6 +50,30 @@ class UpstreamTls:
     check_hostname: bool = True
 
 
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+@dataclass(frozen=True)
+class UpstreamAuth:
+    """SASL for the proxy's own broker connections (verification, metadata, the hanging scan): its own
+    principal, never a client's. Clients' SASL passes through untouched and is never mixed with this."""
+
+    username: str
+    mechanism: str = "SCRAM-SHA-512"
+    password: str | None = field(default=None, repr=False)   # never in a repr, hence never in a log line
+    password_file: str | None = None                         # read at each connection: rotation needs no restart
+
+    def secret(self) -> str:
+        if self.password is not None:
+            return self.password
+        assert self.password_file is not None
+        return Path(self.password_file).read_text().rstrip("\r\n")
+
+    @property
+    def principal(self) -> str:
+        return f"User:{self.username}"
+
+
 @dataclass(frozen=True)
 class Limits:
     max_frame_bytes: int = 100 * 1024 * 1024
@@ -125,6 +149,7 @@ class ProxyConfig:
     client_auth: str = "none"                           # none | sasl (frame limit until SASL completes)
     tls: ServerTls | None = None
     upstream_tls: UpstreamTls | None = None
+    upstream_auth: UpstreamAuth | None = None           # SASL for the proxy's own connections (ACL clusters)
     unknown_api_keys: str = "pass"                      # pass | strip
     api_max_versions: Mapping[int, int] = field(default_factory=dict)
     # ApiVersions shows clients transaction.version <= 1 (and TV1 API versions): Kafka 4.x clients
@@ -272,6 +297,8 @@ def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one bra
             kw[key] = None if v is None else _dataclass_from(key, ServerTls, v)
         elif key == "upstream_tls":
             kw[key] = None if v is None else _dataclass_from(key, UpstreamTls, v if v is not True else {})
+        elif key == "upstream_auth":
+            kw[key] = None if v is None else _upstream_auth(v)
         elif key == "limits":
             kw[key] = _dataclass_from(key, Limits, v)
         elif key == "verification":
@@ -285,6 +312,26 @@ def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one bra
             kw[key] = _health(v)
     cfg = ProxyConfig(**kw)
     return validate(cfg)
+
+
+def _upstream_auth(raw: Any) -> UpstreamAuth:
+    """Exactly one of password / password_file (an env override of one must not leave the other in force
+    silently); error messages name the setting, never the secret."""
+    auth: UpstreamAuth = _dataclass_from("upstream_auth", UpstreamAuth, raw)
+    if auth.mechanism not in SASL_MECHANISMS:
+        raise ConfigError(f"upstream_auth.mechanism: {auth.mechanism!r} is not one of {', '.join(SASL_MECHANISMS)}")
+    if not isinstance(auth.username, str) or not auth.username:
+        raise ConfigError("upstream_auth.username: required (the proxy's own principal, User:<username>)")
+    if (auth.password is None) == (auth.password_file is None):
+        raise ConfigError("upstream_auth: set exactly one of password (e.g. TXNGUARD_UPSTREAM_AUTH__PASSWORD) "
+                          "or password_file")
+    if auth.password is not None and (not isinstance(auth.password, str) or not auth.password):
+        raise ConfigError("upstream_auth.password: must be a non-empty string (quote it in YAML)")
+    if auth.password_file is not None:
+        _check_file("upstream_auth.password_file", auth.password_file)
+        if not auth.secret():
+            raise ConfigError(f"upstream_auth.password_file: {auth.password_file!r} is empty")
+    return auth
 
 
 def _verification(raw: Any) -> Verification:
@@ -430,7 +477,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name in ("TXNGUARD_CACHE", "TXNGUARD_TEST_DIR"):
             continue
         path = name[len(ENV_PREFIX):].lower().split("__")
-        parsed = _env_value(value)
+        # A password is taken as given: parsed as YAML, "0123" or "true" would not be the password.
+        parsed = value if path[-1] == "password" else _env_value(value)
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})

@@ -123,7 +123,7 @@ class TransactionGuard:
                                       concurrent=concurrent_retry(config.health.concurrent_transactions_budget_ms))
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
-                                 coordinator_evidence=v.coordinator_evidence)
+                                 coordinator_evidence=v.coordinator_evidence, auth=config.upstream_auth)
         self.audit = AuditLog(config.audit_path)
         self.log = logs.get(component="guard")
         metrics.registry_size.set_function(lambda: len(self.registry))

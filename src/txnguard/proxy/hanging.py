@@ -131,11 +131,12 @@ class ClusterAdmin:
     """The few admin requests the scan and the abort need, over BrokerConnection."""
 
     def __init__(self, bootstrap: Sequence[HostPort], *, ssl_context: Any = None, timeout_s: float = 10.0,
-                 address_of: Callable[[str, int], HostPort] | None = None) -> None:
+                 address_of: Callable[[str, int], HostPort] | None = None, auth: Any = None) -> None:
         if not bootstrap:
             raise ValueError("no bootstrap address")
         self.bootstrap = tuple(bootstrap)
         self.ssl_context = ssl_context
+        self.auth = auth  # upstream_auth: the proxy's own SASL principal
         self.timeout_s = timeout_s
         self.address_of = address_of or (lambda host, port: HostPort(host, port))
         self._connections: dict[HostPort, BrokerConnection] = {}
@@ -149,7 +150,7 @@ class ClusterAdmin:
         conn = self._connections.get(address)
         if conn is None or not conn.is_open:
             conn = await BrokerConnection.open(address.host, address.port, ssl_context=self.ssl_context,
-                                               timeout=self.timeout_s)
+                                               timeout=self.timeout_s, auth=self.auth)
             self._connections[address] = conn
         return conn
 
@@ -394,7 +395,8 @@ class HangingMonitor:
         self.interval_s = h.hanging_scan_interval_s
         self.max_transaction_timeout_ms = int(h.hanging_max_transaction_timeout_s * 1000)
         self.scope = Scope(local_broker=config.mode == "sidecar")
-        self.admin = ClusterAdmin(config.upstream, ssl_context=ssl_context, timeout_s=config.verification.timeout_s)
+        self.admin = ClusterAdmin(config.upstream, ssl_context=ssl_context, timeout_s=config.verification.timeout_s,
+                                  auth=config.upstream_auth)
         self.metrics = metrics
         self.audit = audit
         self.tracker = FindingTracker()

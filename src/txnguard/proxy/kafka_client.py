@@ -12,17 +12,33 @@ import itertools
 import ssl
 import struct
 from collections import deque
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+import scramp
+from kio.schema.errors import ErrorCode
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
 from txnguard.codecs import schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
+
+if TYPE_CHECKING:
+    from txnguard.proxy.config import UpstreamAuth
 
 CLIENT_ID = "txnguard-proxy"
 
 
 class UpstreamError(ConnectionError):
     """A broker could not be reached or broke the connection."""
+
+
+class UpstreamAuthError(UpstreamError):
+    """The broker refused the proxy's own SASL authentication; `code` is Kafka's error code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class BrokerConnection(asyncio.Protocol):
@@ -37,8 +53,22 @@ class BrokerConnection(asyncio.Protocol):
 
     @classmethod
     async def open(
-        cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None, timeout: float = 10.0
+        cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None, timeout: float = 10.0,
+        auth: UpstreamAuth | None = None,
     ) -> BrokerConnection:
+        """Connect (TLS when given a context) and, with `auth`, authenticate as the proxy's own principal."""
+        proto = await cls._connect(host, port, ssl_context, timeout)
+        if auth is not None:
+            try:
+                await proto._authenticate(auth, timeout)
+            except BaseException:
+                proto.close()
+                raise
+        return proto
+
+    @classmethod
+    async def _connect(cls, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                       timeout: float) -> BrokerConnection:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
@@ -49,6 +79,38 @@ class BrokerConnection(asyncio.Protocol):
         except (TimeoutError, OSError, ssl.SSLError) as e:
             raise UpstreamError(f"cannot connect to {host}:{port}: {e!r}") from e
         return proto
+
+    async def _authenticate(self, auth: UpstreamAuth, timeout: float) -> None:
+        """SaslHandshake v1 then SaslAuthenticate v2 (KIP-152), as Kafka's own clients do.
+
+        SCRAM through scramp (RFC 5802/7677, the server's signature checked, so a broker that does not
+        know the password cannot pass itself off); PLAIN in one message. The password is read here, per
+        connection, and never logged: errors name the user and the mechanism only.
+        """
+        who = f"{auth.principal} ({auth.mechanism})"
+        hs = await self.request(SaslHandshakeRequest(mechanism=auth.mechanism), timeout)
+        if hs.error_code != ErrorCode.none:
+            raise UpstreamAuthError(f"SASL as {who}: the broker offers only {', '.join(hs.mechanisms)}",
+                                    int(hs.error_code))
+        if auth.mechanism == "PLAIN":
+            await self._sasl_step(f"\0{auth.username}\0{auth.secret()}".encode(), who, timeout)
+            return
+        scram = scramp.ScramClient([auth.mechanism], auth.username, auth.secret())
+        server_first = await self._sasl_step(scram.get_client_first().encode(), who, timeout)
+        try:
+            scram.set_server_first(server_first.decode())
+            server_final = await self._sasl_step(scram.get_client_final().encode(), who, timeout)
+            scram.set_server_final(server_final.decode())
+        except (scramp.ScramException, UnicodeDecodeError) as e:
+            raise UpstreamAuthError(f"SASL as {who}: the broker's SCRAM answer does not check out: {e}",
+                                    int(ErrorCode.sasl_authentication_failed)) from None
+
+    async def _sasl_step(self, auth_bytes: bytes, who: str, timeout: float) -> bytes:
+        resp = await self.request(SaslAuthenticateRequest(auth_bytes=auth_bytes), timeout)
+        if resp.error_code != ErrorCode.none:
+            raise UpstreamAuthError(f"SASL as {who} refused: {resp.error_message or 'no message'}",
+                                    int(resp.error_code))
+        return bytes(resp.auth_bytes)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses

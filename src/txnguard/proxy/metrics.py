@@ -127,6 +127,12 @@ class ProxyMetrics:
         for outcome in ("ok", "failed"):
             self.hanging_scans.labels(outcome)
 
+        # The proxy's own principal refused by Kafka (proxy/access.py): each names one missing ACL.
+        self.authorization_failures = Counter(
+            "txnguard_verification_authorization_failures", "The proxy's own verification requests refused by "
+            "Kafka's authorizer or SASL, by API and the right they name (operation, resource type)",
+            ["api", "operation", "resource_type"], registry=r)
+
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
         """metric.labels(*values), looked up once: labels() costs microseconds on the per-request path."""
         key = (id(metric), values)

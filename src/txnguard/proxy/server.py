@@ -29,9 +29,10 @@ from txnguard.policies.policy import policy_from_config
 from txnguard.proxy import audit_sink, hanging, logs
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
-from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
+from txnguard.proxy.kafka_client import BrokerConnection, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.session import ClientProtocol, Session
+from txnguard.verification.access import missing_acl
 
 TLS_HANDSHAKE = 0x16
 
@@ -331,12 +332,18 @@ class Proxy:
             conn = None
             try:
                 conn = await BrokerConnection.open(target.host, target.port, ssl_context=self.upstream_ssl,
-                                                   timeout=self.config.limits.connect_timeout_s)
+                                                   timeout=self.config.limits.connect_timeout_s,
+                                                   auth=self.config.upstream_auth)
                 body = await conn.request(MetadataRequest(
                     topics=(), allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
                     include_topic_authorized_operations=False), timeout=self.config.limits.connect_timeout_s)
             except (UpstreamError, OSError) as e:
                 self.log.warning("metadata_refresh_failed", broker=str(target), error=str(e))
+                auth = self.config.upstream_auth
+                missing = missing_acl("sasl_authenticate", e.code, auth.mechanism) if isinstance(
+                    e, UpstreamAuthError) and auth else None
+                if missing is not None:  # the proxy's own credentials: /readyz says so
+                    self.guard.verifier.access.refused(missing)
                 continue
             finally:
                 if conn is not None:
@@ -344,12 +351,17 @@ class Proxy:
             if self.config.mode == "gateway":
                 self.learn_brokers(addresses.broker_addresses(addresses.METADATA, body))
             self.last_metadata_ok = time.monotonic()
+            if self.config.upstream_auth is not None:
+                self.guard.verifier.access.proved(("AUTHENTICATE", "SASL", self.config.upstream_auth.mechanism))
             return True
         return False
 
     def ready(self) -> tuple[bool, str]:
         if self.stopping:
             return False, "draining"
+        why = self.guard.verifier.access.not_ready()  # the proxy's own principal lacks a right it needs
+        if why is not None:
+            return False, why
         if self.last_metadata_ok is None:
             return False, "no successful Metadata request to the cluster yet"
         age = time.monotonic() - self.last_metadata_ok

@@ -42,9 +42,11 @@ from txnguard.codecs.describe_transactions import DescribedTransaction, read_des
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
 from txnguard.proxy import logs
-from txnguard.proxy.config import HostPort
-from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
+from txnguard.proxy.access import AccessMonitor
+from txnguard.proxy.config import HostPort, UpstreamAuth
+from txnguard.proxy.kafka_client import BrokerConnection, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.access import MissingAcl, missing_acl, refused
 from txnguard.verification.judge import (
     coordinator_unreachable,
     error_name,
@@ -110,8 +112,11 @@ class Verifier:
     def __init__(self, bootstrap: tuple[HostPort, ...], metrics: ProxyMetrics, *, ssl_context: Any = None,
                  timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
                  address_of: Callable[[str, int], HostPort] | None = None,
-                 coordinator_evidence: str = "describe_transactions") -> None:
+                 coordinator_evidence: str = "describe_transactions", auth: UpstreamAuth | None = None) -> None:
         self.bootstrap = bootstrap
+        self.auth = auth  # the proxy's own SASL principal (upstream_auth); None: no SASL
+        self.access = AccessMonitor(metrics, auth.principal if auth else "User:ANONYMOUS")
+        self._topics_visible: dict[str, float] = {}  # topic -> when Metadata last showed DESCRIBE on it
         self.verify_only = coordinator_evidence == "verify_only"
         self.metrics = metrics
         self.ssl_context = ssl_context
@@ -147,7 +152,9 @@ class Verifier:
         self._connecting[address] = fut
         try:
             conn = await BrokerConnection.open(address.host, address.port, ssl_context=self.ssl_context,
-                                               timeout=self.connect_timeout_s)
+                                               timeout=self.connect_timeout_s, auth=self.auth)
+            if self.auth is not None:
+                self.access.proved(("AUTHENTICATE", "SASL", self.auth.mechanism))
             self._connections[address] = conn
             fut.set_result(conn)
             return conn
@@ -178,6 +185,8 @@ class Verifier:
             if self.bootstrap[0] != address:
                 self.bootstrap = (address, *(a for a in self.bootstrap if a != address))
             return answer
+        if isinstance(last, UpstreamAuthError):
+            raise last  # every broker refused the proxy's credentials: say so, not "no answer"
         raise UpstreamError(f"no bootstrap broker answered: {last}")
 
     # -- the coordinator -----------------------------------------------------------------------------
@@ -188,7 +197,7 @@ class Verifier:
         self.metrics.coordinator_requests.labels("find_coordinator").inc()
         resp = await self._any_broker(FindCoordinatorRequest(key=txn_id, key_type=i8(1)))
         if resp.error_code != ErrorCode.none:
-            raise _CoordinatorError(int(resp.error_code))
+            raise _CoordinatorError(int(resp.error_code), missing_acl("find_coordinator", int(resp.error_code), txn_id))
         address = self.address_of(str(resp.host), int(resp.port))
         if len(self._coordinators) > 100_000:
             self._coordinators.clear()
@@ -254,6 +263,10 @@ class Verifier:
 
         top, codes = await self._with_rediscovery(
             txn_id, ask, lambda a: {a[0]} if a[0] != ErrorCode.none else set(a[1].values()))
+        missing = missing_acl("add_partitions_to_txn_verify_only", top, "")
+        if missing is not None:
+            raise _NotAuthorized(missing)
+        self.access.proved(("CLUSTER_ACTION", "Cluster", "kafka-cluster"))
         return {tp: judge_verify_only(top, codes.get(tp), tp) for tp in pending}
 
     async def _send_verify_only(self, address: HostPort, keys: list[Key]) -> dict[Key, _VerifyAnswer]:
@@ -326,6 +339,13 @@ class Verifier:
         topics = tuple(TopicRequest(name=TopicName(t), partition_indexes=tuple(i32(p) for p in ps))
                        for t, ps in by_topic.items())
         resp = await conn.request(DescribeProducersRequest(topics=topics), self.timeout_s)
+        for t in resp.topics:  # READ on the topic: without it the leader gives no evidence (not essential)
+            codes = {int(p.error_code) for p in t.partitions}
+            missing = next(filter(None, (missing_acl("describe_producers", c, str(t.name)) for c in codes)), None)
+            if missing is not None:
+                self.access.refused(missing)
+            elif ErrorCode.none in codes:
+                self.access.proved(("READ", "Topic", str(t.name)))
         return {(str(t.name), int(p.partition_index)): p for t in resp.topics for p in t.partitions}
 
     # -- __consumer_offsets ------------------------------------------------------------------------------
@@ -336,6 +356,10 @@ class Verifier:
                 topics=(MetadataRequestTopic(name=TopicName(CONSUMER_OFFSETS)),), allow_auto_topic_creation=False,
                 include_cluster_authorized_operations=False, include_topic_authorized_operations=False))
             parts = len(resp.topics[0].partitions) if resp.topics else 0
+            missing = missing_acl("metadata", int(resp.topics[0].error_code), CONSUMER_OFFSETS) if resp.topics else None
+            if missing is not None:
+                self.access.refused(missing)
+                raise UpstreamError(missing.sentence(self.access.principal))
             if parts == 0:
                 raise UpstreamError("__consumer_offsets has no partitions yet")
             self._offsets_partitions = parts
@@ -370,14 +394,54 @@ class Verifier:
             if self.verify_only and await self._verify_only_supported(await self.coordinator_of(txn_id)):
                 return await self.verify_partitions(txn_id, producer_id, epoch, pending), None
             desc = await self.describe(txn_id)
-        except _CoordinatorError as e:
+            missing = missing_acl("describe_transactions", desc.error_code, txn_id)
+            if missing is not None:
+                raise _NotAuthorized(missing)
+        except (_CoordinatorError, _NotAuthorized, UpstreamAuthError) as e:
+            missing = e.missing if not isinstance(e, UpstreamAuthError) else missing_acl(
+                "sasl_authenticate", e.code, self.auth.mechanism if self.auth else "none")
+            if missing is not None:  # the proxy's own principal lacks a right: fail closed, retriable
+                self.access.refused(missing)
+                return {tp: refused(missing, self.access.principal) for tp in pending}, None
+            assert isinstance(e, _CoordinatorError)
             v = Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
                         f"FindCoordinator answered {error_name(e.code)}", error_name(e.code))
             return {tp: v for tp in pending}, None
         except (TimeoutError, UpstreamError, OSError, CodecError) as e:
             v = coordinator_unreachable(f"no answer from the coordinator: {e!r}")
             return {tp: v for tp in pending}, None
-        return {tp: judge_description(desc, producer_id, epoch, tp) for tp in pending}, desc
+        self.access.proved(("DESCRIBE", "TransactionalId", txn_id))
+        verdicts = {tp: judge_description(desc, producer_id, epoch, tp) for tp in pending}
+        for tp, v in verdicts.items():
+            if v.outcome is Outcome.NOT_IN_TRANSACTION:
+                hidden = await self._topic_hidden(tp[0])
+                if hidden is not None:
+                    self.access.refused(hidden)
+                    verdicts[tp] = refused(hidden, self.access.principal)
+            elif v.passed:
+                self.access.proved(("DESCRIBE", "Topic", tp[0]))
+        return verdicts, desc
+
+    async def _topic_hidden(self, topic: str) -> MissingAcl | None:
+        """DescribeTransactions leaves out, without an error, the partitions of topics the principal may not
+        DESCRIBE: "not in the transaction" is then no evidence. Before a rejection stands, Metadata shows
+        whether the proxy may see the topic (a yes is remembered for 10 s; rejections are rare)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._topics_visible.get(topic, -10.0) < 10.0:
+            return None
+        try:
+            resp = await self._any_broker(MetadataRequest(
+                topics=(MetadataRequestTopic(name=TopicName(topic)),), allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False, include_topic_authorized_operations=False))
+        except (TimeoutError, UpstreamError, OSError, CodecError):
+            return None  # cannot tell: the coordinator's answer stands
+        code = int(resp.topics[0].error_code) if resp.topics else ErrorCode.none
+        missing = missing_acl("metadata", code, topic)
+        if missing is None:
+            self._topics_visible[topic] = loop.time()
+            if len(self._topics_visible) > 10_000:
+                self._topics_visible.clear()
+        return missing
 
     async def _leader_check(self, leader: HostPort, tp: TopicPartition, producer_id: int, epoch: int) -> bool:
         try:
@@ -389,7 +453,14 @@ class Verifier:
 
 
 class _CoordinatorError(Exception):
-    def __init__(self, code: int) -> None:
+    def __init__(self, code: int, missing: MissingAcl | None = None) -> None:
         super().__init__(f"FindCoordinator error {code}")
         self.code = code
+        self.missing = missing  # set when the error is the proxy's own principal refused
+
+
+class _NotAuthorized(Exception):
+    def __init__(self, missing: MissingAcl) -> None:
+        super().__init__(missing.error)
+        self.missing = missing
 

@@ -38,15 +38,19 @@ class ClusterPool:
             OrderedDict()
 
     def get(self, version: str, nodes: int = 1, config: dict[str, str] | None = None,
-            sidecars: bool = False) -> kafka.Cluster:
-        key = (version, nodes, sidecars, tuple(sorted((config or {}).items())))
+            sidecars: bool = False, scram_users: dict[str, str] | None = None, acls: bool = False) -> kafka.Cluster:
+        # SCRAM users and ACLs make a cluster of its own kind: the key holds them (users sorted, in the config part).
+        key = (version, nodes, sidecars, tuple(sorted({**(config or {}), **{
+            f"scram-user:{u}": pw for u, pw in (scram_users or {}).items()}, **({"acls": "on"} if acls else {})}
+            .items())))
         cluster = self._clusters.get(key)
         if cluster is None:
             while len(self._clusters) >= self.max_alive:
                 _, oldest = self._clusters.popitem(last=False)
                 oldest.down()
             directory = self.root / f"kafka-{version}-{nodes}n{'-sidecar' if sidecars else ''}-{next(_counter)}"
-            cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars, die_with_parent=True)
+            cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars, die_with_parent=True,
+                               scram_users=scram_users, acls=acls)
             self._clusters[key] = cluster
         else:
             # A test may have stopped a node and failed before restarting it.

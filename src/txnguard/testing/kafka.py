@@ -80,7 +80,7 @@ class Node:
     sidecar_port: int | None = None
     broker_port: int | None = None
     ssl_port: int | None = None  # a TLS listener (PEM key store), when the cluster was made with certs
-    sasl_port: int | None = None  # a SASL_PLAINTEXT (PLAIN) listener, when made with sasl users
+    sasl_port: int | None = None  # a SASL_PLAINTEXT listener (PLAIN; SCRAM-SHA-512 too with scram users)
 
     @property
     def address(self) -> str:
@@ -382,11 +382,19 @@ def create(
     sidecars: bool = False,
     tls: Any = None,
     sasl_users: Mapping[str, str] | None = None,
+    scram_users: Mapping[str, str] | None = None,
+    acls: bool = False,
 ) -> Cluster:
     """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
 
     With `sidecars`, every broker advertises a sidecar port for clients (see
     deploy/sidecar/README.md): the layout a txnguard sidecar deployment uses.
+
+    With `scram_users`, the SASL listener offers SCRAM-SHA-512 (and PLAIN) for these users, their
+    credentials written into the metadata log at format time (`kafka-storage format --add-scram`,
+    KIP-900, Kafka 3.5+). With `acls`, StandardAuthorizer denies whatever no ACL allows; the
+    PLAINTEXT listener (inter-broker, controller, this harness's own probes and ACL changes: loopback
+    only) is User:ANONYMOUS, the super user, so clients that must meet the ACLs use the SASL port.
     """
     if nodes < 1:
         raise HarnessError("a cluster needs at least one node")
@@ -401,7 +409,7 @@ def create(
                     sidecar_port=_free_port(host, taken) if sidecars else None,
                     broker_port=_free_port(host, taken) if sidecars else None,
                     ssl_port=_free_port(host, taken) if tls is not None else None,
-                    sasl_port=_free_port(host, taken) if sasl_users else None)
+                    sasl_port=_free_port(host, taken) if sasl_users or scram_users else None)
                for i in range(1, nodes + 1)]
     settings = {**_base_config(nodes), **(config or {})}
     cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings)
@@ -448,8 +456,8 @@ def create(
                 "listener.name.ssl.ssl.truststore.location": str(tls.ca),
                 "listener.name.ssl.ssl.client.auth": "requested",
             })
-        if sasl_users:
-            users = " ".join(f'user_{u}="{pw}"' for u, pw in sasl_users.items())
+        if sasl_users or scram_users:
+            users = " ".join(f'user_{u}="{pw}"' for u, pw in {**(sasl_users or {}), **(scram_users or {})}.items())
             props["listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
             props["advertised.listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
             props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
@@ -458,12 +466,26 @@ def create(
                 "listener.name.sasl_plaintext.plain.sasl.jaas.config":
                     f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
             })
+        if scram_users:
+            props.update({
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            })
+        if acls:
+            props.update({
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": "User:ANONYMOUS",
+                "allow.everyone.if.no.acl.found": "false",
+            })
+        scram = [a for u, pw in (scram_users or {}).items()
+                 for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={pw}]")]
         (nd / "server.properties").write_text(_properties(props))
         fmt = subprocess.run(
             ["java", "-Xmx256m", f"-Dlog4j.configuration=file:{nd / 'log4j.properties'}",
              f"-Dlog4j2.configurationFile={nd / 'log4j2.properties'}",
              "-cp", jars.classpath(server_jars), "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(nd / "server.properties")],
+             "-t", cluster_id, "-c", str(nd / "server.properties"), *scram],
             capture_output=True, text=True, check=False,
         )
         if fmt.returncode != 0:
@@ -482,9 +504,12 @@ def up(
     tls: Any = None,
     die_with_parent: bool = False,
     sasl_users: Mapping[str, str] | None = None,
+    scram_users: Mapping[str, str] | None = None,
+    acls: bool = False,
 ) -> Cluster:
     """Create, start and wait until every broker is registered and transactions work."""
-    cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls, sasl_users=sasl_users)
+    cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls, sasl_users=sasl_users,
+                     scram_users=scram_users, acls=acls)
     cluster.die_with_parent = die_with_parent
     try:
         for n in cluster.nodes:

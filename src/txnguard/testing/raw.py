@@ -98,11 +98,36 @@ class ProducerIdentity:
 class RawClient:
     """One blocking connection to one broker."""
 
-    def __init__(self, host: str, port: int, *, client_id: str = "txnguard-raw", timeout: float = 15.0):
+    def __init__(self, host: str, port: int, *, client_id: str = "txnguard-raw", timeout: float = 15.0,
+                 sasl: tuple[str, str] | None = None):
         self.host, self.port = host, port
         self.client_id = client_id
         self._sock = socket.create_connection((host, port), timeout=timeout)
         self._correlation = itertools.count(1)
+        if sasl is not None:
+            try:
+                self.authenticate(*sasl)
+            except BaseException:
+                self.close()
+                raise
+
+    def authenticate(self, username: str, password: str, mechanism: str = "SCRAM-SHA-512") -> None:
+        """SaslHandshake v1 + SaslAuthenticate v2 (SCRAM through scramp, as the proxy's own client does)."""
+        import scramp
+
+        hs = self.request(_schema_module(17, 1).SaslHandshakeRequest(mechanism=mechanism))
+        if hs.error_code != ErrorCode.none:
+            raise RawProtocolError(f"SaslHandshake {mechanism}: {hs.error_code.name}")
+
+        def step(data: bytes) -> bytes:
+            r = self.request(_schema_module(36, 2).SaslAuthenticateRequest(auth_bytes=data))
+            if r.error_code != ErrorCode.none:
+                raise RawProtocolError(f"SaslAuthenticate as {username}: {r.error_code.name} {r.error_message}")
+            return bytes(r.auth_bytes)
+
+        scram = scramp.ScramClient([mechanism], username, password)
+        scram.set_server_first(step(scram.get_client_first().encode()).decode())
+        scram.set_server_final(step(scram.get_client_final().encode()).decode())
 
     @classmethod
     def connect(cls, address: str, **kw: Any) -> RawClient:
@@ -363,7 +388,8 @@ def any_broker(bootstrap_servers: str) -> tuple[str, int]:
 
 
 def coordinator_for(
-    bootstrap_servers: str, key: str, key_type: int = 1, deadline_s: float = 30.0
+    bootstrap_servers: str, key: str, key_type: int = 1, deadline_s: float = 30.0,
+    sasl: tuple[str, str] | None = None,
 ) -> tuple[int, str, int]:
     """(node id, host, port) of the coordinator of a transactional id (key_type 1) or group (0).
 
@@ -372,7 +398,7 @@ def coordinator_for(
     host, port = any_broker(bootstrap_servers)
     end = time.monotonic() + deadline_s
     last: Any = None
-    with RawClient(host, port) as c:
+    with RawClient(host, port, sasl=sasl) as c:
         while time.monotonic() < end:
             last = c.find_coordinator(key, key_type)
             if last.error_code == ErrorCode.none:

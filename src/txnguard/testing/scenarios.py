@@ -35,12 +35,13 @@ class TxnActor:
     request_timeout_ms: int = 30000  # a Produce's TimeoutMs (clients send their request timeout)
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
     client_id: str = "txnguard-scenario"
+    sasl: tuple[str, str] | None = None  # (user, password): SCRAM-SHA-512 on every connection
 
     def _client(self, host: str, port: int) -> RawClient:
-        return RawClient(host, port, client_id=self.client_id)
+        return RawClient(host, port, client_id=self.client_id, sasl=self.sasl)
 
     def _coordinator(self) -> RawClient:
-        _, host, port = coordinator_for(self.bootstrap, self.transactional_id, key_type=1)
+        _, host, port = coordinator_for(self.bootstrap, self.transactional_id, key_type=1, sasl=self.sasl)
         return self._client(host, port)
 
     def _leader(self, topic: str, partition: int) -> RawClient:
@@ -110,7 +111,7 @@ class TxnActor:
 
     def commit_offsets(self, group: str, offsets: dict[str, dict[int, int]], version: int = 3) -> list[int]:
         assert self.producer is not None
-        _, host, port = coordinator_for(self.bootstrap, group, key_type=0)
+        _, host, port = coordinator_for(self.bootstrap, group, key_type=0, sasl=self.sasl)
         with self._client(host, port) as c:
             r = c.txn_offset_commit(self.transactional_id, self.producer, group, offsets, version=version)
         return [int(p.error_code) for t in r.topics for p in t.partitions]
