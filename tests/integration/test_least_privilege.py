@@ -1,0 +1,268 @@
+"""Least privilege on an ACL cluster: 3 brokers, SASL/SCRAM-SHA-512, StandardAuthorizer, nothing allowed
+that no ACL allows.
+
+    client (its own SCRAM user) ─SASL frames, untouched─▶ txnguard ─▶ broker: the broker sees the client
+    txnguard ─(its own connections, User:txnguard)─▶ FindCoordinator, DescribeTransactions, Metadata,
+                                                     DescribeProducers
+    User:txnguard has DESCRIBE on the transactional id and DESCRIBE on the topic, nothing else.
+
+Each right taken away gives the documented behaviour (README "Least privilege and ACLs"): the check fails
+closed with an error the client retries, a warning naming the ACL, a metric, and /readyz saying why;
+once the ACL is granted again, the client's retry passes and /readyz is ready again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from txnguard.testing.fixtures import fresh_topic
+from txnguard.testing.raw import RawClient, RawProtocolError
+from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
+
+pytestmark = pytest.mark.integration
+
+PROXY, ALICE, BOB = ("txnguard", "proxy-secret"), ("alice", "alice-secret"), ("bob", "bob-secret")
+USERS = dict([PROXY, ALICE, BOB])
+
+
+def _acls(cluster, add=(), remove=()):
+    """ACL changes through the Admin API on the PLAINTEXT listener (User:ANONYMOUS, the super user)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+
+    def binding(cls, principal, op, rtype, name):
+        return cls(getattr(ResourceType, rtype), name, ResourcePatternType.LITERAL, f"User:{principal}", "*",
+                   getattr(AclOperation, op), AclPermissionType.ALLOW)
+
+    if add:
+        for f in admin.create_acls([binding(AclBinding, *a) for a in add]).values():
+            f.result()
+    if remove:
+        for f in admin.delete_acls([binding(AclBindingFilter, *a) for a in remove]).values():
+            f.result()
+    time.sleep(0.5)  # every broker applies the change from the metadata log; on loopback well within this
+
+
+@pytest.fixture
+def acl_cluster(kafka_pool):
+    cluster = kafka_pool.get("3.5.2", 3, scram_users=USERS, acls=True)
+    # The clients' own rights (idempotent: creating an existing ACL is a no-op). Bob may not WRITE topics.
+    _acls(cluster, add=[
+        ("alice", op, rtype, "*") for rtype, ops in (("TRANSACTIONAL_ID", ("WRITE", "DESCRIBE")),
+                                                     ("TOPIC", ("WRITE", "DESCRIBE", "READ")), ("GROUP", ("READ",)))
+        for op in ops] + [("bob", "WRITE", "TRANSACTIONAL_ID", "*"), ("bob", "DESCRIBE", "TRANSACTIONAL_ID", "*"),
+                          ("bob", "DESCRIBE", "TOPIC", "*")])
+    return cluster
+
+
+def _proxy(start_proxy, cluster, password=PROXY[1]):
+    return start_proxy(
+        upstream=",".join(f"{n.host}:{n.sasl_port}" for n in cluster.nodes), mode="gateway", client_auth="sasl",
+        upstream_auth={"mechanism": "SCRAM-SHA-512", "username": PROXY[0], "password": password},
+        # A check the proxy cannot decide is held a short while (0.1 of the request's 5 s), then answered.
+        verification={"hold_share": 0.1})
+
+
+def _readyz(proxy) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(proxy.admin_url + "/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _warnings(capsys, event: str) -> list[dict]:
+    lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
+    return [x for x in lines if x.get("event") == event]
+
+
+def _total(proxy, sample: str) -> float:
+    return sum(s.value for m in proxy.proxy.metrics.registry.collect() for s in m.samples if s.name == sample)
+
+
+def _actors(proxy, cluster, txn_id: str) -> tuple[TxnActor, TxnActor]:
+    """One producer, two routes: `direct` to the brokers' SASL listener for the coordinator requests, so the
+    proxy holds no local evidence (another replica forwarded them, or the proxy restarted) and must ask
+    the coordinator as itself; `proxied` writes through the proxy. Both authenticate as alice."""
+    direct = TxnActor(",".join(f"{n.host}:{n.sasl_port}" for n in cluster.nodes), txn_id, sasl=ALICE)
+    proxied = TxnActor(proxy.bootstrap, txn_id, sasl=ALICE, request_timeout_ms=5000)
+    proxied.producer = direct.init()
+    return direct, proxied
+
+
+def test_the_least_privilege_principal_verifies_and_rejects(acl_cluster, start_proxy, unique_name, capsys):
+    topic, txn = fresh_topic(acl_cluster, unique_name("acl"), partitions=2), unique_name("txn")
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn), (PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    proxy = _proxy(start_proxy, acl_cluster)
+    direct, actor = _actors(proxy, acl_cluster, txn)   # alice: the broker authenticates her, not us
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    assert actor.produce(topic, 0, [b"clean"]).error_code == ErrorCode.none           # verified: coordinator
+    r = actor.produce(topic, 1, [b"never-added"])                                     # S1: rejected by us
+    assert (error_name(r.error_code), r.error_message) == ("INVALID_TXN_STATE",
+                                                           "Partition was not added to the transaction")
+    assert direct.end(commit=True) == ErrorCode.none
+    assert offsets(acl_cluster.bootstrap_servers, topic, 1) == (0, 0)
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "coordinator", "outcome": "pass", "decision": "forwarded"}) >= 1
+    # Without READ on the topic the leader gives no evidence: counted, logged, not fatal (not ready stays ok).
+    assert proxy.metric("txnguard_verification_authorization_failures_total",
+                        {"api": "describe_producers", "operation": "READ", "resource_type": "Topic"}) >= 1
+    assert _readyz(proxy) == (200, "ok\n")
+    read = _warnings(capsys, "proxy_not_authorized")
+    assert {(w["operation"], w["resource_type"], w["resource_name"], w["fails_closed"]) for w in read} == {
+        ("READ", "Topic", topic, False)}
+    assert proxy.metric("txnguard_verification_authorization_failures_total",
+                        {"api": "find_coordinator", "operation": "DESCRIBE", "resource_type": "TransactionalId"}) == 0
+
+
+def test_a_real_client_with_its_own_identity_commits_through_the_proxy(acl_cluster, start_proxy, unique_name):
+    from confluent_kafka import Producer
+
+    topic, txn = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn")
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn), (PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    proxy = _proxy(start_proxy, acl_cluster)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": ALICE[0], "sasl.password": ALICE[1],
+                         "transactional.id": txn})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"exactly once")
+    producer.commit_transaction(30)
+    del producer
+    wait_stable(acl_cluster.bootstrap_servers, topic)
+    assert offsets(acl_cluster.bootstrap_servers, topic, 0) == (2, 2)  # the record and the commit marker
+    # Its AddPartitionsToTxn came through the proxy: the write passed on that (local) evidence.
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "local", "outcome": "pass", "decision": "forwarded"}) >= 1
+
+
+def test_a_client_without_write_is_refused_by_kafka_not_by_us(acl_cluster, start_proxy, unique_name):
+    from confluent_kafka import Producer
+
+    topic, txn = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn")
+    proxy = _proxy(start_proxy, acl_cluster)
+    # Transactional: the coordinator refuses bob's AddPartitionsToTxn; the proxy relays the answer.
+    bob = TxnActor(proxy.bootstrap, txn, sasl=BOB, request_timeout_ms=5000)
+    bob.init()
+    assert bob.add_partitions(topic, 0) == {0: ErrorCode.topic_authorization_failed}
+    # Plain produce (nothing to verify): the leader refuses it.
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": BOB[0], "sasl.password": BOB[1],
+                         "enable.idempotence": False, "message.timeout.ms": 10000})
+    errors = []
+    producer.produce(topic, b"not allowed", on_delivery=lambda err, _m: errors.append(err))
+    producer.flush(15)
+    del producer  # librdkafka would go on reconnecting to the proxy after the test stopped it
+    assert [e.name() for e in errors] == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert offsets(acl_cluster.bootstrap_servers, topic, 0) == (0, 0)
+    # Both refusals are Kafka's answers, carried back unchanged: the proxy rewrote and rejected nothing.
+    assert _total(proxy, "txnguard_error_rewrites_total") == 0
+    assert _total(proxy, "txnguard_verification_failures_total") == 0
+
+
+def test_no_client_can_borrow_the_proxys_principal(acl_cluster, start_proxy, unique_name, capsys):
+    proxy = _proxy(start_proxy, acl_cluster)
+    host, _, port = proxy.bootstrap.rpartition(":")
+    # No SASL: the proxy adds no credentials of its own, so the broker's SASL listener drops the connection.
+    with pytest.raises(RawProtocolError, match="closed the connection"), RawClient(host, int(port), timeout=10) as c:
+        c.metadata([])
+    # The proxy's user name with a guessed password: the broker refuses it.
+    with pytest.raises(RawProtocolError, match=r"(?i)sasl_authentication_failed"):
+        RawClient(host, int(port), timeout=10, sasl=(PROXY[0], "guess"))
+    # The proxy's own password never leaves it: not on the client wire, not in its logs.
+    assert PROXY[1].encode() not in proxy.wire.data()
+    assert PROXY[1] not in capsys.readouterr().err
+
+
+def test_without_describe_on_the_transactional_id_verification_fails_closed_and_says_why(
+        acl_cluster, start_proxy, unique_name, capsys):
+    topic, txn = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn")
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    proxy = _proxy(start_proxy, acl_cluster)
+    direct, actor = _actors(proxy, acl_cluster, txn)
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    r = actor.produce(topic, 0, [b"unverifiable"])
+    # Retriable for the client (the broker's own "cannot verify" answer); nothing written.
+    assert error_name(r.error_code) == "NOT_ENOUGH_REPLICAS"
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED (txnguard's own principal)" in r.error_message
+    assert offsets(acl_cluster.bootstrap_servers, topic, 0) == (0, 0)
+    assert proxy.metric("txnguard_verification_authorization_failures_total",
+                        {"api": "find_coordinator", "operation": "DESCRIBE", "resource_type": "TransactionalId"}) >= 1
+    status, why = _readyz(proxy)
+    assert status == 503 and f"User:txnguard lacks ALLOW DESCRIBE on TransactionalId '{txn}'" in why
+    [warning] = [w for w in _warnings(capsys, "proxy_not_authorized") if w["resource_type"] == "TransactionalId"]
+    assert (warning["principal"], warning["operation"], warning["resource_name"], warning["fails_closed"]) == (
+        "User:txnguard", "DESCRIBE", txn, True)
+    assert warning["fix"] == f"kafka-acls.sh --add --allow-principal User:txnguard --operation Describe " \
+                             f"--transactional-id {txn}"
+
+    # The operator grants it; the client's retry passes and the proxy is ready again.
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn)])
+    assert actor.produce(topic, 0, [b"verified"]).error_code == ErrorCode.none
+    assert _readyz(proxy) == (200, "ok\n")
+    assert direct.end(commit=True) == ErrorCode.none
+
+
+def test_without_describe_on_the_topic_a_hidden_partition_is_not_taken_for_an_unadded_one(
+        acl_cluster, start_proxy, unique_name, capsys):
+    """DescribeTransactions leaves out, silently, the partitions of topics the principal may not DESCRIBE:
+    read naively, every first write would look unadded (INVALID_TXN_STATE, the client's transaction lost)."""
+    topic, txn, txn2 = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn"), unique_name("txn")
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn), (PROXY[0], "DESCRIBE", "TOPIC", topic),
+                            (PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn2)])
+    proxy = _proxy(start_proxy, acl_cluster)
+    direct, actor = _actors(proxy, acl_cluster, txn)
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    assert actor.produce(topic, 0, [b"first"]).error_code == ErrorCode.none   # the rights suffice
+    assert direct.end(commit=True) == ErrorCode.none
+
+    _acls(acl_cluster, remove=[(PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    direct, actor = _actors(proxy, acl_cluster, txn2)  # another producer: nothing in the proxy's registry
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    r = actor.produce(topic, 0, [b"unverifiable"])
+    assert error_name(r.error_code) == "NOT_ENOUGH_REPLICAS"
+    assert "TOPIC_AUTHORIZATION_FAILED (txnguard's own principal)" in r.error_message
+    assert proxy.metric("txnguard_verification_authorization_failures_total",
+                        {"api": "metadata", "operation": "DESCRIBE", "resource_type": "Topic"}) >= 1
+    status, why = _readyz(proxy)
+    assert status == 503 and f"User:txnguard lacks ALLOW DESCRIBE on Topic '{topic}'" in why
+    assert [w["fix"] for w in _warnings(capsys, "proxy_not_authorized") if w["operation"] == "DESCRIBE"] == [
+        f"kafka-acls.sh --add --allow-principal User:txnguard --operation Describe --topic {topic}"]
+
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    assert actor.produce(topic, 0, [b"verified"]).error_code == ErrorCode.none
+    assert _readyz(proxy) == (200, "ok\n")
+    assert direct.end(commit=True) == ErrorCode.none
+    wait_stable(acl_cluster.bootstrap_servers, topic)
+    assert offsets(acl_cluster.bootstrap_servers, topic, 0) == (4, 4)  # 2 records, 2 commit markers
+
+
+def test_refused_credentials_fail_closed_and_readyz_says_why(acl_cluster, start_proxy, unique_name, capsys):
+    topic, txn = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn")
+    proxy = _proxy(start_proxy, acl_cluster, password="wrong-Zq81")
+    proxy.wait_for(lambda: _readyz(proxy)[0] == 503 and "could not authenticate" in _readyz(proxy)[1],
+                   what="/readyz naming the refused credentials")
+    direct, actor = _actors(proxy, acl_cluster, txn)  # the client's own SASL still passes through
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    r = actor.produce(topic, 0, [b"unverifiable"])
+    assert error_name(r.error_code) == "NOT_ENOUGH_REPLICAS"
+    assert "SASL_AUTHENTICATION_FAILED (txnguard's own principal)" in r.error_message
+    assert proxy.metric("txnguard_verification_authorization_failures_total",
+                        {"api": "sasl_authenticate", "operation": "AUTHENTICATE", "resource_type": "SASL"}) >= 1
+    assert "wrong-Zq81" not in capsys.readouterr().err
+    assert direct.end(commit=False) == ErrorCode.none
