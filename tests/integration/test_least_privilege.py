@@ -266,3 +266,29 @@ def test_refused_credentials_fail_closed_and_readyz_says_why(acl_cluster, start_
                         {"api": "sasl_authenticate", "operation": "AUTHENTICATE", "resource_type": "SASL"}) >= 1
     assert "wrong-Zq81" not in capsys.readouterr().err
     assert direct.end(commit=False) == ErrorCode.none
+
+
+def test_offsets_in_a_transaction_need_describe_on_consumer_offsets(acl_cluster, start_proxy, unique_name, capsys):
+    """sendOffsetsToTransaction: the proxy finds the group's __consumer_offsets partition (Metadata) and the
+    coordinator lists it in the transaction only to a principal that may DESCRIBE __consumer_offsets."""
+    topic, txn, group = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn"), unique_name("group")
+    offsets_acl = (PROXY[0], "DESCRIBE", "TOPIC", "__consumer_offsets")
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn), (PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    proxy = _proxy(start_proxy, acl_cluster)
+    direct, actor = _actors(proxy, acl_cluster, txn)
+    assert direct.add_offsets(group) == ErrorCode.none
+    try:
+        # Retriable for TxnOffsetCommit (as when the coordinator cannot be asked); nothing committed.
+        assert actor.commit_offsets(group, {topic: {0: 0}}) == [ErrorCode.coordinator_load_in_progress]
+        assert proxy.metric("txnguard_verification_authorization_failures_total",
+                            {"api": "metadata", "operation": "DESCRIBE", "resource_type": "Topic"}) >= 1
+        status, why = _readyz(proxy)
+        assert status == 503 and "User:txnguard lacks ALLOW DESCRIBE on Topic '__consumer_offsets'" in why
+
+        _acls(acl_cluster, add=[offsets_acl])
+        assert actor.commit_offsets(group, {topic: {0: 0}}) == [ErrorCode.none]   # verified by the coordinator
+        assert proxy.metric("txnguard_verifications_total",
+                            {"evidence": "coordinator", "outcome": "pass", "decision": "forwarded"}) == 1
+        assert direct.end(commit=True) == ErrorCode.none
+    finally:
+        _acls(acl_cluster, remove=[offsets_acl])  # the pooled cluster's proxy principal stays least-privileged
