@@ -292,3 +292,36 @@ def test_offsets_in_a_transaction_need_describe_on_consumer_offsets(acl_cluster,
         assert direct.end(commit=True) == ErrorCode.none
     finally:
         _acls(acl_cluster, remove=[offsets_acl])  # the pooled cluster's proxy principal stays least-privileged
+
+
+def test_mtls_to_the_proxy_with_sasl_inside_keeps_each_clients_own_principal(acl_cluster, start_proxy,
+                                                                              unique_name, tmp_path):
+    """client ══mTLS (one shared client certificate) + SASL/SCRAM══▶ txnguard ──SASL frames──▶ broker.
+
+    The certificate admits the client to the proxy; the broker's decision follows the SASL identity."""
+    from confluent_kafka import Producer
+
+    from txnguard.testing.tls import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    topic = fresh_topic(acl_cluster, unique_name("acl"))
+    proxy = start_proxy(
+        upstream=",".join(f"{n.host}:{n.sasl_port}" for n in acl_cluster.nodes), mode="gateway", client_auth="sasl",
+        tls={"certfile": str(certs.server_cert), "keyfile": str(certs.server_key), "cafile": str(certs.ca),
+             "require_client_cert": True},
+        upstream_auth={"username": PROXY[0], "password": PROXY[1]})
+
+    def send(user):
+        producer = Producer({
+            "bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_SSL", "ssl.ca.location": str(certs.ca),
+            "ssl.certificate.location": str(certs.client_cert), "ssl.key.location": str(certs.client_key),
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user[0], "sasl.password": user[1],
+            "enable.idempotence": False, "message.timeout.ms": 10000})
+        results = []
+        producer.produce(topic, user[0].encode(), on_delivery=lambda err, _m: results.append(err))
+        producer.flush(15)
+        return [e.name() if e else None for e in results]
+
+    assert send(ALICE) == [None]                           # alice may WRITE
+    assert send(BOB) == ["TOPIC_AUTHORIZATION_FAILED"]     # bob, same certificate, may not
+    assert offsets(acl_cluster.bootstrap_servers, topic, 0) == (1, 1)
