@@ -76,6 +76,7 @@ _I16 = struct.Struct(">h")
 _PASS = ResponseAction.PASS
 _PRODUCE, _TXN_OFFSET_COMMIT = ApiKey.PRODUCE.value, ApiKey.TXN_OFFSET_COMMIT.value
 _SASL_HANDSHAKE, _API_VERSIONS = ApiKey.SASL_HANDSHAKE.value, ApiKey.API_VERSIONS.value
+_LIFECYCLE = frozenset({ApiKey.END_TXN.value, ApiKey.INIT_PRODUCER_ID.value})  # checked for coordinator timeouts
 _REWRITE_ADDRESSES = ResponseAction.REWRITE_ADDRESSES
 
 # The relay's fast path (`_relay_requests`) books a frame without the general path's helpers only
@@ -555,6 +556,9 @@ class Connection:
         elif key == _TXN_OFFSET_COMMIT and self.rules.wants(key, version):
             return self._check(head, self.rules.check_txn_offset_commit(frame, version, self.client_info(),
                                                                          self.clock), True, out)
+        elif key in _LIFECYCLE and self.rules.wants_lifecycle(key, version):
+            return self._check(head, self.rules.check_lifecycle(frame, version, self.client_info(), self.clock),
+                               True, out)
         action = self._classify(body, head, out)
         if action is None:
             return None  # answered here
@@ -615,7 +619,10 @@ class Connection:
                 out.append(AnsweredLocally(entry.api_key, entry.api_version, entry.correlation_id, "verification"))
             return None
         entry.sent_at = self._now
-        if decision.rejections:
+        if decision.observe is not None:  # a checked life-cycle request: its answer still feeds the registry
+            entry.action = ResponseAction.OBSERVE
+            entry.context = decision.observe
+        elif decision.rejections:
             entry.action = ResponseAction.MERGE_PRODUCE
             entry.context = decision
         elif addresses.carries_addresses(entry.api_key, entry.api_version):

@@ -21,6 +21,10 @@ class Policy:
     enforcement: Enforcement = field(default_factory=Enforcement)
     family_rules: tuple[FamilyRule, ...] = DEFAULT_RULES
     error_overrides: Mapping[str, ErrorTable] = field(default_factory=lambda: FAMILY_OVERRIDES)
+    # KIP-588 for old clients (verification/timeouts.py): EndTxn/InitProducerId of a transaction the
+    # coordinator timed out are answered/rewritten so that the client bumps its epoch. Off by default:
+    # it changes what clients see, and only a gateway (evidence kept until EndTxn) can use it.
+    timeout_recovery: bool = False
 
     def family(self, software_name: str | None, client_id: str | None, listener: str | None) -> str:
         return classify(self.family_rules, software_name, client_id, listener)
@@ -54,9 +58,10 @@ def policy_from_config(raw: Mapping[str, Any] | None) -> Policy:
         - {family: kafka-python, client_id: "billing-*"}
       errors:                            # per family, per api, per outcome -> error code
         kafka-python: {produce: {not_in_transaction: 120}}
+      timeout_recovery: false            # KIP-588 for old clients (gateway only; README)
     """
     raw = raw or {}
-    known = {"mode", "rules", "families", "errors"}
+    known = {"mode", "rules", "families", "errors", "timeout_recovery"}
     for key in raw:
         if key not in known:
             raise PolicyError(f"policy.{key}: unknown setting (known: {', '.join(sorted(known))})")
@@ -73,7 +78,10 @@ def policy_from_config(raw: Mapping[str, Any] | None) -> Policy:
             raise PolicyError(f"policy.families[{i}]: {f!r} needs family and software_name/client_id/listener")
         families.append(FamilyRule(str(f["family"]), f.get("software_name"), f.get("client_id"), f.get("listener")))
     overrides = _error_overrides(raw.get("errors") or {})
-    return Policy(Enforcement(default, tuple(rules)), tuple(families) + DEFAULT_RULES, overrides)
+    recovery = raw.get("timeout_recovery", False)
+    if not isinstance(recovery, bool):
+        raise PolicyError(f"policy.timeout_recovery: {recovery!r} is not true or false")
+    return Policy(Enforcement(default, tuple(rules)), tuple(families) + DEFAULT_RULES, overrides, recovery)
 
 
 def _error_overrides(raw: Mapping[str, Any]) -> dict[str, dict[str, dict[Outcome, ErrorChoice]]]:

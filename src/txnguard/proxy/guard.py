@@ -23,7 +23,7 @@ from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
 from txnguard.verification.audit import ClientInfo, audit_record, connection_record, identified, record_key
 from txnguard.verification.concurrent import concurrent_retry
-from txnguard.verification.decisions import Answer, Decision, Question, TransactionRules
+from txnguard.verification.decisions import LIFECYCLE_APIS, Answer, Decision, Question, TransactionRules
 from txnguard.verification.holds import HoldLimits, worth_asking_again
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Verdict
@@ -145,6 +145,11 @@ class TransactionGuard:
 
     async def answer(self, question: Question, leader: HostPort | None) -> Answer:
         """Find out what a connection core asked (it resumes its decision with the answer)."""
+        if question.describe_only:  # a coordinator timeout to confirm (verification/timeouts.py)
+            try:
+                return Answer(description=await self.verifier.describe(question.transactional_id))
+            except Exception as e:  # noqa: BLE001 - no answer: the request passes as it is
+                return Answer(failure=repr(e))
         if question.offsets_partitions:
             try:
                 return Answer(offsets_partitions=await self.verifier.offsets_partitions())
@@ -197,10 +202,32 @@ class TransactionGuard:
                              reason="the coordinator gave no definite answer within the request's own timeout")
         return Answer(verdicts=verdicts, description=desc)
 
+    def _record_timeout_recovery(self, decision: Decision, log: Any) -> None:
+        """A KIP-588 answer or rewrite (verification/timeouts.py): a log line, a metric, an audit record."""
+        ctx = decision.context
+        assert ctx is not None
+        for r in decision.records:
+            to_error = r.error.name if r.error is not None else "EPOCH_OF_COORDINATOR"
+            self.metrics.error_rewrites.labels(ctx.api, "PRODUCER_FENCED", to_error, ctx.client.family).inc()
+            log.info("coordinator_timeout_recovered", api=ctx.api, transactional_id=ctx.transactional_id,
+                     producer_id=ctx.producer_id, producer_epoch=ctx.producer_epoch, reason=r.verdict.detail,
+                     error=to_error)
+            if self.audit.enabled:
+                sent = r.error is not None
+                self.audit.write(audit_record(
+                    time_ms=now_ms(), transactional_id=ctx.transactional_id, producer_id=ctx.producer_id,
+                    producer_epoch=ctx.producer_epoch, api=ctx.api, api_version=ctx.api_version, target=r.target,
+                    verdict=r.verdict, decision=r.decision, error_sent=r.error.code if sent and r.error else None,
+                    error_name=r.error.name if sent and r.error else None, latency_ms=decision.elapsed_ms,
+                    cpu_ms=None, mode=ctx.mode.value, proxy_id=self.audit.proxy_id, client=ctx.client))
+
     def record(self, decision: Decision, log: Any) -> None:
         """Metrics, a log line per failed partition, and an audit record per partition."""
         ctx = decision.context
         if ctx is None:
+            return
+        if ctx.api in LIFECYCLE_APIS:
+            self._record_timeout_recovery(decision, log)
             return
         m = self.metrics
         m.child(m.inspection_time, ctx.api).observe(ctx.inspection_ms)

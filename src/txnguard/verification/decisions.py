@@ -14,10 +14,12 @@ in the `Decision` (`records`, `elapsed_ms`, `cpu_ms`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import datetime
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16
 
 from txnguard.codecs import schemas
 from txnguard.codecs.errors import BoundsExceeded, CodecError
@@ -38,13 +40,14 @@ from txnguard.verification.audit import ClientInfo
 from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry, only_concurrent_transactions
 from txnguard.verification.holds import HoldLimits
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
-from txnguard.verification.outcomes import Verdict
+from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 from txnguard.verification.plan import (
     LAST_PRODUCE_VERSION_BEFORE_TV2,
     LAST_TXN_OFFSET_COMMIT_VERSION_BEFORE_TV2,
     plan_produce,
 )
 from txnguard.verification.registry import Registry
+from txnguard.verification.timeouts import FIRST_BUMP_VERSION, PRODUCE_REPLIES, end_txn_reply, timed_out
 
 TopicPartition = tuple[str, int]
 
@@ -117,6 +120,7 @@ class Decision:
     # it was (the weakest of the request's partitions); None when nothing passed.
     evidence_at: float | None = None
     evidence: str | None = None
+    observe: Any = None                             # a forwarded life-cycle request whose answer is observed
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,7 @@ class Question:
     # While the coordinator can only say "not now", keep asking for this long from the start of
     # verification (verification/holds.py); 0: one question.
     hold_ms: float = 0.0
+    describe_only: bool = False                # only the coordinator's DescribeTransactions (timeouts.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +297,8 @@ class TransactionRules:
     def resume(self, check: PendingCheck, answer: Answer, clock: Clock) -> Decision | PendingCheck:
         """The answer to a check's question: a decision, or (TxnOffsetCommit) the next question."""
         ctx = check.context
+        if check.question.describe_only:
+            return self._timeout_decision(ctx, answer, check.started, clock)
         if check.question.offsets_partitions:
             if answer.offsets_partitions is None:
                 # No partition count: cannot verify; retriable for the client.
@@ -325,7 +332,8 @@ class TransactionRules:
                 records.append(VerdictRecord(target, v, "forwarded", None, False))
                 continue
             enforce = ctx.mode is Mode.ENFORCE
-            choice = self.policy.error_for(ctx.api, v.outcome, ctx.client.family, v.underlying)
+            choice = self._timed_out_write(ctx, v, clock) or \
+                self.policy.error_for(ctx.api, v.outcome, ctx.client.family, v.underlying)
             records.append(VerdictRecord(target, v, "rejected" if enforce else "forwarded_unenforced", choice, enforce))
             if enforce:
                 rejections[tp] = Rejection(choice.code, choice.render(v.underlying))
@@ -359,3 +367,93 @@ class TransactionRules:
                             context=ctx)
         reduced = without_partitions(request, rejections)
         return Decision(forward=schemas.encode(header, reduced), rejections=rejections, context=ctx)
+
+    # -- coordinator-side timeouts (the KIP-588 idea; verification/timeouts.py) -------------------------------
+
+    def wants_lifecycle(self, key: int, version: int) -> bool:
+        """EndTxn and KIP-360 InitProducerId are checked only with the policy's timeout_recovery on."""
+        if not self.policy.timeout_recovery:
+            return False
+        return key == END_TXN or (key == INIT_PRODUCER_ID and version >= FIRST_BUMP_VERSION)
+
+    def check_lifecycle(self, frame: memoryview, version: int, client: ClientInfo,
+                        clock: Clock) -> Decision | PendingCheck:
+        """EndTxn or InitProducerId of a transaction this proxy saw outlive its timeout: ask the
+        coordinator first. Anything else passes at once, observed as it always is."""
+        started = clock.perf()
+        try:
+            header, req = schemas.decode_request(frame[4:])
+        except BoundsExceeded:
+            raise
+        except CodecError:
+            return Decision(forward=frame)  # the broker judges what kio refuses; we only watch
+        key, now_ms = int(header.request_api_key), clock.wall_ms()
+        txn_id = str(req.transactional_id) if req.transactional_id else ""
+        pid, epoch = int(req.producer_id), int(req.producer_epoch)
+        candidate = self.registry.timeout_candidate(txn_id, pid, epoch, now_ms) \
+            if txn_id and pid >= 0 and epoch >= 0 and self.policy.mode_for(txn_id) is Mode.ENFORCE else None
+        if key == END_TXN:
+            if candidate is None or end_txn_reply(client.family, bool(req.committed)) is None:
+                self.registry.end_txn(txn_id, pid, epoch, now_ms)
+                return Decision(forward=frame)
+        elif candidate is None:
+            return Decision(forward=frame, observe=req)
+        ctx = RequestContext(_LIFECYCLE_API[key], version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req,
+                             client)
+        return PendingCheck(ctx, Question(txn_id, pid, epoch, (), describe_only=True), started)
+
+    def _timeout_decision(self, ctx: RequestContext, answer: Answer, started: float, clock: Clock) -> Decision:
+        req, now_ms = ctx.request, clock.wall_ms()
+        candidate = self.registry.timeout_candidate(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch,
+                                                    now_ms)
+        why = timed_out(answer.description, candidate) if candidate is not None else None
+        correlation_id = int(ctx.header.correlation_id)
+        if ctx.api == END_TXN_API:
+            reply = end_txn_reply(ctx.client.family, bool(req.committed))
+            if why is None or reply is None:
+                self.registry.end_txn(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, now_ms)
+                return Decision(forward=ctx.frame)
+            # Not forwarded: the coordinator would answer PRODUCER_FENCED. The registry keeps the
+            # candidate, so the client's InitProducerId that follows is rewritten.
+            m = schemas.response_schema(END_TXN, ctx.api_version)
+            body = m(throttle_time=datetime.timedelta(0), error_code=ErrorCode(reply.code))
+            out_header = schemas.response_header_for(END_TXN, ctx.api_version, correlation_id)
+            choice = ErrorChoice(reply.code)
+            return self._timeout_record(Decision(forward=None, local_response=schemas.encode(out_header, body),
+                                                 context=ctx), why, f"{reply.why}: answered {choice.name}", choice,
+                                        started, clock)
+        if why is None:
+            return Decision(forward=ctx.frame, observe=req)
+        # The coordinator's own compare-and-set decides: it bumps E+1 to E+2 only if E+1 is current.
+        bumped = replace(req, producer_epoch=i16(ctx.producer_epoch + 1))
+        return self._timeout_record(Decision(forward=schemas.encode(ctx.header, bumped), observe=req, context=ctx),
+                                    why, f"InitProducerId sent with the coordinator's epoch {ctx.producer_epoch + 1}",
+                                    None, started, clock)
+
+    def _timed_out_write(self, ctx: RequestContext, verdict: Verdict, clock: Clock) -> ErrorChoice | None:
+        """A late write of a transaction the registry saw outlive its timeout, for a family that
+        bumps its epoch by itself on a Produce error (timeouts.PRODUCE_REPLIES): that error, so
+        that the bump (which the proxy then claims, or the coordinator aborts with) follows."""
+        if not self.policy.timeout_recovery or verdict.outcome is not Outcome.LATE_WRITE or ctx.api != PRODUCE:
+            return None
+        code = PRODUCE_REPLIES.get(ctx.client.family)
+        if code is None or self.registry.timeout_candidate(ctx.transactional_id, ctx.producer_id,
+                                                           ctx.producer_epoch, clock.wall_ms()) is None:
+            return None
+        return ErrorChoice(code)
+
+    @staticmethod
+    def _timeout_record(decision: Decision, why: str, what: str, choice: ErrorChoice | None, started: float,
+                        clock: Clock) -> Decision:
+        assert decision.context is not None
+        verdict = Verdict(Outcome.FENCED, Evidence.COORDINATOR, f"{why}; {what}", "TRANSACTION_TIMED_OUT")
+        decision.records = [VerdictRecord(f"txn:{decision.context.transactional_id}", verdict, TIMEOUT_RECOVERED,
+                                          choice, True)]
+        decision.elapsed_ms = (clock.perf() - started) * 1000
+        return decision
+
+
+END_TXN_API, INIT_PRODUCER_ID_API = "end_txn", "init_producer_id"
+_LIFECYCLE_API = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
+LIFECYCLE_APIS = frozenset(_LIFECYCLE_API.values())
+TIMEOUT_RECOVERED = "timeout_recovered"  # the audit record's decision for a KIP-588 rewrite

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+from txnguard.verification.timeouts import OVERDUE_SLACK_MS, Candidate
 
 TopicPartition = tuple[str, int]
 
@@ -72,9 +73,15 @@ class TxnRecord:
     coordinator_start_ms: int | None = None
     coordinator_seen_ms: int | None = None
     request_timeout_ms: int | None = None  # the TimeoutMs of this id's last checked Produce
+    # The transaction the registry ended because it outlived its timeout (Event.TIMEOUT), kept
+    # until anything else happens to the id: the coordinator may have aborted it (timeouts.py).
+    timed_out: Candidate | None = None
 
     def apply(self, event: Event, now_ms: int) -> None:
         step = TRANSITIONS.get((self.phase, event), Step(self.phase, False))
+        self.timed_out = None
+        if event is Event.TIMEOUT and self.phase is Phase.ONGOING and self.started_ms is not None:
+            self.timed_out = Candidate(self.producer_id, self.producer_epoch, self.started_ms)
         if step.new_generation:
             self.generation += 1
             self.partitions.clear()
@@ -188,6 +195,23 @@ class Registry:
                 # The coordinator aborts it; whatever we knew is no longer evidence.
                 rec.apply(Event.TIMEOUT, now_ms)
         return dropped
+
+    def timeout_candidate(self, txn_id: str, producer_id: int, epoch: int, now_ms: int) -> Candidate | None:
+        """The transaction of (producer_id, epoch) this proxy saw ongoing, with no EndTxn since, that
+        is past (or about at) its timeout: the coordinator may have aborted it (timeouts.py).
+        Only a registry that keeps evidence until EndTxn (a gateway's) can say so."""
+        rec = self._records.get(txn_id)
+        if rec is None or self.limits.evidence_ttl_ms is not None:
+            return None
+        if rec.timed_out is not None:
+            hit = rec.timed_out
+            return hit if (hit.producer_id, hit.epoch) == (producer_id, epoch) else None
+        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or rec.phase is not Phase.ONGOING \
+                or rec.started_ms is None:
+            return None
+        if now_ms - rec.started_ms < rec.timeout_ms - OVERDUE_SLACK_MS:
+            return None
+        return Candidate(producer_id, epoch, rec.started_ms)
 
     # -- what the proxy can decide alone ---------------------------------------------------------
 

@@ -1,0 +1,228 @@
+"""KIP-588 for old clients: a coordinator-side timeout answered so the client bumps, a real fence never hidden.
+
+Each test reads as the exchange: what the client sends, what the coordinator says
+(DescribeTransactions), what the proxy does.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from connection_playbook import FakeClock, request
+from kio.schema.end_txn.v3.request import EndTxnRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.types import ProducerId, TransactionalId
+from kio.static.primitive import i16
+
+from txnguard.codecs import schemas
+from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.policies.families import AIOKAFKA, JAVA, KAFKA_PYTHON, LIBRDKAFKA, SARAMA
+from txnguard.policies.policy import PolicyError, policy_from_config
+from txnguard.verification.audit import ClientInfo
+from txnguard.verification.decisions import Answer, Decision, PendingCheck, TransactionRules
+from txnguard.verification.registry import Registry, RegistryLimits
+from txnguard.verification.timeouts import START_SKEW_MS, Candidate, end_txn_reply, timed_out
+
+PID, E, TIMEOUT_MS = 4000, 3, 3000
+T0 = 1_000_000  # wall ms when the proxy saw the first add accepted
+
+
+def _desc(state: str = "CompleteAbort", epoch: int = E + 1, pid: int = PID, start: int = T0 - 5,
+          error: int = 0) -> DescribedTransaction:
+    return DescribedTransaction(error, "app", state, TIMEOUT_MS, start, pid, epoch, frozenset())
+
+
+CANDIDATE = Candidate(PID, E, T0)
+
+
+# -- the coordinator's answer: a timeout of our transaction, or anything else ---------------------------------
+
+@pytest.mark.parametrize("state", ["PrepareEpochFence", "PrepareAbort", "CompleteAbort"])
+def test_our_transaction_aborted_at_the_next_epoch_is_a_timeout(state):
+    assert timed_out(_desc(state=state), CANDIDATE) is not None
+
+
+@pytest.mark.parametrize(
+    "desc",
+    [
+        _desc(state="Empty"),                    # someone's InitProducerId was answered E+1: they hold it
+        _desc(state="Ongoing"),                  # a new producer at E+1 is in a transaction
+        _desc(state="CompleteCommit"),           # ... and committed one
+        _desc(epoch=E + 2),                      # fenced, and the new producer got E+2 (a real zombie fence)
+        _desc(state="Empty", epoch=E + 2),
+        _desc(state="CompleteAbort", epoch=E + 2),  # the new producer aborted its own transaction
+        _desc(start=T0 + START_SKEW_MS + 1),     # an abort of a transaction that began after ours
+        _desc(start=-1),
+        _desc(pid=PID + 1),                      # a new producer id
+        _desc(state="Ongoing", epoch=E),         # not aborted at all: the client's request is right
+        _desc(error=ErrorCode.not_coordinator),
+        None,                                    # no answer
+    ],
+    ids=["empty", "ongoing", "committed", "fenced-e2", "empty-e2", "aborted-e2", "later-start", "no-start",
+         "other-pid", "still-ours", "not-coordinator", "no-answer"],
+)
+def test_a_real_fence_or_anything_else_is_never_taken_for_a_timeout(desc):
+    assert timed_out(desc, CANDIDATE) is None
+
+
+def test_the_family_table():
+    assert end_txn_reply(JAVA, committed=True).code == ErrorCode.invalid_producer_id_mapping
+    assert end_txn_reply(JAVA, committed=False).code == ErrorCode.none
+    assert end_txn_reply(LIBRDKAFKA, committed=True).code == ErrorCode.unknown_producer_id
+    assert end_txn_reply(LIBRDKAFKA, committed=False).code == ErrorCode.unknown_producer_id
+    for family in (KAFKA_PYTHON, AIOKAFKA, SARAMA, "unknown"):
+        assert end_txn_reply(family, committed=True) is None
+        assert end_txn_reply(family, committed=False) is None
+
+
+# -- what the registry saw -------------------------------------------------------------------------------------
+
+def _registry(ttl: int | None = None) -> Registry:
+    r = Registry(RegistryLimits(evidence_ttl_ms=ttl))
+    r.init_producer_id("app", PID, E, TIMEOUT_MS, T0 - 100)
+    r.added("app", PID, E, T0, partitions=[("orders", 0)])
+    return r
+
+
+def test_a_candidate_is_an_ongoing_transaction_past_its_timeout():
+    r = _registry()
+    assert r.timeout_candidate("app", PID, E, T0 + 1000) is None  # not yet due
+    assert r.timeout_candidate("app", PID, E, T0 + TIMEOUT_MS) == CANDIDATE
+    assert r.timeout_candidate("app", PID, E - 1, T0 + TIMEOUT_MS) is None
+    assert r.timeout_candidate("app", PID + 1, E, T0 + TIMEOUT_MS) is None
+    r.expire(T0 + TIMEOUT_MS + 1)  # the registry ends it itself: still a candidate
+    assert r.timeout_candidate("app", PID, E, T0 + TIMEOUT_MS + 2) == CANDIDATE
+
+
+def test_no_candidate_after_an_end_txn_the_proxy_forwarded():
+    r = _registry()
+    r.end_txn("app", PID, E, T0 + 10)
+    assert r.timeout_candidate("app", PID, E, T0 + TIMEOUT_MS * 2) is None
+
+
+def test_no_candidate_without_the_whole_life_cycle():
+    # A sidecar's registry (evidence with a TTL) may miss the client's EndTxn: never a candidate.
+    assert _registry(ttl=0).timeout_candidate("app", PID, E, T0 + TIMEOUT_MS) is None
+
+
+# -- the exchange, through the rules -----------------------------------------------------------------------------
+
+def _rules(recovery: bool = True, mode: str = "enforce") -> TransactionRules:
+    rules = TransactionRules(_registry(), policy_from_config({"timeout_recovery": recovery, "mode": mode}))
+    return rules
+
+
+def _client(family: str) -> ClientInfo:
+    return ClientInfo("c", None, None, family, "bootstrap", 1)
+
+
+def _end_txn(committed: bool, epoch: int = E) -> memoryview:
+    return memoryview(request(EndTxnRequest(transactional_id=TransactionalId("app"), producer_id=ProducerId(PID),
+                                            producer_epoch=i16(epoch), committed=committed), 11))
+
+
+def _init(epoch: int = E) -> memoryview:
+    return memoryview(request(InitProducerIdRequest(
+        transactional_id=TransactionalId("app"), transaction_timeout=datetime.timedelta(milliseconds=TIMEOUT_MS),
+        producer_id=ProducerId(PID), producer_epoch=i16(epoch)), 12))
+
+
+def _due() -> FakeClock:
+    return FakeClock((T0 + TIMEOUT_MS) / 1000)
+
+
+def _asked(rules: TransactionRules, frame: memoryview, family: str, desc: DescribedTransaction | None) -> Decision:
+    clock = _due()
+    pending = rules.check_lifecycle(frame, 3 if len(frame) and frame[5] == 26 else 4, _client(family), clock)
+    assert isinstance(pending, PendingCheck) and pending.question.describe_only
+    decided = rules.resume(pending, Answer(description=desc), clock)
+    assert isinstance(decided, Decision)
+    return decided
+
+
+def _error_of(decision: Decision) -> int:
+    assert decision.forward is None and decision.local_response is not None
+    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], 26, 3)
+    return int(body.error_code)
+
+
+def _epoch_sent(decision: Decision) -> int:
+    assert decision.forward is not None
+    _, req = schemas.decode_request(memoryview(decision.forward)[4:])
+    return int(req.producer_epoch)
+
+
+def test_java_commit_after_a_timeout_becomes_abortable_and_its_bump_claims_the_coordinators_epoch():
+    rules = _rules()
+    # client -> EndTxn(commit, E); coordinator: CompleteAbort at E+1 -> client gets INVALID_PRODUCER_ID_MAPPING
+    commit = _asked(rules, _end_txn(True), JAVA, _desc())
+    assert _error_of(commit) == ErrorCode.invalid_producer_id_mapping
+    assert commit.records[0].decision == "timeout_recovered"
+    # client -> InitProducerId(pid, E) (KIP-360 bump); the proxy sends it with E+1; the coordinator bumps to E+2
+    bump = _asked(rules, _init(), JAVA, _desc())
+    assert _epoch_sent(bump) == E + 1
+    assert bump.observe is not None  # the answer (E+2) still goes into the registry
+
+
+def test_java_abort_after_a_timeout_is_answered_and_the_bump_follows():
+    rules = _rules()
+    assert _error_of(_asked(rules, _end_txn(False), JAVA, _desc(state="PrepareAbort"))) == ErrorCode.none
+    assert _epoch_sent(_asked(rules, _init(), JAVA, _desc())) == E + 1
+
+
+def test_librdkafka_gets_unknown_producer_id_for_both():
+    assert _error_of(_asked(_rules(), _end_txn(True), LIBRDKAFKA, _desc())) == ErrorCode.unknown_producer_id
+    assert _error_of(_asked(_rules(), _end_txn(False), LIBRDKAFKA, _desc())) == ErrorCode.unknown_producer_id
+
+
+@pytest.mark.parametrize("desc", [_desc(state="Empty", epoch=E + 2), _desc(state="Ongoing", epoch=E + 1),
+                                  _desc(state="CompleteAbort", epoch=E + 2)], ids=["empty-e2", "ongoing-e1",
+                                                                                   "aborted-e2"])
+def test_a_second_producer_keeps_its_fence(desc):
+    rules = _rules()
+    end = _asked(rules, _end_txn(True), JAVA, desc)
+    assert end.forward is not None and end.context is None  # forwarded untouched: the coordinator says FENCED
+    bump = _asked(_rules(), _init(), JAVA, desc)
+    assert _epoch_sent(bump) == E and bump.context is None
+
+
+def test_a_family_without_an_abortable_end_txn_keeps_the_coordinators_answer():
+    # kafka-python 3.0: every EndTxn error but the retriable ones is fatal. Its EndTxn is forwarded
+    # (the coordinator answers PRODUCER_FENCED), and a forwarded EndTxn ends the evidence: no claim.
+    rules = _rules()
+    end = rules.check_lifecycle(_end_txn(True), 3, _client(KAFKA_PYTHON), _due())
+    assert isinstance(end, Decision) and end.forward is not None
+    init = rules.check_lifecycle(_init(), 4, _client(KAFKA_PYTHON), _due())
+    assert isinstance(init, Decision) and _epoch_sent(init) == E
+
+
+def test_kafka_pythons_own_bump_after_a_produce_error_is_claimed():
+    # kafka-python 3.0 answers a Produce INVALID_PRODUCER_EPOCH with InitProducerId(pid, E), no EndTxn.
+    assert _epoch_sent(_asked(_rules(), _init(), KAFKA_PYTHON, _desc())) == E + 1
+
+
+def test_requests_of_a_transaction_not_due_pass_at_once():
+    rules = _rules()
+    early = FakeClock((T0 + 100) / 1000)
+    init = rules.check_lifecycle(_init(), 4, _client(JAVA), early)
+    assert isinstance(init, Decision) and _epoch_sent(init) == E and init.observe is not None
+    end = rules.check_lifecycle(_end_txn(True), 3, _client(JAVA), early)
+    assert isinstance(end, Decision) and end.forward is not None
+    # ... and the forwarded EndTxn ended the transaction for the registry: no candidate afterwards.
+    assert rules.registry.timeout_candidate("app", PID, E, T0 + TIMEOUT_MS * 2) is None
+
+
+def test_off_by_default_and_in_monitor_mode():
+    assert not TransactionRules(Registry(), policy_from_config({})).wants_lifecycle(26, 3)
+    assert _rules().wants_lifecycle(26, 3) and _rules().wants_lifecycle(22, 3)
+    assert not _rules().wants_lifecycle(22, 2)  # no producer id or epoch in InitProducerId v0-2
+    monitor = _rules(mode="monitor")
+    end = monitor.check_lifecycle(_end_txn(True), 3, _client(JAVA), _due())
+    assert isinstance(end, Decision) and end.forward is not None
+
+
+def test_the_option_is_a_boolean():
+    with pytest.raises(PolicyError, match="timeout_recovery"):
+        policy_from_config({"timeout_recovery": "yes"})
