@@ -72,7 +72,9 @@ def test_the_family_table():
     assert end_txn_reply(JAVA, committed=False).code == ErrorCode.none
     assert end_txn_reply(LIBRDKAFKA, committed=True).code == ErrorCode.unknown_producer_id
     assert end_txn_reply(LIBRDKAFKA, committed=False).code == ErrorCode.unknown_producer_id
-    for family in (KAFKA_PYTHON, AIOKAFKA, SARAMA, "unknown"):
+    assert end_txn_reply(SARAMA, committed=True).code == ErrorCode.unknown_producer_id
+    assert end_txn_reply(SARAMA, committed=False).code == ErrorCode.none
+    for family in (KAFKA_PYTHON, AIOKAFKA, "unknown"):
         assert end_txn_reply(family, committed=True) is None
         assert end_txn_reply(family, committed=False) is None
 
@@ -226,3 +228,27 @@ def test_off_by_default_and_in_monitor_mode():
 def test_the_option_is_a_boolean():
     with pytest.raises(PolicyError, match="timeout_recovery"):
         policy_from_config({"timeout_recovery": "yes"})
+
+
+def test_a_late_write_of_a_timed_out_transaction_makes_kafka_python_bump_by_itself():
+    from txnguard.policies.enforcement import Mode
+    from txnguard.policies.errors import PRODUCE
+    from txnguard.verification.decisions import RequestContext
+    from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+
+    late = Verdict(Outcome.LATE_WRITE, Evidence.LOCAL, "the registry ended it: past its timeout")
+
+    def error_for(rules: TransactionRules, family: str, epoch: int = E) -> int | None:
+        ctx = RequestContext(PRODUCE, 9, "app", PID, epoch, Mode.ENFORCE, memoryview(b""), None, None,
+                             _client(family))
+        choice = rules._timed_out_write(ctx, late, _due())
+        return None if choice is None else choice.code
+
+    rules = _rules()
+    rules.registry.expire(T0 + TIMEOUT_MS + 1)
+    assert error_for(rules, KAFKA_PYTHON) == ErrorCode.invalid_producer_epoch
+    assert error_for(rules, JAVA) is None  # its usual INVALID_TXN_STATE is abortable, with a bump
+    assert error_for(rules, KAFKA_PYTHON, epoch=E + 1) is None
+    off = _rules(recovery=False)
+    off.registry.expire(T0 + TIMEOUT_MS + 1)
+    assert error_for(off, KAFKA_PYTHON) is None

@@ -57,12 +57,13 @@ type options struct {
 	handshake      bool
 	timeout        time.Duration
 	quiet          bool
+	txnTimeout     time.Duration // 0: Sarama's default
 }
 
 func parseFlags() options {
 	defaults := sarama.NewConfig()
 	var o options
-	var gapMs, backoffMs int
+	var gapMs, backoffMs, txnTimeoutMs int
 	var timeoutS float64
 	flag.StringVar(&o.bootstrap, "bootstrap", "", "bootstrap servers, comma separated (required)")
 	flag.StringVar(&o.topic, "topic", "", "topic (required)")
@@ -77,6 +78,8 @@ func parseFlags() options {
 	flag.StringVar(&o.kafkaVersion, "kafka-version", sarama.DefaultVersion.String(),
 		"Config.Version (Sarama's DefaultVersion)")
 	flag.BoolVar(&o.handshake, "ack-handshake", false, "after each ACK line, wait for one line on stdin")
+	flag.IntVar(&txnTimeoutMs, "transaction-timeout-ms", 0,
+		"Producer.Transaction.Timeout in ms (0: Sarama's default, 1 min)")
 	flag.Float64Var(&timeoutS, "timeout-s", 120, "give up (fatal) after this many seconds")
 	flag.BoolVar(&o.quiet, "quiet", false, "no Sarama log on stderr")
 	flag.Parse()
@@ -87,6 +90,7 @@ func parseFlags() options {
 	}
 	o.gap = time.Duration(gapMs) * time.Millisecond
 	o.backoff = time.Duration(backoffMs) * time.Millisecond
+	o.txnTimeout = time.Duration(txnTimeoutMs) * time.Millisecond
 	o.timeout = time.Duration(timeoutS * float64(time.Second))
 	return o
 }
@@ -127,6 +131,9 @@ func config(o options) (*sarama.Config, error) {
 	cfg.Producer.Return.Errors = true
 	cfg.Producer.Retry.Max = o.retries
 	cfg.Producer.Retry.Backoff = o.backoff
+	if o.txnTimeout > 0 {
+		cfg.Producer.Transaction.Timeout = o.txnTimeout
+	}
 	return cfg, nil
 }
 

@@ -14,6 +14,7 @@ classpath of the version asked for.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -47,9 +48,11 @@ def java(version: str, bootstrap: str, topic: str, txn_id: str, timeout_ms: int,
     from txnguard.testing.clients import tools_log_config
 
     logs = tools_log_config()
-    command = ["java", "-Xmx256m", "-XX:+UseSerialGC", f"-Dlog4j.configuration=file:{logs / 'log4j.properties'}",
-               "-cp", jars.classpath(jars.resolve("kafka-tools", version)), str(JAVA_SOURCE),
-               bootstrap, topic, txn_id, str(timeout_ms), str(stall_ms), mode]
+    libs = jars.classpath(jars.resolve("kafka-tools", version))
+    classes = _compiled(libs, version)
+    command = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+               f"-Dlog4j.configuration=file:{logs / 'log4j.properties'}", "-cp", f"{classes}{os.pathsep}{libs}",
+               "StallTxn", bootstrap, topic, txn_id, str(timeout_ms), str(stall_ms), mode]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, check=False)
     stall = Stall(f"java-{version}")
     for line in proc.stdout.splitlines():
@@ -61,6 +64,17 @@ def java(version: str, bootstrap: str, topic: str, txn_id: str, timeout_ms: int,
     if not stall.steps:
         raise RuntimeError(f"StallTxn printed nothing (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return stall
+
+
+def _compiled(libs: str, version: str) -> Path:
+    """StallTxn compiled once per Kafka version (the source launcher compiles on every run)."""
+    out = jars.cache_root() / "stall-txn" / version
+    target = out / "StallTxn.class"
+    if not target.exists() or target.stat().st_mtime < JAVA_SOURCE.stat().st_mtime:
+        out.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["javac", "-nowarn", "-cp", libs, "-d", str(out), str(JAVA_SOURCE)], check=True,
+                       capture_output=True, timeout=120)
+    return out
 
 
 def confluent(bootstrap: str, topic: str, txn_id: str, timeout_ms: int, stall_ms: int, mode: str,
@@ -209,3 +223,106 @@ def aiokafka(bootstrap: str, topic: str, txn_id: str, timeout_ms: int, stall_ms:
 
 
 RUNNERS = {"confluent-kafka": confluent, "kafka-python": kafka_python, "aiokafka": aiokafka}
+
+
+def sarama(bootstrap: str, topic: str, txn_id: str, timeout_ms: int, stall_ms: int, mode: str,
+           *, limit_s: float = 60.0) -> Stall:
+    """IBM/sarama through sarama-paced (tools/sarama-paced): one transaction, stalled after its first
+    record's acknowledgement. `send`: two records, the second after the stall; `commit`: one record,
+    then the commit after the stall. sarama-paced aborts on an abortable error and runs the
+    transaction again (its next transaction); a fatal error ends it."""
+    import json
+
+    from txnguard.testing.clients import SARAMA_PACED
+
+    per_transaction = 2 if mode == "send" else 1
+    proc = subprocess.Popen([SARAMA_PACED, "--bootstrap", bootstrap, "--topic", topic, "--transactional-id", txn_id,
+                             "--per-transaction", str(per_transaction), "--ack-handshake", "--quiet",
+                             "--transaction-timeout-ms", str(timeout_ms), "--timeout-s", str(limit_s)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    stall = Stall("sarama")
+    last = ""
+    try:
+        for line in proc.stdout:
+            last = line
+            if line.startswith("ACK "):
+                if line.strip() == "ACK 0 0" and not stall.steps:
+                    stall.ok("first-send")
+                    time.sleep(stall_ms / 1000)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+        proc.wait(limit_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    res = json.loads(last)
+    for e in res["errors"]:
+        stall.steps.append(("transaction", e))
+    if res["fatal"]:
+        stall.steps.append(("fatal", res["fatal"]))
+    elif res["committed"]:
+        stall.outcome = "recovered" if res["aborted"] else "committed"
+    return stall
+
+
+RUNNERS["sarama"] = sarama
+
+
+def _run(family: str, bootstrap: str, topic: str, txn_id: str, timeout_ms: int, stall_ms: int, mode: str) -> Stall:
+    if family.startswith("java-"):
+        return java(family.removeprefix("java-"), bootstrap, topic, txn_id, timeout_ms, stall_ms, mode)
+    return RUNNERS[family](bootstrap, topic, txn_id, timeout_ms, stall_ms, mode)
+
+
+def _cell(stall: Stall) -> str:
+    steps = "; ".join(f"{step}: {result.split(':')[0] if result != 'ok' else 'ok'}" for step, result in stall.steps
+                      if step != "first-send")
+    return f"**{stall.outcome}** ({steps})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The README's KIP-588 table: every family, direct / through the gateway without and with
+    policy.timeout_recovery, `send` and `commit` after a stall past the transaction timeout.
+
+        python -m txnguard.testing.stalls --bootstrap 127.0.0.1:9092 --topic t [--families java-3.5.2,...]
+
+    The cluster must scan for timed-out transactions often
+    (transaction.abort.timed.out.transaction.cleanup.interval.ms, the harness's brokers: 1000)."""
+    import argparse
+    import json
+    import uuid
+
+    from txnguard.testing.proxy import ProxyThread
+
+    ap = argparse.ArgumentParser(prog="python -m txnguard.testing.stalls")
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--families", default="java-3.5.2,java-2.8.2,confluent-kafka,kafka-python,aiokafka,sarama")
+    ap.add_argument("--modes", default="send,commit")
+    ap.add_argument("--timeout-ms", type=int, default=2000)
+    ap.add_argument("--stall-ms", type=int, default=4000)
+    a = ap.parse_args(argv)
+    families, modes = a.families.split(","), a.modes.split(",")
+    proxies = {setting: ProxyThread.from_settings(upstream=a.bootstrap, mode="gateway", log_level="warning",
+                                                  policy={"timeout_recovery": setting == "with"}).start()
+               for setting in ("without", "with")}
+    try:
+        for family in families:
+            for mode in modes:
+                cells = []
+                for where in ("direct", "without", "with"):
+                    bootstrap = a.bootstrap if where == "direct" else proxies[where].bootstrap
+                    stall = _run(family, bootstrap, a.topic, f"kip588-{family}-{uuid.uuid4().hex[:8]}", a.timeout_ms,
+                                 a.stall_ms, mode)
+                    print(json.dumps({"family": family, "mode": mode, "where": where, "steps": stall.steps,
+                                      "outcome": stall.outcome}), flush=True)
+                    cells.append(_cell(stall))
+                print(f"| {family} | {mode} | {' | '.join(cells)} |", flush=True)
+    finally:
+        for p in proxies.values():
+            p.stop()
+
+
+if __name__ == "__main__":
+    main()

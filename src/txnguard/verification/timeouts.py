@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
-from txnguard.policies.families import JAVA, KAFKA_PYTHON, LIBRDKAFKA
+from txnguard.policies.families import JAVA, KAFKA_PYTHON, LIBRDKAFKA, SARAMA
 
 # States the coordinator's abort of a timed-out (or fenced) transaction passes through.
 ABORTING = frozenset({"PrepareEpochFence", "PrepareAbort", "CompleteAbort"})
@@ -73,9 +73,10 @@ class EndTxnReply:
 # (or kinds not listed) are passed through: the client meets the coordinator's fatal answer.
 END_TXN_REPLIES: dict[str, dict[EndKind, EndTxnReply]] = {
     # Java 2.8-3.x, TransactionManager.EndTxnHandler: INVALID_PRODUCER_ID_MAPPING ->
-    # abortableErrorIfPossible (epochBumpRequired); the abort then skips EndTxn and sends
-    # InitProducerId(pid, epoch) (beginCompletingTransaction). An abort after an abortable error
-    # (a Produce INVALID_PRODUCER_EPOCH) already requires the bump: NONE lets it go on to it.
+    # abortableErrorIfPossible (epochBumpRequired). The application's abort then sends EndTxn(abort)
+    # (seen on 3.5.2: beginCompletingTransaction's InvalidPidMapping shortcut finds lastError
+    # cleared by the transition to ABORTING), answered NONE, and InitProducerId(pid, epoch). An
+    # abort after any other abortable error (a Produce INVALID_PRODUCER_EPOCH) requires the bump too.
     JAVA: {
         EndKind.COMMIT: EndTxnReply(ErrorCode.invalid_producer_id_mapping,
                                     "commit of a timed-out transaction: abortable, then a bump"),
@@ -89,11 +90,19 @@ END_TXN_REPLIES: dict[str, dict[EndKind, EndTxnReply]] = {
                                     "commit of a timed-out transaction: abortable with a bump"),
         EndKind.ABORT: EndTxnReply(ErrorCode.unknown_producer_id, "abort by an epoch bump"),
     },
+    # Sarama 1.61 transactionManager.endTxn: UNKNOWN_PRODUCER_ID -> abortableErrorIfPossible
+    # (epochBumpRequired; the commit fails with it). finishTransaction(abort) with the bump required
+    # sends EndTxn, then initializeTransactions: InitProducerId v4 with its pid and epoch. An abort
+    # answered UNKNOWN_PRODUCER_ID would fail and be answered so again: NONE lets it reach the bump.
+    SARAMA: {
+        EndKind.COMMIT: EndTxnReply(ErrorCode.unknown_producer_id,
+                                    "commit of a timed-out transaction: abortable, then a bump"),
+        EndKind.ABORT: EndTxnReply(ErrorCode.none, "the coordinator already aborted it"),
+    },
     # kafka-python 3.0 EndTxnHandler: every error but the retriable ones is fatal: no reply helps.
     # It bumps on its own after a Produce INVALID_PRODUCER_EPOCH (classify_batch_error
     # NEEDS_EPOCH_BUMP): the InitProducerId rewrite alone serves it.
     # aiokafka 0.14: InitProducerId v0 carries no producer id or epoch (no KIP-360): nothing helps.
-    # Sarama: not tried on a broker; passed through.
 }
 
 # family -> the Produce error for a late write (the registry's LATE_WRITE) of a transaction past its
