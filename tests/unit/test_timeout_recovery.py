@@ -220,6 +220,7 @@ def test_off_by_default_and_in_monitor_mode():
     assert not TransactionRules(Registry(), policy_from_config({})).wants_lifecycle(26, 3)
     assert _rules().wants_lifecycle(26, 3) and _rules().wants_lifecycle(22, 3)
     assert not _rules().wants_lifecycle(22, 2)  # no producer id or epoch in InitProducerId v0-2
+    assert not _rules().wants_lifecycle(26, 5)  # transaction version 2: the client bumps every transaction
     monitor = _rules(mode="monitor")
     end = monitor.check_lifecycle(_end_txn(True), 3, _client(JAVA), _due())
     assert isinstance(end, Decision) and end.forward is not None

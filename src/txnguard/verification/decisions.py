@@ -374,7 +374,9 @@ class TransactionRules:
         """EndTxn and KIP-360 InitProducerId are checked only with the policy's timeout_recovery on."""
         if not self.policy.timeout_recovery:
             return False
-        return key == END_TXN or (key == INIT_PRODUCER_ID and version >= FIRST_BUMP_VERSION)
+        # EndTxn v5+ is transaction version 2: the client bumps its epoch with every transaction itself.
+        return (key == END_TXN and version <= LAST_END_TXN_VERSION_BEFORE_TV2) or \
+            (key == INIT_PRODUCER_ID and version >= FIRST_BUMP_VERSION)
 
     def check_lifecycle(self, frame: memoryview, version: int, client: ClientInfo,
                         clock: Clock) -> Decision | PendingCheck:
@@ -454,6 +456,7 @@ class TransactionRules:
 
 
 END_TXN_API, INIT_PRODUCER_ID_API = "end_txn", "init_producer_id"
+LAST_END_TXN_VERSION_BEFORE_TV2 = 4
 _LIFECYCLE_API = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
 LIFECYCLE_APIS = frozenset(_LIFECYCLE_API.values())
 TIMEOUT_RECOVERED = "timeout_recovered"  # the audit record's decision for a KIP-588 rewrite
