@@ -7,6 +7,7 @@ Each test reads as the exchange: what the client sends, what the coordinator say
 from __future__ import annotations
 
 import datetime
+import sys
 
 import pytest
 from connection_playbook import FakeClock, request
@@ -253,3 +254,61 @@ def test_a_late_write_of_a_timed_out_transaction_makes_kafka_python_bump_by_itse
     off = _rules(recovery=False)
     off.registry.expire(T0 + TIMEOUT_MS + 1)
     assert error_for(off, KAFKA_PYTHON) is None
+
+
+# -- the same exchange through the connection core (the wiring) ---------------------------------------------------
+
+def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_the_coordinators_epoch():
+    from connection_playbook import EPOCH, TXN, Playbook, of_type, response, to_broker, to_client
+    from connection_playbook import PID as PB_PID
+
+    from txnguard.connection.commands import Ask
+
+    pb = Playbook(policy={"timeout_recovery": True, "families": [{"family": "java", "client_id": "playbook-*"}]})
+    pb.transaction_with(("orders", 0))           # ongoing at (PID, EPOCH), timeout 60 s
+    started = pb.clock.wall_ms()
+    pb.clock.seconds += 61                       # past its timeout by the proxy's clock
+    aborted = DescribedTransaction(0, TXN, "CompleteAbort", 60_000, started - 3, PB_PID, EPOCH + 1, frozenset())
+
+    def end_txn(committed: bool, cid: int) -> bytes:
+        return request(EndTxnRequest(transactional_id=TransactionalId(TXN), producer_id=ProducerId(PB_PID),
+                                     producer_epoch=i16(EPOCH), committed=committed), cid)
+
+    # client -> EndTxn(commit): held while the coordinator is asked; nothing reaches the broker
+    out = pb.client_sends(end_txn(True, 21))
+    (ask,) = of_type(out, Ask)
+    assert ask.question.describe_only and to_broker(out) == b""
+    out = pb.conn.answered(ask.check_id, Answer(description=aborted))
+    _, body = schemas.decode_response(memoryview(to_client(out))[4:], 26, 3)
+    assert body.error_code == ErrorCode.invalid_producer_id_mapping and to_broker(out) == b""
+
+    # client -> InitProducerId(PID, EPOCH): forwarded with EPOCH+1; the answer (EPOCH+2) reaches the registry
+    bump = InitProducerIdRequest(transactional_id=TransactionalId(TXN), producer_id=ProducerId(PB_PID),
+                                 transaction_timeout=datetime.timedelta(minutes=1), producer_epoch=i16(EPOCH))
+    out = pb.client_sends(request(bump, 22))
+    (ask,) = of_type(out, Ask)
+    out = pb.conn.answered(ask.check_id, Answer(description=aborted))
+    _, sent = schemas.decode_request(memoryview(to_broker(out))[4:])
+    assert int(sent.producer_epoch) == EPOCH + 1 and int(sent.producer_id) == PB_PID
+    m = sys.modules[schemas.response_schema(22, 4).__module__]
+    answer = response(22, 4, 22, m.InitProducerIdResponse(throttle_time=datetime.timedelta(0),
+                                                           error_code=ErrorCode.none, producer_id=ProducerId(PB_PID),
+                                                           producer_epoch=i16(EPOCH + 2)))
+    assert to_client(pb.broker_answers(answer)) == answer
+    assert pb.registry.get(TXN).producer_epoch == EPOCH + 2
+
+
+def test_through_the_core_a_fenced_producers_end_txn_reaches_the_coordinator_untouched():
+    from connection_playbook import EPOCH, TXN, Playbook, of_type, to_broker
+    from connection_playbook import PID as PB_PID
+
+    from txnguard.connection.commands import Ask
+
+    pb = Playbook(policy={"timeout_recovery": True, "families": [{"family": "java", "client_id": "playbook-*"}]})
+    pb.transaction_with(("orders", 0))
+    pb.clock.seconds += 61
+    fenced = DescribedTransaction(0, TXN, "Empty", 60_000, -1, PB_PID, EPOCH + 2, frozenset())
+    frame = request(EndTxnRequest(transactional_id=TransactionalId(TXN), producer_id=ProducerId(PB_PID),
+                                  producer_epoch=i16(EPOCH), committed=True), 31)
+    (ask,) = of_type(pb.client_sends(frame), Ask)
+    assert to_broker(pb.conn.answered(ask.check_id, Answer(description=fenced))) == frame
