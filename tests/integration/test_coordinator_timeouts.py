@@ -17,6 +17,8 @@ has the table for every family, from these runners (txnguard.testing.stalls).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from txnguard.testing import stalls
@@ -124,3 +126,42 @@ def test_a_second_producer_still_fences_the_first_with_the_option_on(cluster, st
     assert _committed(cluster, topic) == [b"second-producer"]
     assert _rewrites(proxy, "end_txn") == 0 and _rewrites(proxy, "init_producer_id") == 0
 
+
+
+def test_the_fence_window_a_new_producer_still_wins(cluster, start_proxy, unique_name):
+    """A new producer's InitProducerId meets the first one's ongoing transaction: the coordinator
+    fences and aborts it (CompleteAbort at E+1, the same picture as a timeout) and answers
+    CONCURRENT_TRANSACTIONS, handing out no epoch. The first producer, past its timeout, claims E+2
+    through the proxy and commits once more, as if the new producer had come a moment later; the new
+    producer's retry bumps past it, and the first one's next transaction meets its fatal fence."""
+    from confluent_kafka import KafkaException, Producer
+    from kio.schema.errors import ErrorCode
+
+    from txnguard.testing import raw
+
+    topic, txn_id = fresh_topic(cluster, unique_name("t")), unique_name("txn")
+    proxy = gateway_for(cluster, start_proxy, policy={"timeout_recovery": True})
+    first = Producer({"bootstrap.servers": proxy.bootstrap, "transactional.id": txn_id,
+                      "transaction.timeout.ms": TIMEOUT_MS, "message.timeout.ms": TIMEOUT_MS})
+    first.init_transactions(20)
+    first.begin_transaction()
+    first.produce(topic, b"stalled", partition=0)
+    first.flush(10)
+    with raw.RawClient.connect(cluster.bootstrap_servers) as c:  # the new producer, straight to the broker
+        assert c.init_producer_id(txn_id, 60000).error_code == ErrorCode.concurrent_transactions
+    time.sleep(STALL_MS / 1000)
+    with pytest.raises(KafkaException) as abortable:
+        first.commit_transaction(20)
+    assert abortable.value.args[0].txn_requires_abort() and not abortable.value.args[0].fatal()
+    first.abort_transaction(20)
+    first.begin_transaction()
+    first.produce(topic, b"one-more", partition=0)
+    first.commit_transaction(20)
+    with raw.RawClient.connect(cluster.bootstrap_servers) as c:  # the new producer's retry
+        assert c.init_producer_id(txn_id, 60000).error_code == ErrorCode.none
+    first.begin_transaction()
+    first.produce(topic, b"zombie", partition=0)
+    with pytest.raises(KafkaException) as fenced:
+        first.commit_transaction(20)
+    assert fenced.value.args[0].fatal(), fenced.value
+    assert _committed(cluster, topic) == [b"one-more"]
