@@ -44,11 +44,13 @@ def listener_ports(cluster: Cluster) -> dict[int, int]:
 
 
 def gateway(cluster: Cluster, port: int, admin: int, audit: Path, log: Path,
-            broker_ports: dict[int, int]) -> ProxyProcess:
-    """A gateway process, returned once its bootstrap port listens and /readyz says it knows the brokers."""
+            broker_ports: dict[int, int], *, upstream: str | None = None) -> ProxyProcess:
+    """A gateway process, returned once its bootstrap port listens and /readyz says it knows the brokers.
+
+    `upstream`: where it bootstraps (default the brokers; J1-lite gives it the fault relays)."""
     config = log.with_suffix(".yaml")
     config.write_text(json.dumps({
-        "mode": "gateway", "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{port}",
+        "mode": "gateway", "upstream": upstream or cluster.bootstrap_servers, "listen": f"127.0.0.1:{port}",
         "broker_ports": broker_ports, "admin": f"127.0.0.1:{admin}", "audit": {"path": str(audit)},
         "log_level": "warning"}))
     proxy = ProxyProcess(["--config", str(config)], log).start(wait_port=("127.0.0.1", port))

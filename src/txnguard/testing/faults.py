@@ -227,7 +227,7 @@ class FaultRelay:
 
     def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.target, self.host = target, host
-        self.port = port  # 0: any free port
+        self.port = port  # 0: any free port; a fixed one when a broker advertises the relay (J1-lite)
         self.faults: list[Fault] = []
         self.seen = Seen()
         # Called on the relay's loop with (direction, api key, api version, frame) for every frame that
@@ -297,8 +297,15 @@ class FaultRelay:
             self.release(f)
 
     def clear(self) -> None:
+        """No faults from now on: held frames go on, and connections a bandwidth cut slowed run at full speed."""
         self.release_all()
-        self._call(self.faults.clear)
+
+        def forget() -> None:
+            self.faults.clear()
+            for conn in self._open:
+                conn.to_broker.bytes_per_s = conn.to_client.bytes_per_s = 0
+
+        self._call(forget)
 
     def fault_for(self, direction: Direction, api_key: int, frame: bytes) -> Fault | None:
         for f in self.faults:
