@@ -105,107 +105,133 @@ def _fault_at(nemesis: list[tuple[int, str]], index: int) -> str:
     return kind
 
 
-def check(ops: Iterable[Op]) -> CheckResult:
-    ops = sorted(ops, key=lambda o: o["index"])
-    nemesis = [(o["index"], str(o["value"]["kind"])) for o in ops
-               if o["f"] == "nemesis" and o["value"].get("phase") == "start"]
-    result = CheckResult()
+@dataclass
+class _Parsed:
+    writes: dict[str, _Write] = field(default_factory=dict)
+    txns: dict[int, list[str]] = field(default_factory=dict)            # completion index -> its values
+    # process, op index, partition, offset, value
+    reads: list[tuple[str, int, int, int, str]] = field(default_factory=list)
+    assigns: list[tuple[str, int]] = field(default_factory=list)
+    stable: dict[int, int] = field(default_factory=dict)    # final read: partition -> offsets below it are readable
+    complete: dict[int, bool] = field(default_factory=dict)  # final read: partition read to its log end
+    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
-    def report(kind: str, index: int, detail: str) -> None:
-        result.anomalies.append(Anomaly(kind, _fault_at(nemesis, index), index, detail))
+    def reads_of(self, process: str, index: int, records: Iterable[Sequence[Any]]) -> None:
+        self.reads.extend((process, index, int(p), int(o), str(v)) for p, o, v in records)
 
-    writes: dict[str, _Write] = {}
-    txns: dict[int, list[str]] = {}
-    reads: list[tuple[str, int, int, int, str]] = []  # process, op index, partition, offset, value
-    assigns: list[tuple[str, int]] = []
-    stable: dict[int, int] = {}                       # final read: partition -> offsets below are readable
-    complete: dict[int, bool] = {}                    # final read: partition read to its log end
-    outcomes: dict[str, int] = defaultdict(int)
 
-    for inv, done in _pairs(ops):
-        f, process = done["f"], done["process"]
+def _parse(ops: Sequence[Op]) -> _Parsed:
+    out = _Parsed()
+    for _, done in _pairs(ops):
+        f, process, index = done["f"], done["process"], done["index"]
         if f == "txn":
-            outcome = done["type"]
-            outcomes[outcome] += 1
+            out.outcomes[done["type"]] += 1
             sent: list[str] = []
             for m in done["value"]:
                 if m[0] == "send":
                     _, p, v, off = m
-                    writes[v] = _Write(v, int(p), None if off is None else int(off), outcome, done["index"])
+                    out.writes[v] = _Write(v, int(p), None if off is None else int(off), done["type"], index)
                     sent.append(v)
                 elif m[0] == "poll":
-                    reads.extend((process, done["index"], int(p), int(o), v) for p, o, v in m[1])
-            txns[done["index"]] = sent
+                    out.reads_of(process, index, m[1])
+            out.txns[index] = sent
         elif f == "poll" and done["type"] == "ok":
-            reads.extend((process, done["index"], int(p), int(o), v) for p, o, v in done["value"])
+            out.reads_of(process, index, done["value"])
         elif f == "assign":
-            assigns.append((process, done["index"]))
+            out.assigns.append((process, index))
         elif f == "final-read" and done["type"] == "ok":
             for part in done["value"]["partitions"]:
                 p = int(part["partition"])
-                stable[p] = int(part["stable"])
-                complete[p] = int(part["stable"]) >= int(part["end"])
-                reads.extend((process, done["index"], p, int(o), v) for o, v in part["records"])
+                out.stable[p] = int(part["stable"])
+                out.complete[p] = int(part["stable"]) >= int(part["end"])
+                out.reads_of(process, index, ([p, o, v] for o, v in part["records"]))
+    return out
 
-    # Positions: duplicates and inconsistent offsets.
-    at: dict[tuple[int, int], set[str]] = defaultdict(set)
-    where: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    first_read: dict[str, int] = {}
-    highest: dict[int, int] = defaultdict(lambda: -1)
-    for _, index, p, o, v in reads:
-        at[(p, o)].add(v)
-        where[v].add((p, o))
-        first_read.setdefault(v, index)
-        highest[p] = max(highest[p], o)
-    for (p, o), values in sorted(at.items()):
-        if len(values) > 1:
-            report("inconsistent-offset", min(first_read[v] for v in values), f"{p}/{o} holds {sorted(values)}")
-    for v, positions in sorted(where.items()):
-        w = writes.get(v)
-        if w is None:
-            report("inconsistent-offset", first_read[v], f"{v} read at {sorted(positions)} was never sent")
-        elif len(positions) > 1:
-            report("duplicate", w.txn, f"{v} at {sorted(positions)}")
 
-    def provably_unread(w: _Write) -> bool:
-        if w.value in where:
+class _Checker:
+    def __init__(self, ops: Sequence[Op]) -> None:
+        self.nemesis = [(o["index"], str(o["value"]["kind"])) for o in ops
+                        if o["f"] == "nemesis" and o["value"].get("phase") == "start"]
+        self.h = _parse(ops)
+        self.result = CheckResult()
+        self.where: dict[str, set[tuple[int, int]]] = defaultdict(set)   # value -> positions it was read at
+        self.highest: dict[int, int] = defaultdict(lambda: -1)           # partition -> highest offset read
+
+    def report(self, kind: str, index: int, detail: str) -> None:
+        self.result.anomalies.append(Anomaly(kind, _fault_at(self.nemesis, index), index, detail))
+
+    def positions(self) -> None:
+        """Duplicates (a value at two positions) and inconsistent offsets (a position with two values)."""
+        at: dict[tuple[int, int], set[str]] = defaultdict(set)
+        first_read: dict[str, int] = {}
+        for _, index, p, o, v in self.h.reads:
+            at[(p, o)].add(v)
+            self.where[v].add((p, o))
+            first_read.setdefault(v, index)
+            self.highest[p] = max(self.highest[p], o)
+        for (p, o), values in sorted(at.items()):
+            if len(values) > 1:
+                self.report("inconsistent-offset", min(first_read[v] for v in values),
+                            f"{p}/{o} holds {sorted(values)}")
+        for v, where in sorted(self.where.items()):
+            w = self.h.writes.get(v)
+            if w is None:
+                self.report("inconsistent-offset", first_read[v], f"{v} read at {sorted(where)} was never sent")
+            elif len(where) > 1:
+                self.report("duplicate", w.txn, f"{v} at {sorted(where)}")
+
+    def provably_unread(self, w: _Write) -> bool:
+        """Never read, though a reader got past it (or, offset unknown, the final read got to the end)."""
+        if w.value in self.where:
             return False
         if w.offset is not None:
-            return highest[w.partition] > w.offset or w.offset < stable.get(w.partition, -1)
-        return complete.get(w.partition, False)
+            return self.highest[w.partition] > w.offset or w.offset < self.h.stable.get(w.partition, -1)
+        return self.h.complete.get(w.partition, False)
 
-    for w in writes.values():
-        if w.outcome == "fail" and w.value in where:
-            report("aborted-read", w.txn, f"{w.value} of failed txn {w.txn} read at {sorted(where[w.value])}")
-        elif w.outcome == "ok" and provably_unread(w):
-            report("lost-write", w.txn, f"{w.value} ({w.partition}/{w.offset}) of ok txn {w.txn} never read")
-    for index, values in txns.items():
-        ws = [writes[v] for v in values]
-        if len(ws) < 2 or ws[0].outcome == "fail":
-            continue
-        seen = [w.value for w in ws if w.value in where]
-        missing = [w.value for w in ws if provably_unread(w)]
-        if seen and missing:
-            report("torn-transaction", index, f"txn {index} ({ws[0].outcome}): read {seen}, never {missing}")
+    def writes(self) -> None:
+        for w in self.h.writes.values():
+            if w.outcome == "fail" and w.value in self.where:
+                self.report("aborted-read", w.txn,
+                            f"{w.value} of failed txn {w.txn} read at {sorted(self.where[w.value])}")
+            elif w.outcome == "ok" and self.provably_unread(w):
+                self.report("lost-write", w.txn, f"{w.value} ({w.partition}/{w.offset}) of ok txn {w.txn} never read")
+        for index, values in self.h.txns.items():
+            ws = [self.h.writes[v] for v in values]
+            if len(ws) < 2 or ws[0].outcome == "fail":
+                continue
+            seen = [w.value for w in ws if w.value in self.where]
+            missing = [w.value for w in ws if self.provably_unread(w)]
+            if seen and missing:
+                self.report("torn-transaction", index, f"txn {index} ({ws[0].outcome}): read {seen}, never {missing}")
 
-    # Monotonic polls, per process and partition, reset by an assign.
-    last: dict[tuple[str, int], int] = {}
-    resets = sorted(assigns, key=lambda a: a[1])
-    events = sorted([(i, 0, proc, -1, -1) for proc, i in resets] +
-                    [(i, 1, proc, p, o) for proc, i, p, o, _ in reads if not proc.endswith("final")])
-    for index, is_read, proc, p, o in events:
-        if not is_read:
-            for key in [k for k in last if k[0] == proc]:
-                del last[key]
-            continue
-        prev = last.get((proc, p))
-        if prev is not None and o <= prev:
-            report("nonmonotonic-poll", index, f"{proc} read {p}/{o} after {p}/{prev}")
-        last[(proc, p)] = o
+    def monotonic(self) -> None:
+        """Per process and partition, offsets only go forward between two assigns (the final read is not a poller)."""
+        last: dict[tuple[str, int], int] = {}
+        events = sorted([(i, 0, proc, -1, -1) for proc, i in self.h.assigns] +
+                        [(i, 1, proc, p, o) for proc, i, p, o, _ in self.h.reads if not proc.endswith("final")])
+        for index, is_read, proc, p, o in events:
+            if not is_read:
+                for key in [k for k in last if k[0] == proc]:
+                    del last[key]
+                continue
+            prev = last.get((proc, p))
+            if prev is not None and o <= prev:
+                self.report("nonmonotonic-poll", index, f"{proc} read {p}/{o} after {p}/{prev}")
+            last[(proc, p)] = o
 
-    result.stats = {"txn-ok": outcomes["ok"], "txn-fail": outcomes["fail"], "txn-info": outcomes["info"],
-                    "sends": len(writes), "reads": len(reads),
-                    "unseen-ok": sum(1 for w in writes.values()
-                                     if w.outcome == "ok" and w.value not in where and not provably_unread(w)),
-                    "partitions-stuck": sum(1 for ok in complete.values() if not ok)}
-    return result
+    def stats(self) -> dict[str, int]:
+        writes = self.h.writes.values()
+        return {"txn-ok": self.h.outcomes["ok"], "txn-fail": self.h.outcomes["fail"],
+                "txn-info": self.h.outcomes["info"], "sends": len(self.h.writes), "reads": len(self.h.reads),
+                "unseen-ok": sum(1 for w in writes
+                                 if w.outcome == "ok" and w.value not in self.where and not self.provably_unread(w)),
+                "partitions-stuck": sum(1 for ok in self.h.complete.values() if not ok)}
+
+
+def check(ops: Iterable[Op]) -> CheckResult:
+    checker = _Checker(sorted(ops, key=lambda o: o["index"]))
+    checker.positions()
+    checker.writes()
+    checker.monotonic()
+    checker.result.stats = checker.stats()
+    return checker.result

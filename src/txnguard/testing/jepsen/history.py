@@ -33,10 +33,10 @@ class History:
         self._lock = threading.Lock()
         self._started = time.monotonic()
 
-    def record(self, process: str, type_: str, f: str, value: Any) -> Op:
+    def record(self, process: str, type_: str, f: str, value: Any, **extra: Any) -> Op:
         with self._lock:
             op = {"index": len(self.ops), "time": round(time.monotonic() - self._started, 4),
-                  "process": process, "type": type_, "f": f, "value": value}
+                  "process": process, "type": type_, "f": f, "value": value, **extra}
             self.ops.append(op)
             return op
 
