@@ -51,6 +51,8 @@ def main() -> None:
         print(f"{mode}: {m.check['counts']} stats {m.check['stats']} crashed {m.crashed}")
         for e in m.check["examples"][:5]:
             print(f"    {e}")
+    if result.out_of_sync:
+        print(f"replicas out of sync after a heal: {result.out_of_sync}")
     if result.nemesis_errors:
         print(f"nemesis errors: {result.nemesis_errors}")
     print(f"saved {out}; history {result.history}")

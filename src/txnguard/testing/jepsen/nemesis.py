@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txnguard.testing import bounce, kafka
+from txnguard.testing import bounce, kafka, raw
 from txnguard.testing.faults import Action, Direction, Fault, FaultRelay
 from txnguard.testing.jepsen.history import History
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyProcess
 
-KINDS = ("delay", "hold-endtxn", "reset", "bandwidth", "broker-pause", "broker-kill", "proxy-kill")
+# Broker faults apart: a pause right before a kill can leave one replica in sync, and then a min.isr of 2
+# (transaction state log, the workload's topics) refuses every write until a follower catches up.
+KINDS = ("delay", "broker-pause", "hold-endtxn", "reset", "broker-kill", "bandwidth", "proxy-kill")
 END_TXN = 26
 
 
@@ -97,6 +99,7 @@ class Nemesis:
     relays: dict[int, FaultRelay]
     gateway: Gateway | None
     errors: list[str] = field(default_factory=list)
+    out_of_sync: list[str] = field(default_factory=list)  # heals whose replicas did not catch up in time
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.cfg.seed)
@@ -239,6 +242,7 @@ class Nemesis:
             r.clear()
 
     def _heal_processes(self) -> None:
+        signalled = bool(self._paused or self._killed)
         for node in sorted(self._paused):
             self.cluster.resume_node(node)
         self._paused.clear()
@@ -248,6 +252,28 @@ class Nemesis:
             for node in dead:
                 self.cluster.start_node(node)
             self.cluster.wait_ready()
+        if signalled:
+            self._wait_in_sync()
+
+    def _wait_in_sync(self, timeout_s: float = 60.0) -> None:
+        """Until every replica of the workload's topics and the transaction log is back in sync (bounded): the
+        next window's fault is then the only one in force, not the last one's leftovers. Recorded if not."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with raw.RawClient.connect(self.cluster.live_bootstrap().split(",")[0]) as c:
+                    md = c.metadata(None)
+                behind = [f"{t.name}-{p.partition_index}" for t in md.topics for p in t.partitions
+                          if (str(t.name).startswith("jl-") or t.name == "__transaction_state")
+                          and len(p.isr_nodes) < len(p.replica_nodes)]
+            except (OSError, raw.RawProtocolError) as e:
+                behind = [repr(e)]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                self.out_of_sync.append(f"after {timeout_s:.0f} s: {behind[:5]}")
+                return
+            time.sleep(0.5)
         if self.gateway is not None and not self.gateway.alive():
             self.gateway.start()
 

@@ -52,6 +52,7 @@ class RunResult:
     history: str
     modes: dict[str, ModeResult]
     nemesis_errors: list[str]
+    out_of_sync: list[str]      # heals after which replicas had not caught up within 60 s (the next window overlaps)
     windows: list[str]          # the fault kinds, in the order they ran
     applied: list[int]          # per window: frames its relay faults hit, or processes it signalled
 
@@ -112,7 +113,8 @@ def _results(cfg: RunConfig, history: History, path: Path, processes: list[Write
     return RunResult(config={"nemesis": {**asdict(cfg.nemesis), "kinds": list(cfg.nemesis.kinds)},
                              "workload": asdict(cfg.workload), "version": cfg.version, "kinds_known": list(KINDS)},
                      seconds=round(seconds, 1), history=str(path), modes=results,
-                     nemesis_errors=nemesis.errors if nemesis else [], windows=windows,
+                     nemesis_errors=nemesis.errors if nemesis else [],
+                     out_of_sync=nemesis.out_of_sync if nemesis else [], windows=windows,
                      applied=applied)
 
 

@@ -243,10 +243,21 @@ def final_read(history: History, process: str, cluster: Cluster, topic: str, par
     def offsets() -> dict[int, tuple[int, int]]:
         out = {}
         for p in range(partitions):
-            _, host, port = raw.leader_of(cluster.live_bootstrap(), topic, p)
-            with raw.RawClient(*cluster.real_address(host, port)) as c:
-                out[p] = (c.list_offsets(topic, p, read_committed=True), c.list_offsets(topic, p, read_committed=False))
+            out[p] = marks_of(p)
         return out
+
+    def marks_of(p: int) -> tuple[int, int]:
+        # Just after a broker's restart leadership still moves (NOT_LEADER_OR_FOLLOWER): ask again.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _, host, port = raw.leader_of(cluster.live_bootstrap(), topic, p)
+                with raw.RawClient(*cluster.real_address(host, port)) as c:
+                    return c.list_offsets(topic, p, read_committed=True), c.list_offsets(topic, p, read_committed=False)
+            except (OSError, raw.RawProtocolError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     deadline = time.monotonic() + settle_s
     marks = offsets()
