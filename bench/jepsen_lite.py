@@ -47,6 +47,8 @@ def main() -> None:
     print(f"J1-lite, Kafka {args.version}, {args.duration:.0f} s of faults, {args.period:.0f} s per window, "
           f"seed {args.seed}, {result.seconds:.0f} s in all; windows: {', '.join(result.windows)}")
     print(result.table())
+    print()
+    print(result.activity())
     for mode, m in result.modes.items():
         print(f"{mode}: {m.check['counts']} stats {m.check['stats']} crashed {m.crashed}")
         for e in m.check["examples"][:5]:

@@ -41,6 +41,7 @@ def test_j1_lite_short_form_has_no_anomaly_through_the_proxy(kafka_pool: Cluster
     direct, proxied = result.modes["direct"], result.modes["proxied"]
     print(f"\nJ1-lite short form, seed 7, {result.seconds:.0f} s; windows {result.windows}, applied {result.applied}")
     print(result.table())
+    print(result.activity())
     for m in (direct, proxied):
         print(f"{m.mode}: {m.check['counts']} {m.check['stats']}")
     # The run happened as planned: every fault kind had its window and did something, nothing crashed,

@@ -55,6 +55,21 @@ class RunResult:
     out_of_sync: list[str]      # heals after which replicas had not caught up within 60 s (the next window overlaps)
     windows: list[str]          # the fault kinds, in the order they ran
     applied: list[int]          # per window: frames its relay faults hit, or processes it signalled
+    outcomes: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # kind -> mode -> ok/fail/info
+
+    def activity(self) -> str:
+        """Per fault kind: windows, what they applied, transactions completed per mode (ok/fail/info)."""
+        modes = list(self.modes)
+        rows = ["| fault kind | windows | frames hit / processes signalled | " +
+                " | ".join(f"{m} txns ok/fail/info" for m in modes) + " |",
+                "|" + "---|" * (3 + len(modes))]
+        for kind in dict.fromkeys(self.windows):
+            n = self.windows.count(kind)
+            applied = sum(a for k, a in zip(self.windows, self.applied, strict=False) if k == kind)
+            cells = ["/".join(str(self.outcomes.get(kind, {}).get(m, {}).get(t, 0)) for t in ("ok", "fail", "info"))
+                     for m in modes]
+            rows.append(f"| {kind} | {n} | {applied} | " + " | ".join(cells) + " |")
+        return "\n".join(rows)
 
     def table(self) -> str:
         """Anomalies per fault kind, direct vs proxied, one row per kind that ran."""
@@ -103,6 +118,14 @@ def _results(cfg: RunConfig, history: History, path: Path, processes: list[Write
                if op["f"] == "nemesis" and op["value"]["phase"] == "start"]
     applied = [int(op["value"].get("applied", 0)) for op in history.ops
                if op["f"] == "nemesis" and op["value"]["phase"] == "stop"]
+    outcomes: dict[str, dict[str, dict[str, int]]] = {}
+    kind = "none"
+    for op in history.ops:
+        if op["f"] == "nemesis" and op["value"]["phase"] == "start":
+            kind = str(op["value"]["kind"])
+        elif op["f"] == "txn" and op["type"] != "invoke":
+            per = outcomes.setdefault(kind, {}).setdefault(op["process"].split("/")[0], {})
+            per[op["type"]] = per.get(op["type"], 0) + 1
     results = {}
     for m in cfg.nemesis.modes:
         checked: CheckResult = check(of_mode(history.ops, m))
@@ -115,7 +138,7 @@ def _results(cfg: RunConfig, history: History, path: Path, processes: list[Write
                      seconds=round(seconds, 1), history=str(path), modes=results,
                      nemesis_errors=nemesis.errors if nemesis else [],
                      out_of_sync=nemesis.out_of_sync if nemesis else [], windows=windows,
-                     applied=applied)
+                     applied=applied, outcomes=outcomes)
 
 
 def run(cfg: RunConfig, workdir: Path, cluster: kafka.Cluster | None = None) -> RunResult:
