@@ -22,6 +22,7 @@ from pathlib import Path
 
 from txnguard.testing.jepsen.nemesis import KINDS, NemesisConfig
 from txnguard.testing.jepsen.run import RunConfig, run
+from txnguard.testing.jepsen.workload import WorkloadConfig
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -33,11 +34,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--version", default="3.5.2")
+    ap.add_argument("--abort-p", type=float, default=1 / 32, help="intentional aborts per transaction (1/32)")
     ap.add_argument("--keep", type=Path, default=None, help="a directory for the history and logs (default: a new "
                     "one under /tmp, printed)")
     args = ap.parse_args()
     cfg = RunConfig(nemesis=NemesisConfig(kinds=args.kinds.split(","), period_s=args.period,
-                                          duration_s=args.duration, seed=args.seed), version=args.version)
+                                          duration_s=args.duration, seed=args.seed),
+                    workload=WorkloadConfig(abort_p=args.abort_p), version=args.version)
     # Kept after the run (the history is the evidence behind the counts; too big to commit).
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="txnguard-jepsen-"))
     result = run(cfg, workdir)
@@ -45,7 +48,8 @@ def main() -> None:
     out = RESULTS / f"jepsen_lite-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}.json"
     out.write_text(json.dumps(asdict(result), indent=1))
     print(f"J1-lite, Kafka {args.version}, {args.duration:.0f} s of faults, {args.period:.0f} s per window, "
-          f"seed {args.seed}, {result.seconds:.0f} s in all; windows: {', '.join(result.windows)}")
+          f"seed {args.seed}, abort-p {args.abort_p:.4f}, {result.seconds:.0f} s in all; "
+          f"windows: {', '.join(result.windows)}")
     print(result.table())
     print()
     print(result.activity())
