@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import sys
 from collections.abc import Iterable
+from typing import Any
 
 from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
@@ -10,7 +13,9 @@ from kio.schema.response_header.v0.header import ResponseHeader
 from kio.static.primitive import i16, i32
 
 from txnguard.codecs.api_versions import API_VERSIONS, proxy_api_versions_range
-from txnguard.codecs.schemas import encode
+from txnguard.codecs.schemas import encode, response_header_for, response_schema
+
+ADD_OFFSETS_TO_TXN = 25
 
 
 def api_versions_unsupported(correlation_id: int, advertised: Iterable[tuple[int, int, int]]) -> bytes:
@@ -28,3 +33,19 @@ def api_versions_unsupported(correlation_id: int, advertised: Iterable[tuple[int
         ),
     )
     return encode(ResponseHeader(correlation_id=i32(correlation_id)), body)
+
+
+def add_to_txn_error(api_key: int, api_version: int, correlation_id: int, request: Any, code: ErrorCode) -> bytes:
+    """AddPartitionsToTxn (v0-3: every partition) or AddOffsetsToTxn answered with one error `code`,
+    as the coordinator answers while the previous transaction is still completing (CONCURRENT_TRANSACTIONS)."""
+    cls = response_schema(api_key, api_version)
+    module = sys.modules[cls.__module__]
+    header = response_header_for(api_key, api_version, correlation_id)
+    if api_key == ADD_OFFSETS_TO_TXN:
+        return encode(header, cls(throttle_time=datetime.timedelta(0), error_code=code))
+    topics = tuple(
+        module.AddPartitionsToTxnTopicResult(name=t.name, results_by_partition=tuple(
+            module.AddPartitionsToTxnPartitionResult(partition_index=p, partition_error_code=code)
+            for p in t.partitions))
+        for t in request.v3_and_below_topics)
+    return encode(header, cls(throttle_time=datetime.timedelta(0), results_by_topic_v3_and_below=topics))

@@ -78,6 +78,8 @@ _PRODUCE, _TXN_OFFSET_COMMIT = ApiKey.PRODUCE.value, ApiKey.TXN_OFFSET_COMMIT.va
 _SASL_HANDSHAKE, _API_VERSIONS = ApiKey.SASL_HANDSHAKE.value, ApiKey.API_VERSIONS.value
 _LIFECYCLE = frozenset({ApiKey.END_TXN.value, ApiKey.INIT_PRODUCER_ID.value})  # checked for coordinator timeouts
 _REWRITE_ADDRESSES = ResponseAction.REWRITE_ADDRESSES
+_END_TXN = ApiKey.END_TXN.value
+_OPENS_TRANSACTION = frozenset({ApiKey.ADD_PARTITIONS_TO_TXN.value, ApiKey.ADD_OFFSETS_TO_TXN.value})
 
 # The relay's fast path (`_relay_requests`) books a frame without the general path's helpers only
 # when nothing about it needs reading: these keys always take the general path (a rule reads their
@@ -186,6 +188,7 @@ class Connection:
         self.raw = False
         self._raw_after_flush = False
         self.draining = False
+        self.lingering = False  # the client left; the broker side stays until its EndTxn is answered
         self.closed = False
         self.client_id: str | None = None
         self.software_name: str | None = None
@@ -433,7 +436,54 @@ class Connection:
 
     def connection_lost(self) -> None:
         """The shell closed (either side went away): nothing more comes out."""
+        self._orphan_end_txns()
         self.closed = True
+
+    # -- the client leaves while an EndTxn is unanswered (KAFKA-17754, verification/in_doubt.py) ---------
+
+    def client_gone(self) -> list[Command]:
+        """The client closed its side. An EndTxn already forwarded and unanswered may still be processed
+        (bytes sent are not taken back): keep the broker connection, read its answers, and close once
+        that EndTxn is answered, so the proxy learns its outcome. Otherwise close now."""
+        if self.closed:
+            return []
+        if self._end_txns_unanswered():
+            self.lingering = True
+            self._paused.clear()  # nothing more is read from a client that left
+            return []
+        return [self._close("client_closed", "client closed the connection", "debug")]
+
+    def _end_txns_unanswered(self) -> bool:
+        # An EndTxn entry's context is its SentEndTxn while the defence is on (None when off).
+        return any(e.api_key == _END_TXN and e.context is not None for e in self._forwarded)
+
+    def _linger_over(self, out: list[Command]) -> None:
+        if self.lingering and not self.closed and not self._end_txns_unanswered():
+            out.append(self._close("client_closed", "the EndTxn the client left unanswered was answered", "info"))
+
+    def _orphan_end_txns(self) -> None:
+        """Closing with EndTxns unanswered: their outcome will never be seen here (they stay in doubt)."""
+        ledger = self.rules.in_doubt
+        if ledger is None:
+            return
+        now = self.clock.wall_ms()
+        for e in self._forwarded:
+            if e.api_key == _END_TXN and e.context is not None:
+                ledger.orphaned(e.context, now)
+
+    def _hold_for_end_txn(self, entry: InFlight, frame: memoryview, out: list[Command]) -> bool:
+        """An AddPartitionsToTxn/AddOffsetsToTxn that would open a transaction while an EndTxn of the
+        same producer is in doubt waits (as a verification does: later requests queue behind it)."""
+        check = self.rules.end_txn_hold(entry.api_key, entry.api_version, frame, entry.context,
+                                        self.client_info(), self.settings.connection_id, self.clock)
+        if check is None:
+            return False
+        self._order.append(entry)
+        self._checks += 1
+        self._waiting = _Waiting(self._checks, check, entry, True)
+        self._pause(Pause.VERIFICATION, out)
+        out.append(Ask(self._checks, check.question))
+        return True
 
     def drain(self) -> list[Command]:
         """Stop reading new requests; close once every in-flight response is delivered."""
@@ -564,9 +614,12 @@ class Connection:
             return None  # answered here
         entry = InFlight(correlation_id, key, version, action, self._now)
         if action is ResponseAction.OBSERVE:
-            entry.context = self.rules.observe_request(key, version, body, self.clock.wall_ms())
+            entry.context = self.rules.observe_request(key, version, body, self.clock.wall_ms(),
+                                                       self.settings.connection_id)
             if key in ABSORBED_KEYS and entry.context is not None and self.rules.concurrent.enabled:
                 entry.request = bytes(frame)  # a few hundred bytes, kept until the answer
+            if key in _OPENS_TRANSACTION and entry.context is not None and self._hold_for_end_txn(entry, frame, out):
+                return None  # held: forwarded (or answered) when the doubt ends
         self._order.append(entry)
         self._forwarded.append(entry)
         return frame
@@ -616,7 +669,8 @@ class Connection:
         if decision.forward is None:
             if expect_response:
                 entry.response = [decision.local_response or b""]
-                out.append(AnsweredLocally(entry.api_key, entry.api_version, entry.correlation_id, "verification"))
+                out.append(AnsweredLocally(entry.api_key, entry.api_version, entry.correlation_id,
+                                           decision.local_reason))
             return None
         entry.sent_at = self._now
         if decision.observe is not None:  # a checked life-cycle request: its answer still feeds the registry
@@ -895,6 +949,8 @@ class Connection:
             self._resume(Pause.MAX_IN_FLIGHT, out)
         if self.draining and not order:
             out.append(self._close("draining", "proxy shutting down"))
+        if self.lingering:
+            self._linger_over(out)
 
     def _enter_raw_mode(self, out: list[Command]) -> None:
         self.raw = True

@@ -109,6 +109,12 @@ class Verification:
     hold_share: float = 0.8
     hold_max_ms: int = 30_000
     client_request_timeout_ms: int = 30_000
+    # KAFKA-17754 (verification/in_doubt.py): while an EndTxn this proxy forwarded is unanswered, hold the
+    # same producer's next AddPartitionsToTxn/AddOffsetsToTxn from another connection (within the hold
+    # bound above; then CONCURRENT_TRANSACTIONS, which clients retry), and keep a broker connection whose
+    # client left until that EndTxn is answered. An EndTxn stops being waited for after this many ms.
+    end_txn_in_doubt_hold: bool = True
+    end_txn_in_doubt_max_ms: int = 60_000
 
 
 @dataclass(frozen=True)

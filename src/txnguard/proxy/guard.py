@@ -21,10 +21,25 @@ from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
-from txnguard.verification.audit import ClientInfo, audit_record, connection_record, identified, record_key
+from txnguard.verification.audit import (
+    ClientInfo,
+    audit_record,
+    connection_record,
+    end_txn_hold_record,
+    identified,
+    record_key,
+)
 from txnguard.verification.concurrent import concurrent_retry
-from txnguard.verification.decisions import LIFECYCLE_APIS, Answer, Decision, Question, TransactionRules
+from txnguard.verification.decisions import (
+    HELD_FOR_END_TXN,
+    LIFECYCLE_APIS,
+    Answer,
+    Decision,
+    Question,
+    TransactionRules,
+)
 from txnguard.verification.holds import HoldLimits, worth_asking_again
+from txnguard.verification.in_doubt import Ending, EndTxnLedger, InDoubtLimits, SentEndTxn
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Verdict
 from txnguard.verification.registry import Registry, RegistryLimits
@@ -117,16 +132,22 @@ class TransactionGuard:
         self.registry = Registry(RegistryLimits(max_entries=v.registry_max_entries,
                                                 idle_expiry_ms=int(v.registry_idle_expiry_s * 1000),
                                                 evidence_ttl_ms=evidence_ttl(config)))
+        # The KAFKA-17754 defence: EndTxns in doubt, and the waits of the requests held behind them.
+        self.in_doubt = EndTxnLedger(InDoubtLimits(enabled=v.end_txn_in_doubt_hold,
+                                                   max_ms=v.end_txn_in_doubt_max_ms), on_change=self._in_doubt_ended)
+        self._in_doubt_waits: dict[str, asyncio.Event] = {}
         self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence,
                                       holds=HoldLimits(share=v.hold_share, max_ms=v.hold_max_ms,
                                                        default_request_timeout_ms=v.client_request_timeout_ms),
-                                      concurrent=concurrent_retry(config.health.concurrent_transactions_budget_ms))
+                                      concurrent=concurrent_retry(config.health.concurrent_transactions_budget_ms),
+                                      in_doubt=self.in_doubt if v.end_txn_in_doubt_hold else None)
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence, auth=config.upstream_auth)
         self.audit = AuditLog(config.audit_path)
         self.log = logs.get(component="guard")
         metrics.registry_size.set_function(lambda: len(self.registry))
+        metrics.end_txn_in_doubt.set_function(lambda: len(self.in_doubt))
 
     @property
     def policy(self) -> Policy:
@@ -142,6 +163,86 @@ class TransactionGuard:
 
     def housekeeping(self) -> None:
         self.registry.expire(now_ms())
+        for s in self.in_doubt.expire(now_ms()):
+            self.log.warning("end_txn_in_doubt_expired", transactional_id=s.transactional_id,
+                             producer_id=s.producer_id, producer_epoch=s.producer_epoch, committed=s.committed,
+                             connection_id=s.connection_id, orphaned=s.orphaned_ms is not None,
+                             reason=f"no answer within {self.in_doubt.limits.max_ms} ms: the next transaction of "
+                                    "this producer is no longer held for it (KAFKA-17754 exposure)")
+
+    # -- the KAFKA-17754 defence ---------------------------------------------------------------------------
+
+    def _in_doubt_ended(self, txn_id: str, ending: Ending) -> None:
+        """The ledger's callback (on this loop): one EndTxn of `txn_id` less in doubt; wake its holds."""
+        self.metrics.end_txn_in_doubt_endings.labels(ending.value).inc()
+        event = self._in_doubt_waits.pop(txn_id, None)
+        if event is not None:
+            event.set()
+
+    async def _await_end_txn(self, question: Question) -> Answer:
+        """Hold until no EndTxn in doubt can land in the transaction the held request opens, within its
+        bound. Meanwhile the coordinator is asked whether the producer moved on (an epoch bump fences the
+        old EndTxn); its answer on its own connection is what normally ends the doubt."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + question.hold_ms / 1000
+        txn_id, pid, epoch = question.transactional_id, question.producer_id, question.producer_epoch
+        next_describe = loop.time() + 0.25
+        first = self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, now_ms())
+        if first is not None:
+            self.log.info("end_txn_hold", transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
+                          connection_id=question.connection_id, hold_ms=round(question.hold_ms),
+                          end_txn=_describe_sent(first),
+                          reason="an EndTxn of this producer id and epoch is unanswered and could end the "
+                                 "transaction this request opens (KAFKA-17754): held until it is answered")
+        self.metrics.end_txn_holds.inc()
+        try:
+            while (self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, now_ms())) is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return Answer(settled=False)
+                event = self._in_doubt_waits.setdefault(txn_id, asyncio.Event())
+                try:
+                    await asyncio.wait_for(event.wait(), min(left, max(next_describe - loop.time(), 0.01)))
+                    continue
+                except TimeoutError:
+                    pass
+                if loop.time() >= next_describe:
+                    next_describe = loop.time() + 0.5
+                    await self._fenced_by_coordinator(txn_id, pid, epoch)
+            return Answer(settled=True)
+        finally:
+            self.metrics.end_txn_holds.dec()
+
+    async def _fenced_by_coordinator(self, txn_id: str, pid: int, epoch: int) -> None:
+        try:
+            desc = await asyncio.wait_for(self.verifier.describe(txn_id), self.config.verification.timeout_s)
+        except Exception:  # noqa: BLE001 - no answer proves nothing: keep holding
+            return
+        if desc.error_code == 0 and desc.producer_id >= 0 and (desc.producer_id, desc.producer_epoch) != (pid, epoch):
+            self.in_doubt.fenced(txn_id, desc.producer_id, desc.producer_epoch)
+
+    def _record_end_txn_hold(self, decision: Decision, log: Any) -> None:
+        """A request held for an EndTxn in doubt was decided: metric, log line and audit record."""
+        ctx = decision.context
+        assert ctx is not None
+        ending = "settled" if decision.forward is not None else "timeout"
+        self.metrics.end_txn_hold_endings.labels(ending).inc()
+        in_doubt = [_describe_sent(s) for s in self.in_doubt.in_doubt(ctx.transactional_id)]
+        error = None if decision.forward is not None else 51  # CONCURRENT_TRANSACTIONS
+        (log.info if ending == "settled" else log.warning)(
+            "end_txn_hold_ended", api=ctx.api, transactional_id=ctx.transactional_id, producer_id=ctx.producer_id,
+            producer_epoch=ctx.producer_epoch, ending=ending, held_ms=round(decision.elapsed_ms, 1),
+            end_txns_in_doubt=in_doubt,
+            reason=("the earlier EndTxn was answered or fenced: the new transaction cannot be ended by it"
+                    if ending == "settled" else
+                    "an earlier EndTxn of this producer is still unanswered and could end the new transaction "
+                    "(KAFKA-17754): answered CONCURRENT_TRANSACTIONS, which the client retries"))
+        if self.audit.enabled:
+            self.audit.write(end_txn_hold_record(
+                time_ms=now_ms(), proxy_id=self.audit.proxy_id, transactional_id=ctx.transactional_id,
+                producer_id=ctx.producer_id, producer_epoch=ctx.producer_epoch, api=ctx.api, ending=ending,
+                held_ms=decision.elapsed_ms, in_doubt=in_doubt, error_sent=error,
+                error_name=None if error is None else "CONCURRENT_TRANSACTIONS", client=ctx.client))
 
     async def answer(self, question: Question, leader: HostPort | None) -> Answer:
         """Find out what a connection core asked (it resumes its decision with the answer)."""
@@ -150,6 +251,8 @@ class TransactionGuard:
                 return Answer(description=await self.verifier.describe(question.transactional_id))
             except Exception as e:  # noqa: BLE001 - no answer: the request passes as it is
                 return Answer(failure=repr(e))
+        if question.end_txn_in_doubt:
+            return await self._await_end_txn(question)
         if question.offsets_partitions:
             try:
                 return Answer(offsets_partitions=await self.verifier.offsets_partitions())
@@ -226,6 +329,9 @@ class TransactionGuard:
         ctx = decision.context
         if ctx is None:
             return
+        if ctx.api in HELD_FOR_END_TXN:
+            self._record_end_txn_hold(decision, log)
+            return
         if ctx.api in LIFECYCLE_APIS:
             self._record_timeout_recovery(decision, log)
             return
@@ -254,3 +360,8 @@ class TransactionGuard:
                     verdict=v, decision=r.decision, error_sent=choice.code if sent and choice else None,
                     error_name=choice.name if sent and choice else None, latency_ms=decision.elapsed_ms,
                     cpu_ms=decision.cpu_ms, mode=ctx.mode.value, proxy_id=self.audit.proxy_id, client=ctx.client))
+
+
+def _describe_sent(s: SentEndTxn) -> dict[str, Any]:
+    return {"committed": s.committed, "connection_id": s.connection_id, "sent_ms": s.sent_ms,
+            "orphaned": s.orphaned_ms is not None}

@@ -77,6 +77,32 @@ class ProxyMetrics:
             self.concurrent_retries.labels(api)
             for ending in ("absorbed", "budget_spent"):
                 self.concurrent_absorptions.labels(api, ending)
+        # The KAFKA-17754 defence (verification/in_doubt.py): EndTxns forwarded and not yet answered, the
+        # requests held behind them, and how each ended.
+        self.end_txn_in_doubt = Gauge(
+            "txnguard_end_txn_in_doubt", "EndTxn requests forwarded and not answered yet (they may still land)",
+            registry=r)
+        self.end_txn_in_doubt_endings = Counter(
+            "txnguard_end_txn_in_doubt_endings", "EndTxn requests by how their doubt ended: answered, fenced (the "
+            "producer moved on) or expired (unanswered past end_txn_in_doubt_max_ms: no longer held for)",
+            ["ending"], registry=r)
+        for ending in ("answered", "fenced", "expired"):
+            self.end_txn_in_doubt_endings.labels(ending)
+        self.end_txn_holds = Gauge(
+            "txnguard_end_txn_holds", "AddPartitionsToTxn/AddOffsetsToTxn held now while an EndTxn of the same "
+            "producer is in doubt", registry=r)
+        self.end_txn_hold_endings = Counter(
+            "txnguard_end_txn_hold_endings", "Requests held for an EndTxn in doubt, by how the hold ended: settled "
+            "(answered or fenced: forwarded) or timeout (answered CONCURRENT_TRANSACTIONS at the request's bound)",
+            ["ending"], registry=r)
+        for ending in ("settled", "timeout"):
+            self.end_txn_hold_endings.labels(ending)
+        self.end_txn_lingers = Counter(
+            "txnguard_end_txn_lingers", "Client connections that closed with an EndTxn unanswered: the broker side "
+            "kept until the answer (answered), end_txn_in_doubt_max_ms (timeout) or the broker closed it "
+            "(upstream_closed)", ["ending"], registry=r)
+        for ending in ("answered", "timeout", "upstream_closed"):
+            self.end_txn_lingers.labels(ending)
         # Kafka starts VerificationTimeMs once the request is parsed; the proxy's parsing is shown apart.
         self.inspection_time = Histogram(
             "txnguard_inspection_time_ms", "Decoding a request the guard checks (before its verification "

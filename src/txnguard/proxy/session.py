@@ -63,7 +63,7 @@ class ClientProtocol(asyncio.Protocol):
         self.session.from_client(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.session.close("client_closed", repr(exc) if exc else "client closed the connection", level="debug")
+        self.session.client_lost(repr(exc) if exc else "client closed the connection")
 
     def pause_writing(self) -> None:
         self.session.pause_reading(c.Side.BROKER, "client_write_buffer")
@@ -115,6 +115,7 @@ class Session:
         self._upstream_task: asyncio.Task[None] | None = None
         self._early: list[bytes] = []
         self._checks: set[asyncio.Task[None]] = set()
+        self._linger: asyncio.TimerHandle | None = None
         self._run: dict[type, Callable[[Any], None]] = {
             c.SendToClient: self._send_to_client, c.SendToBroker: self._send_to_broker, c.Ask: self._ask,
             c.Close: self._close_command, c.PauseReading: self._pause_command,
@@ -176,10 +177,35 @@ class Session:
             early, self._early = b"".join(self._early), []
             self.from_client(early)
 
+    def client_lost(self, detail: str) -> None:
+        """The client closed. With an EndTxn forwarded and unanswered, the broker side stays open until its
+        answer (bounded): that answer is what tells the KAFKA-17754 defence the EndTxn can no longer land."""
+        if self.closed:
+            return
+        self._execute(self.core.client_gone())
+        if not self.core.lingering:
+            self.close("client_closed", detail, level="debug")
+            return
+        self.client = None
+        max_ms = self.proxy.config.verification.end_txn_in_doubt_max_ms
+        self.log.info("lingering_for_end_txn", detail=detail, max_ms=max_ms,
+                      reason="the client left with an EndTxn unanswered: the broker may still process it, so "
+                             "the broker connection stays until its answer")
+        self._linger = asyncio.get_running_loop().call_later(max_ms / 1000, self._linger_expired, max_ms)
+
+    def _linger_expired(self, max_ms: int) -> None:
+        self.close("end_txn_unanswered", f"the EndTxn the client left was not answered within {max_ms} ms; it "
+                   "stays in doubt until the producer moves on", level="warning")
+
     def close(self, reason: str, detail: str = "", level: str = "info") -> None:
         if self.closed:
             return
         self.closed = True
+        if self.core.lingering:
+            if self._linger is not None:
+                self._linger.cancel()
+            ending = {"client_closed": "answered", "end_txn_unanswered": "timeout"}.get(reason, "upstream_closed")
+            self.metrics.end_txn_lingers.labels(ending).inc()
         self.core.connection_lost()
         getattr(self.log, level)("connection_closed", reason=reason, detail=detail, in_flight=self.core.in_flight)
         self.metrics.connection_closes.labels(reason).inc()

@@ -1,9 +1,10 @@
 """The audit records: JSON-ready dicts, pure (no IO, no clock: the time is passed in).
 
-Three kinds in one stream (schema_version 2): a `decision` per partition verification, a
+Four kinds in one stream (schema_version 2): a `decision` per partition verification, a
 `connection` per client connection that identified itself, written when it closes (the client
 inventory needs clients that were never rejected too), and a `hanging` per hanging transaction the
-proxy's periodic scan finds (once per transaction, when first found). The PySpark pipeline reads these; change a
+proxy's periodic scan finds (once per transaction, when first found), and an `end_txn_hold` per request held
+while an EndTxn was in doubt (the KAFKA-17754 defence). The PySpark pipeline reads these; change a
 field only with a new schema_version. Version 1 was a decision record without `kind` and `proxy_id`.
 """
 
@@ -18,6 +19,7 @@ from txnguard.verification.outcomes import Verdict
 
 SCHEMA_VERSION = 2
 DECISION, CONNECTION, HANGING = "decision", "connection", "hanging"
+END_TXN_HOLD = "end_txn_hold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,36 @@ def hanging_record(*, time_ms: int, proxy_id: str, finding: Finding, max_transac
         "reason": f.reason,
         "coordinator_state": f.coordinator_state,
         "max_transaction_timeout_ms": max_transaction_timeout_ms,
+    }
+
+
+def end_txn_hold_record(*, time_ms: int, proxy_id: str, transactional_id: str, producer_id: int,
+                        producer_epoch: int, api: str, ending: str, held_ms: float, in_doubt: list[dict[str, Any]],
+                        error_sent: int | None, error_name: str | None, client: ClientInfo) -> dict[str, Any]:
+    """A request that would open a transaction, held while an EndTxn of the same producer was in doubt
+    (KAFKA-17754, verification/in_doubt.py): how the hold ended ("settled", "fenced", "timeout") and what
+    the client got (`error_sent` None: forwarded; else the retriable error answered at the hold's bound)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": END_TXN_HOLD,
+        "proxy_id": proxy_id,
+        "time_ms": time_ms,
+        "transactional_id": transactional_id,
+        "producer_id": producer_id,
+        "producer_epoch": producer_epoch,
+        "api": api,
+        "ending": ending,
+        "held_ms": held_ms,
+        "end_txns_in_doubt": in_doubt,
+        "decision": "forwarded" if error_sent is None else "rejected",
+        "error_sent": error_sent,
+        "error_name": error_name,
+        "client_id": client.client_id,
+        "client_software_name": client.software_name,
+        "client_software_version": client.software_version,
+        "client_family": client.family,
+        "listener": client.listener,
+        "connection_id": client.connection_id,
     }
 
 

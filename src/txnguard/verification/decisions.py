@@ -33,12 +33,14 @@ from txnguard.codecs.produce import (
     without_partitions,
 )
 from txnguard.codecs.produce_scan import scan_produce
+from txnguard.codecs.synthesis import add_to_txn_error
 from txnguard.policies.enforcement import Mode
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT, ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry, only_concurrent_transactions
 from txnguard.verification.holds import HoldLimits
+from txnguard.verification.in_doubt import EndTxnLedger, SentEndTxn
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 from txnguard.verification.plan import (
@@ -55,6 +57,8 @@ TopicPartition = tuple[str, int]
 PRODUCE_KEY, INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT_KEY = 0, 22, 24, 25, 26, 28
 OBSERVED = frozenset({INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN})
 LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch shape
+# The requests the KAFKA-17754 defence holds (their Decision's context.api).
+HELD_FOR_END_TXN = frozenset({"AddPartitionsToTxn", "AddOffsetsToTxn"})
 
 # From least to most exposed to a change between check and append.
 _EVIDENCE_ORDER = ("local", "cache", "leader", "coordinator", "request")
@@ -121,6 +125,7 @@ class Decision:
     evidence_at: float | None = None
     evidence: str | None = None
     observe: Any = None                             # a forwarded life-cycle request whose answer is observed
+    local_reason: str = "verification"              # why the proxy answered alone (a metric label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,11 @@ class Question:
     # verification (verification/holds.py); 0: one question.
     hold_ms: float = 0.0
     describe_only: bool = False                # only the coordinator's DescribeTransactions (timeouts.py)
+    # Not a write to verify: an AddPartitionsToTxn/AddOffsetsToTxn waits while an EndTxn of the same
+    # producer id and epoch, forwarded on another connection (not this one), is unanswered
+    # (verification/in_doubt.py). The answer says whether that doubt ended within hold_ms.
+    end_txn_in_doubt: bool = False
+    connection_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +155,7 @@ class Answer:
     description: Any = None                    # the coordinator's DescribedTransaction, when asked
     offsets_partitions: int | None = None
     failure: str | None = None                 # the offsets partition count could not be read
+    settled: bool | None = None                # an EndTxn in doubt: ended (True) or still in doubt (False)
 
 
 @dataclass
@@ -163,8 +174,11 @@ class TransactionRules:
     """KIP-890 part 1 decisions for every connection of one proxy (they share the registry)."""
 
     def __init__(self, registry: Registry, policy: Policy, *, enabled: bool = True, ask_leader: bool = True,
-                 holds: HoldLimits | None = None, concurrent: ConcurrentRetry | None = None) -> None:
+                 holds: HoldLimits | None = None, concurrent: ConcurrentRetry | None = None,
+                 in_doubt: EndTxnLedger | None = None) -> None:
         self.registry = registry
+        # The KAFKA-17754 defence (verification/in_doubt.py); None: off.
+        self.in_doubt = in_doubt
         self.policy = policy
         self.enabled = enabled
         self.ask_leader = ask_leader
@@ -183,8 +197,10 @@ class TransactionRules:
 
     # -- observing the transaction life cycle ---------------------------------------------------------
 
-    def observe_request(self, key: int, version: int, body: memoryview, now_ms: int) -> Any:
-        """Decode an observed request; what the response handler needs (None: nothing to watch)."""
+    def observe_request(self, key: int, version: int, body: memoryview, now_ms: int, connection_id: int = 0) -> Any:
+        """Decode an observed request; what the response handler needs (None: nothing to watch).
+
+        An EndTxn is written down as in doubt until its answer (its `SentEndTxn` is what comes back)."""
         if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
             return None
         try:
@@ -194,14 +210,22 @@ class TransactionRules:
         except CodecError:
             return None  # values kio refuses (an unknown tag, say): the broker judges; we only watch
         if key == END_TXN:
-            self.registry.end_txn(str(req.transactional_id), int(req.producer_id), int(req.producer_epoch), now_ms)
-            return None  # EndTxn takes effect when sent: its answer changes nothing here
+            txn_id, producer_id, epoch = str(req.transactional_id), int(req.producer_id), int(req.producer_epoch)
+            self.registry.end_txn(txn_id, producer_id, epoch, now_ms)
+            if self.in_doubt is None:
+                return None  # EndTxn takes effect when sent: its answer changes nothing in the registry
+            return self.in_doubt.sent(txn_id, producer_id, epoch, bool(req.committed), connection_id, now_ms)
         return req
 
     def observe_response(self, key: int, version: int, request: Any, body: memoryview, now_ms: int) -> bool:
         """Learn from a life-cycle answer; True when it refuses the whole request with
         CONCURRENT_TRANSACTIONS (the core may then ask again itself: verification/concurrent.py)."""
         if request is None:
+            return False
+        if isinstance(request, SentEndTxn):
+            # Any answer, error or not: the coordinator has processed it and it can no longer land later.
+            if self.in_doubt is not None:
+                self.in_doubt.answered(request)
             return False
         try:
             _, resp = schemas.decode_response(body, key, version)
@@ -212,6 +236,10 @@ class TransactionRules:
                 timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
                 self.registry.init_producer_id(str(request.transactional_id), int(resp.producer_id),
                                                int(resp.producer_epoch), timeout_ms, now_ms)
+                if self.in_doubt is not None:
+                    # A new epoch fences every EndTxn of the old one: none of them can land any more.
+                    self.in_doubt.fenced(str(request.transactional_id), int(resp.producer_id),
+                                         int(resp.producer_epoch))
         elif key == ADD_PARTITIONS:
             added = self.added_partitions(resp)
             if added:
@@ -229,6 +257,53 @@ class TransactionRules:
         return {(str(r.name), int(p.partition_index))
                 for r in resp.results_by_topic_v3_and_below for p in r.results_by_partition
                 if p.partition_error_code == ErrorCode.none}
+
+    # -- the KAFKA-17754 defence: no new transaction while an EndTxn is in doubt ---------------------------
+
+    def end_txn_hold(self, key: int, version: int, frame: memoryview, request: Any, client: ClientInfo,
+                     connection_id: int, clock: Clock) -> PendingCheck | None:
+        """Hold an AddPartitionsToTxn/AddOffsetsToTxn (decoded: `request`) while an EndTxn in doubt could land
+        in the transaction it opens; None: forward it. See verification/in_doubt.py."""
+        if self.in_doubt is None or not self.in_doubt.limits.enabled:
+            return None
+        if key == ADD_PARTITIONS:
+            txn_id, producer_id, epoch = (str(request.v3_and_below_transactional_id),
+                                          int(request.v3_and_below_producer_id),
+                                          int(request.v3_and_below_producer_epoch))
+        else:
+            txn_id, producer_id, epoch = str(request.transactional_id), int(request.producer_id), \
+                int(request.producer_epoch)
+        if self.in_doubt.blocking(txn_id, producer_id, epoch, connection_id, clock.wall_ms()) is None:
+            return None
+        started = clock.perf()
+        api = "AddPartitionsToTxn" if key == ADD_PARTITIONS else "AddOffsetsToTxn"
+        ctx = RequestContext(api, version, txn_id, producer_id, epoch, Mode.ENFORCE, frame, None, request, client)
+        # As long as a held write may wait: the client's request timeout (the id's last Produce TimeoutMs).
+        learned = self.registry.get(txn_id)
+        hold_ms = self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None)
+        return PendingCheck(ctx, Question(txn_id, producer_id, epoch, (), hold_ms=hold_ms, end_txn_in_doubt=True,
+                                          connection_id=connection_id), started)
+
+    def _end_txn_sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,
+                      now_ms: int) -> SentEndTxn | None:
+        """A checked EndTxn (timeout_recovery) that is forwarded is in doubt like any other until its answer."""
+        if self.in_doubt is None:
+            return None
+        return self.in_doubt.sent(txn_id, producer_id, epoch, committed, connection_id, now_ms)
+
+    def _after_in_doubt(self, check: PendingCheck, answer: Answer, clock: Clock) -> Decision:
+        """Forward once the doubt ended; else answer CONCURRENT_TRANSACTIONS, the coordinator's own "the
+        previous transaction is still completing", which every client retries after a backoff."""
+        ctx = check.context
+        elapsed = (clock.perf() - check.started) * 1000
+        if answer.settled:
+            return Decision(forward=ctx.frame, context=ctx, elapsed_ms=elapsed)
+        header = peek_request(ctx.frame[4:])
+        key = ADD_PARTITIONS if ctx.api == "AddPartitionsToTxn" else ADD_OFFSETS
+        response = add_to_txn_error(key, ctx.api_version, header.correlation_id, ctx.request,
+                                    ErrorCode.concurrent_transactions)
+        return Decision(forward=None, local_response=response, context=ctx, elapsed_ms=elapsed,
+                        local_reason="end_txn_in_doubt")
 
     # -- checking writes ---------------------------------------------------------------------------------
 
@@ -299,6 +374,8 @@ class TransactionRules:
         ctx = check.context
         if check.question.describe_only:
             return self._timeout_decision(ctx, answer, check.started, clock)
+        if check.question.end_txn_in_doubt:
+            return self._after_in_doubt(check, answer, clock)
         if check.question.offsets_partitions:
             if answer.offsets_partitions is None:
                 # No partition count: cannot verify; retriable for the client.
@@ -397,7 +474,8 @@ class TransactionRules:
         if key == END_TXN:
             if candidate is None or end_txn_reply(client.family, bool(req.committed)) is None:
                 self.registry.end_txn(txn_id, pid, epoch, now_ms)
-                return Decision(forward=frame)
+                return Decision(forward=frame, observe=self._end_txn_sent(txn_id, pid, epoch, bool(req.committed),
+                                                                          client.connection_id, now_ms))
         elif candidate is None:
             return Decision(forward=frame, observe=req)
         ctx = RequestContext(_LIFECYCLE_API[key], version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req,
@@ -414,7 +492,9 @@ class TransactionRules:
             reply = end_txn_reply(ctx.client.family, bool(req.committed))
             if why is None or reply is None:
                 self.registry.end_txn(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, now_ms)
-                return Decision(forward=ctx.frame)
+                return Decision(forward=ctx.frame, observe=self._end_txn_sent(
+                    ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, bool(req.committed),
+                    ctx.client.connection_id, now_ms))
             # Not forwarded: the coordinator would answer PRODUCER_FENCED. The registry keeps the
             # candidate, so the client's InitProducerId that follows is rewritten.
             m = schemas.response_schema(END_TXN, ctx.api_version)
