@@ -16,7 +16,14 @@ Oracle (Jepsen's): the client saw T2 committed, so t2-a and t2-b are both visibl
 or (had it been told so) neither. 3.5.2: t2-b is never visible (a lost write) and P1's last stable
 offset hangs on it. 3.9.2: the client's t2-b was refused, so it aborts T2, yet t2-a is visible (an
 aborted read). The raw actors make each run deterministic; the anomaly is asserted in every run.
-The defence through the proxy is issue 10's next step (see the issue's notes); it is not here yet.
+
+Through the proxy, with real clients (the Java client 3.5.2 in a driver of ours, confluent-kafka):
+client -> gateway -> FaultRelay -> broker, the same hold and release (txnguard.testing.kafka_17754).
+The defence (verification/in_doubt.py) holds T2's AddPartitionsToTxn while T1's EndTxn is unanswered,
+keeps the broker connection the client left until that EndTxn's answer, and lets T2 start only then:
+the late commit lands in T1 (a retry of a finished commit) and T2 is whole. The same run with the
+defence off is the control: the late commit ends T2 early and T2's last write is lost (hanging).
+bench/kafka_17754.py runs both 20 times per client.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from txnguard.testing import raw
 from txnguard.testing.faults import Action, Fault, FaultRelay
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.kafka import Cluster
+from txnguard.testing.kafka_17754 import J3ClientRun, run_once
 from txnguard.testing.scenarios import TxnActor, error_name
 
 pytestmark = pytest.mark.integration
@@ -159,3 +167,41 @@ def test_j3_a_late_commit_of_one_transaction_lands_in_the_next_directly_against_
     else:
         assert visible_t2, run                                  # a value of an aborted transaction shows
     assert b"t1" in run.visible[0]
+
+
+# -- through the proxy, real clients --------------------------------------------------------------------------------
+
+CLIENTS = [pytest.param("java", marks=pytest.mark.java, id="java-3.5.2"), pytest.param("confluent-kafka")]
+
+
+def _summary(run: J3ClientRun) -> str:
+    return (f"{run.client} ({run.mode}): {run.seconds:.1f} s, steps {run.steps}, state at release "
+            f"{run.state_at_release}, late EndTxn landed {run.held_answered}, holds {run.holds:.0f} "
+            f"({run.hold_timeouts:.0f} at the bound), visible {run.visible}, anomalies {run.anomalies}")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_j3_through_the_proxy_the_late_commit_cannot_end_the_next_transaction(
+    kafka_pool: ClusterPool, client: str,
+) -> None:
+    cluster = kafka_pool.get("3.5.2")
+    for _ in range(2):
+        run = run_once(cluster, client, mode="on")
+        print(f"\n{_summary(run)}")
+        assert run.steps["t1_end"] == "committed" and run.held_answered, _summary(run)
+        assert run.holds >= 1, _summary(run)           # T2 waited for the late EndTxn: the defence acted
+        assert run.anomalies == [], _summary(run)
+        assert run.steps["t2_end"] == "committed"
+        assert set(run.visible[0] + run.visible[1]) == {b"t1", b"t2-a", b"t2-b", b"t2-c"}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_j3_control_through_the_proxy_with_the_defence_off_the_late_commit_tears_the_next_transaction(
+    kafka_pool: ClusterPool, client: str,
+) -> None:
+    cluster = kafka_pool.get("3.5.2")
+    run = run_once(cluster, client, mode="off")
+    print(f"\n{_summary(run)}")
+    assert run.state_at_release == "Ongoing" and run.held_answered, _summary(run)   # it landed in T2
+    assert run.holds == 0
+    assert run.anomalies, _summary(run)
