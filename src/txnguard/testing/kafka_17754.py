@@ -138,6 +138,7 @@ class ConfluentDriver:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.error: str | None = None
         self.seen: dict[str, str] = {}
+        self.retriable: list[str] = []  # retriable errors commit_transaction() raised (then called again)
 
     def start(self) -> None:
         self.thread.start()
@@ -180,6 +181,7 @@ class ConfluentDriver:
                 except KafkaException as e:
                     err = e.args[0]
                     if err.retriable() and time.monotonic() < deadline:
+                        self.retriable.append(str(err))
                         continue  # the call resumes the commit already under way
                     if err.txn_requires_abort():
                         return f"abortable: {err}"
@@ -388,6 +390,8 @@ def run_once(cluster: Cluster, client: str, *, mode: str = "on", release_after_s
         finally:
             driver.stop()
             run.steps.update({k: v for k, v in driver.seen.items() if k not in run.steps})
+            if isinstance(driver, ConfluentDriver) and driver.retriable:
+                run.steps["commit_retriable_errors"] = "; ".join(driver.retriable)
             run.holds = sum(proxy.metric("txnguard_end_txn_hold_endings_total", {"ending": e})
                             for e in ("settled", "timeout"))
             run.hold_timeouts = proxy.metric("txnguard_end_txn_hold_endings_total", {"ending": "timeout"})
