@@ -1,0 +1,111 @@
+"""The KAFKA-17754 hold in the asyncio shell: the guard waits for the EndTxn in doubt to end, within the bound.
+
+The ledger is the guard's own; an answer on the EndTxn's connection (the core calls `answered`) wakes
+the hold at once; a coordinator naming another producer epoch fences it; the bound answers "still in doubt".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from typing import Any
+
+import pytest
+
+from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.policies.policy import policy_from_config
+from txnguard.proxy import logs
+from txnguard.proxy.config import HostPort, ProxyConfig
+from txnguard.proxy.guard import TransactionGuard, now_ms
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.decisions import Question
+
+TXN, PID, EPOCH = "app", 7, 0
+
+
+class Coordinator:
+    """DescribeTransactions answers (the verifier's `describe`), counted."""
+
+    def __init__(self, epoch: int = EPOCH) -> None:
+        self.epoch = epoch
+        self.asked = 0
+
+    async def describe(self, txn_id: str) -> DescribedTransaction:
+        self.asked += 1
+        return DescribedTransaction(0, txn_id, "CompleteCommit", 60_000, -1, PID, self.epoch, frozenset())
+
+    async def close(self) -> None:
+        pass
+
+
+def guard_with(coordinator: Coordinator) -> tuple[TransactionGuard, ProxyMetrics]:
+    metrics = ProxyMetrics()
+    guard = TransactionGuard(ProxyConfig(upstream=(HostPort("127.0.0.1", 9),)), metrics, policy_from_config({}), None)
+    guard.verifier = coordinator  # type: ignore[assignment]
+    return guard, metrics
+
+
+def metric(metrics: ProxyMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def held_question(hold_ms: float) -> Question:
+    return Question(TXN, PID, EPOCH, (), hold_ms=hold_ms, end_txn_in_doubt=True, connection_id=2)
+
+
+@pytest.fixture
+def log_lines() -> Any:
+    stream = io.StringIO()
+    logs.configure("info", stream)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logs.configure("info")
+
+
+def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):
+    guard, metrics = guard_with(Coordinator())
+    sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
+
+    async def run() -> Any:
+        task = asyncio.ensure_future(guard.answer(held_question(5_000), None))
+        await asyncio.sleep(0.1)
+        held_now = metric(metrics, "txnguard_end_txn_holds")
+        started = asyncio.get_running_loop().time()
+        guard.rules.observe_response(26, 3, sent, memoryview(b""), 0)   # the EndTxn's answer came back
+        answer = await task
+        return held_now, answer, asyncio.get_running_loop().time() - started
+
+    held_now, answer, after = asyncio.run(run())
+    assert held_now == 1 and answer.settled is True
+    assert after < 0.05                                   # woken by the answer, not by a poll
+    assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "answered"}) == 1
+    assert metric(metrics, "txnguard_end_txn_holds") == 0
+    [line] = [x for x in log_lines() if x["event"] == "end_txn_hold"]
+    assert line["transactional_id"] == TXN and line["end_txn"]["connection_id"] == 1 and "KAFKA-17754" in line["reason"]
+
+
+def test_a_coordinator_naming_a_newer_epoch_fences_the_end_txn_and_ends_the_hold():
+    coordinator = Coordinator(epoch=EPOCH + 1)            # e.g. it aborted the transaction on its timeout
+    guard, metrics = guard_with(coordinator)
+    guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
+    answer = asyncio.run(guard.answer(held_question(5_000), None))
+    assert answer.settled is True and coordinator.asked == 1
+    assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "fenced"}) == 1
+
+
+def test_at_the_bound_the_hold_says_still_in_doubt():
+    coordinator = Coordinator()                           # same producer epoch: proves nothing
+    guard, _ = guard_with(coordinator)
+    guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
+
+    async def run() -> Any:
+        started = asyncio.get_running_loop().time()
+        answer = await guard.answer(held_question(800), None)
+        return answer, asyncio.get_running_loop().time() - started
+
+    answer, took = asyncio.run(run())
+    assert answer.settled is False
+    assert 0.75 <= took < 0.8 + 0.3
+    assert 1 <= coordinator.asked <= 3                    # every 0.5 s after the first 0.25 s
+    assert len(guard.in_doubt) == 1                       # still in doubt: the next request is held again
