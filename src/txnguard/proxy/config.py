@@ -115,6 +115,7 @@ class Verification:
     # client left until that EndTxn is answered. An EndTxn stops being waited for after this many ms.
     end_txn_in_doubt_hold: bool = True
     end_txn_in_doubt_max_ms: int = 60_000
+    end_txn_hold_ms: int = 1_000     # one held request, at most: then CONCURRENT_TRANSACTIONS (held again)
 
 
 @dataclass(frozen=True)

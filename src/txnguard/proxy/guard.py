@@ -133,8 +133,8 @@ class TransactionGuard:
                                                 idle_expiry_ms=int(v.registry_idle_expiry_s * 1000),
                                                 evidence_ttl_ms=evidence_ttl(config)))
         # The KAFKA-17754 defence: EndTxns in doubt, and the waits of the requests held behind them.
-        self.in_doubt = EndTxnLedger(InDoubtLimits(enabled=v.end_txn_in_doubt_hold,
-                                                   max_ms=v.end_txn_in_doubt_max_ms), on_change=self._in_doubt_ended)
+        self.in_doubt = EndTxnLedger(InDoubtLimits(enabled=v.end_txn_in_doubt_hold, max_ms=v.end_txn_in_doubt_max_ms,
+                                                   hold_ms=v.end_txn_hold_ms), on_change=self._in_doubt_ended)
         self._in_doubt_waits: dict[str, asyncio.Event] = {}
         self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence,
                                       holds=HoldLimits(share=v.hold_share, max_ms=v.hold_max_ms,

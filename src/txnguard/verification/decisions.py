@@ -278,9 +278,11 @@ class TransactionRules:
         started = clock.perf()
         api = "AddPartitionsToTxn" if key == ADD_PARTITIONS else "AddOffsetsToTxn"
         ctx = RequestContext(api, version, txn_id, producer_id, epoch, Mode.ENFORCE, frame, None, request, client)
-        # As long as a held write may wait: the client's request timeout (the id's last Produce TimeoutMs).
+        # No longer than a held write may wait (a share of the client's request timeout), nor than the
+        # defence's own bound: then CONCURRENT_TRANSACTIONS, which the client retries.
         learned = self.registry.get(txn_id)
-        hold_ms = self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None)
+        hold_ms = min(self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None),
+                      float(self.in_doubt.limits.hold_ms))
         return PendingCheck(ctx, Question(txn_id, producer_id, epoch, (), hold_ms=hold_ms, end_txn_in_doubt=True,
                                           connection_id=connection_id), started)
 

@@ -51,6 +51,11 @@ class InDoubtLimits:
     # that has the request processes it within its own request handling (seconds); a paused broker
     # may take longer. Kafka's default transaction timeout (60 s) is the horizon old clients live with.
     max_ms: int = 60_000
+    # How long one held request waits before it is answered CONCURRENT_TRANSACTIONS (and retried by the
+    # client, then held again). Short: the client's own request timeout is rarely known here (a Produce
+    # TimeoutMs is learned only when a write was asked about), and a client that times out a held request
+    # closes its connection and sends it again elsewhere; a retriable answer every second keeps it calm.
+    hold_ms: int = 1_000
 
 
 @dataclass(eq=False)
