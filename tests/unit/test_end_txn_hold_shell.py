@@ -94,6 +94,16 @@ def test_a_coordinator_naming_a_newer_epoch_fences_the_end_txn_and_ends_the_hold
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "fenced"}) == 1
 
 
+def test_a_coordinator_answer_after_the_end_txns_connection_closed_ends_the_hold():
+    coordinator = Coordinator()                           # same epoch, but asked after the close
+    guard, metrics = guard_with(coordinator)
+    sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
+    guard.in_doubt.orphaned(sent, now_ms())
+    answer = asyncio.run(guard.answer(held_question(5_000), None))
+    assert answer.settled is True and coordinator.asked == 1
+    assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "closed"}) == 1
+
+
 def test_at_the_bound_the_hold_says_still_in_doubt():
     coordinator = Coordinator()                           # same producer epoch: proves nothing
     guard, _ = guard_with(coordinator)

@@ -222,6 +222,27 @@ def test_an_end_txn_whose_connection_closed_unanswered_stays_in_doubt_until_the_
     assert proxy.ledger.in_doubt(TXN) == [] and proxy.ledger.endings[Ending.FENCED] == 1
 
 
+def test_an_orphaned_end_txn_ends_once_a_later_end_txn_of_the_producer_is_answered():
+    proxy = Proxy()
+    lost, retry, t2 = proxy.connection(), proxy.connection(), proxy.connection()
+    sends(lost, end_txn(1))
+    lost.connection_lost()        # closed: the broker read it (and handles it first) or never will
+    sends(retry, end_txn(1))      # the client's retry, sent after the close
+    assert of_type(sends(t2, add_partitions(2, [T0])), Ask) != []     # not yet: the retry is unanswered
+    answers(retry, end_txn_response(1))
+    assert proxy.ledger.in_doubt(TXN) == [] and proxy.ledger.endings[Ending.CLOSED] == 1
+    assert of_type(sends(proxy.connection(), add_partitions(3, [T0])), Ask) == []
+
+
+def test_a_live_connection_keeps_its_end_txn_in_doubt_whatever_answers_elsewhere():
+    proxy = Proxy()
+    slow, retry = proxy.connection(), proxy.connection()
+    sends(slow, end_txn(1))       # still on an open connection: it can still arrive (the J3 case)
+    sends(retry, end_txn(1))
+    answers(retry, end_txn_response(1))
+    assert len(proxy.ledger.in_doubt(TXN)) == 1
+
+
 def test_an_end_txn_unanswered_past_the_bound_is_given_up_and_said_so():
     proxy = Proxy(max_ms=5_000)
     first, second = proxy.connection(), proxy.connection()

@@ -214,12 +214,17 @@ class TransactionGuard:
             self.metrics.end_txn_holds.dec()
 
     async def _fenced_by_coordinator(self, txn_id: str, pid: int, epoch: int) -> None:
+        """Ask the coordinator: another producer epoch fences the EndTxn in doubt; any answer at all settles
+        those whose connection had closed before the question (verification/in_doubt.py)."""
+        mark = self.in_doubt.mark()
         try:
             desc = await asyncio.wait_for(self.verifier.describe(txn_id), self.config.verification.timeout_s)
         except Exception:  # noqa: BLE001 - no answer proves nothing: keep holding
             return
         if desc.error_code == 0 and desc.producer_id >= 0 and (desc.producer_id, desc.producer_epoch) != (pid, epoch):
             self.in_doubt.fenced(txn_id, desc.producer_id, desc.producer_epoch)
+        else:
+            self.in_doubt.answered_after(txn_id, pid, epoch, mark)
 
     def _record_end_txn_hold(self, decision: Decision, log: Any) -> None:
         """A request held for an EndTxn in doubt was decided: metric, log line and audit record."""

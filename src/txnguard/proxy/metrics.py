@@ -84,9 +84,10 @@ class ProxyMetrics:
             registry=r)
         self.end_txn_in_doubt_endings = Counter(
             "txnguard_end_txn_in_doubt_endings", "EndTxn requests by how their doubt ended: answered, fenced (the "
-            "producer moved on) or expired (unanswered past end_txn_in_doubt_max_ms: no longer held for)",
+            "producer moved on), closed (its connection closed and the coordinator answered a later request) or "
+            "expired (unanswered past end_txn_in_doubt_max_ms: no longer held for)",
             ["ending"], registry=r)
-        for ending in ("answered", "fenced", "expired"):
+        for ending in ("answered", "fenced", "closed", "expired"):
             self.end_txn_in_doubt_endings.labels(ending)
         self.end_txn_holds = Gauge(
             "txnguard_end_txn_holds", "AddPartitionsToTxn/AddOffsetsToTxn held now while an EndTxn of the same "

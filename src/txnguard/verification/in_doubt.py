@@ -21,10 +21,17 @@ What proves an EndTxn can no longer land:
 * the producer moved on: an answered InitProducerId, or the coordinator reporting another producer
   id or epoch (a coordinator that aborts a timed-out transaction bumps the epoch), fences it.
 
-A connection that closes with an EndTxn unanswered (the broker went away, or the proxy gave up
-waiting) leaves it `orphaned`: no answer will ever be seen, and only the producer moving on, or the
-bound `max_ms` from when it was sent, ends the doubt. Past that bound the proxy stops holding for
-it and says so (`expire`): the defence is bounded, not absolute.
+A connection that closes with an EndTxn unanswered (the broker closed it or died, or the proxy gave up
+waiting) leaves it `orphaned`: its answer will never be seen. A closed TCP connection carries nothing
+more: the broker either had read the EndTxn, and handles it in its request queue's order, or never
+will. So an orphan also ends when the coordinator answers a request it received after the close (a
+later EndTxn of the same producer, or the proxy's own DescribeTransactions while it holds a request:
+`answered_after`), as the broker serves its request queue first in, first out, and a coordinator that
+moved answers the old one's late EndTxn NOT_COORDINATOR. (The fault relay of the tests keeps a held
+EndTxn past the proxy's close, as a network cannot: there the proxy keeps the connection open instead,
+which is what it does whenever the client leaves.) Otherwise the producer moving on, or the bound
+`max_ms` from when it was sent, ends the doubt. Past that bound the proxy stops holding for it and says
+so (`expire`): the defence is bounded, not absolute.
 
 Pure: time arrives as `now_ms`; the shell (proxy/guard.py) waits and asks the coordinator.
 """
@@ -41,6 +48,7 @@ class Ending(enum.Enum):
 
     ANSWERED = "answered"      # its answer came back (to the client, or after the client left)
     FENCED = "fenced"          # the producer id or epoch moved on: it can only be refused now
+    CLOSED = "closed"          # its connection closed, and the coordinator has answered a later request
     EXPIRED = "expired"        # unanswered past max_ms: no longer held for
 
 
@@ -69,6 +77,8 @@ class SentEndTxn:
     connection_id: int
     sent_ms: int
     orphaned_ms: int | None = None   # its connection closed with it unanswered
+    sent_mark: int = 0               # the ledger's sequence at send time
+    orphaned_mark: int | None = None  # ... and when its connection closed
 
 
 @dataclass
@@ -80,23 +90,40 @@ class EndTxnLedger:
     on_change: Callable[[str, Ending], None] | None = None
     _open: dict[str, list[SentEndTxn]] = field(default_factory=dict)
     endings: dict[Ending, int] = field(default_factory=lambda: dict.fromkeys(Ending, 0))
+    _marks: int = 0
+
+    def mark(self) -> int:
+        """A point in this ledger's order of events (before a question to the coordinator is sent)."""
+        self._marks += 1
+        return self._marks
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._open.values())
 
     def sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,
              now_ms: int) -> SentEndTxn:
-        s = SentEndTxn(txn_id, producer_id, epoch, committed, connection_id, now_ms)
+        s = SentEndTxn(txn_id, producer_id, epoch, committed, connection_id, now_ms, sent_mark=self.mark())
         self._open.setdefault(txn_id, []).append(s)
         return s
 
     def answered(self, s: SentEndTxn) -> None:
         self._end(s, Ending.ANSWERED)
+        self.answered_after(s.transactional_id, s.producer_id, s.producer_epoch, s.sent_mark)
 
     def orphaned(self, s: SentEndTxn, now_ms: int) -> None:
-        """Its connection closed unanswered: it stays in doubt (the broker may still have it)."""
+        """Its connection closed unanswered: it stays in doubt (the broker may have read it)."""
         if s.orphaned_ms is None:
             s.orphaned_ms = now_ms
+            s.orphaned_mark = self.mark()
+
+    def answered_after(self, txn_id: str, producer_id: int, epoch: int, mark: int) -> int:
+        """The coordinator answered a request sent at `mark`: EndTxns of this producer orphaned before
+        that can no longer land (read before the close: handled first; never read: gone)."""
+        done = [s for s in self._open.get(txn_id, ()) if s.orphaned_mark is not None and s.orphaned_mark < mark
+                and (s.producer_id, s.producer_epoch) == (producer_id, epoch)]
+        for s in done:
+            self._end(s, Ending.CLOSED)
+        return len(done)
 
     def fenced(self, txn_id: str, producer_id: int, epoch: int) -> int:
         """The producer is now (producer_id, epoch): an EndTxn of another identity can only be refused."""
