@@ -70,10 +70,11 @@ def init_producer_id_response_epoch(correlation_id: int, epoch: int) -> bytes:
 class Proxy:
     """One proxy's rules and ledger, and its client connections (numbered from 1)."""
 
-    def __init__(self, *, defence: bool = True, max_ms: int = 60_000) -> None:
+    def __init__(self, *, defence: bool = True, max_ms: int = 60_000, policy: dict[str, Any] | None = None) -> None:
         self.clock = FakeClock()
         self.ledger = EndTxnLedger(InDoubtLimits(max_ms=max_ms))
-        self.rules = TransactionRules(Registry(), policy_from_config({}), in_doubt=self.ledger if defence else None)
+        self.rules = TransactionRules(Registry(), policy_from_config(policy or {}),
+                                      in_doubt=self.ledger if defence else None)
         self.connections: list[Connection] = []
 
     def connection(self) -> Connection:
@@ -115,6 +116,15 @@ def test_the_end_txns_own_connection_is_not_held_the_broker_answers_it_in_order(
     conn = proxy.connection()
     out = sends(conn, end_txn(1), add_partitions(2, [T0]))
     assert of_type(out, Ask) == [] and to_broker(out) == end_txn(1) + add_partitions(2, [T0])
+
+
+def test_an_end_txn_checked_for_coordinator_timeouts_is_in_doubt_the_same_way():
+    proxy = Proxy(policy={"timeout_recovery": True})      # EndTxn goes through check_lifecycle
+    first, second = proxy.connection(), proxy.connection()
+    assert to_broker(sends(first, end_txn(1))) == end_txn(1)
+    assert of_type(sends(second, add_partitions(2, [T0])), Ask) != []
+    answers(first, end_txn_response(1))
+    assert len(proxy.ledger) == 0
 
 
 # -- the hold ----------------------------------------------------------------------------------------------------------
