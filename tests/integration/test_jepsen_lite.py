@@ -11,9 +11,8 @@ reads the whole history.
 
 Asserted: through the proxy, 0 aborted reads, lost writes, duplicates, inconsistent offsets, torn
 transactions and non-monotonic polls. Direct counts are printed, not asserted: anomalies are expected
-there. Held EndTxns (KAFKA-17754) are the direct clients' only in this mix: the proxy's defence against
-them is being built on another branch; until it lands a held proxied EndTxn is not in the asserted mix
-(NemesisConfig.hold_modes; bench/jepsen_lite.py holds both modes' and reports the counts).
+there. Held EndTxns (KAFKA-17754) are held for both modes: through the proxy its defence
+(verification/in_doubt.py) must keep every late EndTxn out of the next transaction.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ SHORT_KINDS = ("delay", "hold-endtxn", "reset", "bandwidth", "broker-pause", "pr
 
 def test_j1_lite_short_form_has_no_anomaly_through_the_proxy(kafka_pool: ClusterPool, tmp_path: Path) -> None:
     cluster = kafka_pool.get("3.5.2", 3, sidecars=True)
-    cfg = RunConfig(nemesis=NemesisConfig(kinds=SHORT_KINDS, period_s=6.0, duration_s=36.0, hold_s=4.0, seed=7,
-                                          hold_modes=("direct",)),
+    cfg = RunConfig(nemesis=NemesisConfig(kinds=SHORT_KINDS, period_s=6.0, duration_s=36.0, hold_s=4.0, seed=7),
                     warmup_s=20.0, settle_s=12.0)
     result = run(cfg, tmp_path, cluster=cluster)
     direct, proxied = result.modes["direct"], result.modes["proxied"]

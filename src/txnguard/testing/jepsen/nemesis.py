@@ -86,8 +86,7 @@ class NemesisConfig:
     proxy_down_s: float = 1.5
     seed: int = 1
     modes: Sequence[str] = ("direct", "proxied")
-    # Whose EndTxns hold-endtxn holds (None: every mode's). The proxy's KAFKA-17754 defence is not in yet,
-    # so the asserting short form holds the direct clients' only and reports what it does to them.
+    # Whose EndTxns hold-endtxn holds (None: every mode's; one mode's to see what the fault does to it alone).
     hold_modes: Sequence[str] | None = None
 
 
