@@ -144,3 +144,24 @@ def test_the_pause_doubles_up_to_its_cap_and_stops_at_the_budget():
         waited += d
     assert delays == [2, 4, 8, 16, 20, 20, 20]
     assert NO_ABSORPTION.delay_ms(0, 0) is None
+
+
+def test_two_refused_requests_in_flight_both_get_an_answer():
+    """librdkafka sends AddOffsetsToTxn and AddPartitionsToTxn back to back; right after a commit both
+    come back CONCURRENT_TRANSACTIONS. Found by the sidecar bounce (bench/proxy_bounce.py): the second
+    was never asked again nor answered, and the client's request timed out after 60 s.
+
+        client ─AddOffsets 2, AddPartitions 3─▶ proxy ─▶ coordinator
+                 ◀─ 51 (2), 51 (3) ─  2 is asked again after a pause; 3 goes back as the coordinator
+                                      said it (the client retries it), after 2's answer"""
+    pb = Playbook()
+    pb.client_sends(add_offsets(2), add_partitions(3, [T0]))
+    out = pb.broker_answers(add_offsets_response(2, error=BUSY), add_partitions_response(3, [T0], error=BUSY))
+    assert to_client(out) == b""                     # 3's answer waits behind request 2
+    [timer] = of_type(out, StartTimer)
+    pb.clock.seconds += timer.delay_s
+    assert to_broker(pb.conn.timer_fired(timer.token)) == add_offsets(2)
+    out = pb.broker_answers(add_offsets_response(2))
+    assert correlation_ids(to_client(out)) == [2, 3]
+    assert partition_errors(to_client(out)[len(add_offsets_response(2)):]) == {T0: BUSY}
+    assert [a.ending for a in of_type(out, ConcurrentAbsorbed)] == ["absorbed"]

@@ -852,6 +852,11 @@ class Connection:
     def _absorb(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk | None:
         """CONCURRENT_TRANSACTIONS for the whole request: ask again after a short pause, or (the budget
         spent) give the client this answer, as the coordinator gave it."""
+        if self._absorbing is not None and self._absorbing is not entry:
+            # One absorption per connection (one timer, one entry asked again): a second refusal in flight
+            # behind it (AddOffsetsToTxn and AddPartitionsToTxn sent back to back) goes back as the
+            # coordinator said it, after the first one's answer; the client retries it as it would direct.
+            return frame
         now = self._now
         if entry.refused_at is None:
             entry.refused_at = now
