@@ -1,9 +1,12 @@
 """The report job: batch (`run_batch`) or Structured Streaming (`run_follow`), then the aggregates and the page.
 
 Stages, each timed:
-  ingest     read lines, parse and route once (cached), write decisions / connections / quarantine
+  ingest     read lines, parse and route once, write decisions / connections / quarantine /
+             hanging_transactions in one pass (one write partitioned by table and day, no cache)
   aggregate  rejections, verification_latency, incidents_prevented, client_inventory from those tables
-  report     collect the small aggregates, plot, write report.html
+             (each its own stage in `Summary.seconds`, under its table's name)
+  collect    the report's queries over the tables
+  report     plot, write report.html
 In --follow the ingest stage is three streaming queries with Parquet file sinks and checkpoints (Spark's
 exactly-once sink: a restarted query re-runs an uncommitted batch and the sink's log keeps only one
 copy), and aggregate + report rerun every --refresh-seconds from what the sinks committed.
@@ -12,15 +15,16 @@ copy), and aggregate + report rerun every --refresh-seconds from what the sinks 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import structlog
-from pyspark import StorageLevel
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,6 +34,7 @@ from txnguard.pipeline import parse, report, session, tables
 
 RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
     "decisions": tables.decisions, "connections": tables.connections, "quarantine": tables.quarantine,
+    "hanging_transactions": tables.hanging_transactions,
 }
 
 log = structlog.get_logger("txnguard.pipeline")
@@ -125,20 +130,39 @@ def _write(frame: DataFrame, out: Path, name: str) -> None:
 
 
 def ingest(spark: SparkSession, source: Source, out: Path) -> None:
-    routed = parse.route(read_lines(spark, source)).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        for name, fn in RAW_TABLES.items():
-            _write(fn(routed), out, name)
-    finally:
-        routed.unpersist()
+    """Every raw table in one pass over the input: one write partitioned by table and day into a staging folder,
+    whose per-table folders then become the tables (a rename each).
+
+    Before, the parsed lines were cached and each table written by its own job over the cache: building the
+    cache cost as much as the parse. A table's files carry the other raw tables' columns, all null (one
+    writer, one schema); `read_table` reads each with its own declared schema.
+    """
+    staging = out / "_ingest"
+    shutil.rmtree(staging, ignore_errors=True)
+    routed = parse.route(read_lines(spark, source), filtered=False)
+    tables.all_raw(routed).write.mode("overwrite").partitionBy(tables.TABLE, "day").parquet(str(staging))
+    for name in RAW_TABLES:
+        target = out / name
+        shutil.rmtree(target, ignore_errors=True)
+        written = staging / f"{tables.TABLE}={name}"
+        if written.exists():
+            written.rename(target)
+            (target / "_SUCCESS").touch()
+    shutil.rmtree(staging, ignore_errors=True)
 
 
-def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None) -> None:
+def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
+              summary: Summary | None = None) -> None:
+    """The derived tables from decisions and connections; with `summary`, each table's write is a timed stage."""
     schemas = raw_table_schemas(spark)
     d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
     c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
     for name, frame in _aggregates(d, c).items():
-        _write(frame, out, name)
+        write = partial(_write, frame, out, name)
+        if summary is None:
+            write()
+        else:
+            _timed(summary, name, write)
 
 
 def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
@@ -147,6 +171,8 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
     d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
     c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
     q = read_table(spark, out, "quarantine", schemas["quarantine"])
+    hanging = tables.window(read_table(spark, out, "hanging_transactions", schemas["hanging_transactions"]),
+                            since_ms, until_ms)
     rej = read_table(spark, out, "rejections", schemas["rejections"])
     inc = read_table(spark, out, "incidents_prevented", schemas["incidents_prevented"])
     inv = read_table(spark, out, "client_inventory", schemas["client_inventory"])
@@ -160,6 +186,7 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
         "would be rejected (monitor)": decision_counts.get("forwarded_unenforced", 0),
         "client connections": c.count(),
         "quarantined lines": q.count(),
+        "hanging transactions found": hanging.count(),
     }
     by_hour = [(r["hour"], r["reason"], int(r["n"])) for r in rej.groupBy("hour", "reason")
                .agg(F.sum("count").alias("n")).orderBy("hour").collect()]
@@ -209,7 +236,7 @@ def count_rows(spark: SparkSession, out: Path) -> dict[str, int]:
 
 def refresh(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None, title: str,
             summary: Summary) -> Path:
-    _timed(summary, "aggregate", lambda: aggregate(spark, out, since_ms, until_ms))
+    aggregate(spark, out, since_ms, until_ms, summary)
     data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title))
     return _timed(summary, "report", lambda: report.write(data, out))  # type: ignore[no-any-return]
 

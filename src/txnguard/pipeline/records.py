@@ -1,8 +1,9 @@
 """What an audit record is, in plain Python: the fields of each schema version and kind, which are required.
 
 Schema version 1 is today's decision record (`txnguard.verification.audit`). Version 2 adds `kind`
-("decision" or "connection") and `proxy_id` to every record; a v2 decision carries every v1 field, a
-connection record describes one client connection (written when it closes or the proxy stops).
+("decision", "connection" or "hanging") and `proxy_id` to every record; a v2 decision carries every v1 field, a
+connection record describes one client connection (written when it closes or the proxy stops), a hanging
+record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging`).
 Anything else is quarantined with a reason; this module names the reasons.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
-KINDS = ("decision", "connection")
+KINDS = ("decision", "connection", "hanging")
 
 FieldType = Literal["long", "int", "string", "double", "boolean", "int_array"]
 
@@ -68,11 +69,31 @@ CONNECTION_V2: tuple[tuple[str, FieldType, bool], ...] = (
     ("close_reason", "string", True),
 )
 
+HANGING_V2: tuple[tuple[str, FieldType, bool], ...] = (
+    ("schema_version", "int", True),
+    ("kind", "string", True),
+    ("proxy_id", "string", True),
+    ("time_ms", "long", True),
+    ("transactional_id", "string", False),  # None: ListTransactions named no id for the producer
+    ("producer_id", "long", True),
+    ("producer_epoch", "int", True),
+    ("target", "string", True),
+    ("topic", "string", True),
+    ("partition", "int", True),
+    ("coordinator_epoch", "int", True),
+    ("start_offset", "long", True),
+    ("last_timestamp_ms", "long", True),
+    ("age_ms", "long", True),
+    ("reason", "string", True),
+    ("coordinator_state", "string", False),
+    ("max_transaction_timeout_ms", "long", True),
+)
+
 
 def union_fields() -> list[tuple[str, FieldType]]:
     """Every field any supported record may carry, once: the one schema a line is parsed with."""
     seen: dict[str, FieldType] = {}
-    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2):
+    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2, *HANGING_V2):
         seen.setdefault(name, kind)
     return list(seen.items())
 
@@ -80,6 +101,8 @@ def union_fields() -> list[tuple[str, FieldType]]:
 def required(schema_version: int, kind: str) -> list[str]:
     if kind == "connection":
         return [name for name, _, req in CONNECTION_V2 if req]
+    if kind == "hanging":
+        return [name for name, _, req in HANGING_V2 if req]
     fields = DECISION_V1 + (V2_COMMON if schema_version == 2 else ())
     return [name for name, _, req in fields if req]
 

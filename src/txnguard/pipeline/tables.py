@@ -7,6 +7,7 @@ recomputed from `decisions` and `connections`, so a streaming run can refresh th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import chain
 
 from pyspark.sql import Column, DataFrame
@@ -14,10 +15,11 @@ from pyspark.sql import functions as F
 
 from txnguard.pipeline import records as R
 from txnguard.pipeline.incidents import ANY_API, INCIDENTS, UNCLASSIFIED
-from txnguard.pipeline.parse import CONNECTION, DECISION, QUARANTINE
+from txnguard.pipeline.parse import CONNECTION, DECISION, HANGING, QUARANTINE
 
 DECISION_FIELDS = [name for name, _, _ in R.DECISION_V1 if name != "schema_version"]
 CONNECTION_FIELDS = [name for name, _, _ in R.CONNECTION_V2 if name not in ("schema_version", "kind", "proxy_id")]
+HANGING_FIELDS = [name for name, _, _ in R.HANGING_V2 if name not in ("schema_version", "kind", "proxy_id")]
 QUARANTINE_PREFIX_CHARS = 1024
 LATENCY_ACCURACY = 10_000  # percentile_approx: relative error 1/10,000
 
@@ -31,49 +33,113 @@ def _pre_tv2(api: Column, version: Column) -> Column:
         ((api == "txn_offset_commit") & (version <= R.LAST_PRE_TV2_VERSION["txn_offset_commit"]))
 
 
-def decisions(routed: DataFrame) -> DataFrame:
-    """One row per verification decision (v1 and v2), with the target split into topic/partition or group."""
-    rows = routed.where(F.col("route") == DECISION)
+def _decision_columns() -> dict[str, Column]:
     target = F.col("target")
     is_group = target.startswith("group:")
-    return rows.select(
-        _day(F.col("time_ms")).alias("day"),
-        F.timestamp_millis(F.col("time_ms")).alias("event_time"),
-        F.col("schema_version").alias("schema_version"),
-        F.col("proxy_id").alias("proxy_id"),
-        *[F.col(n) for n in DECISION_FIELDS],
-        F.when(~is_group, F.regexp_extract(target, r"^(.*)-\d+$", 1)).alias("topic"),
-        F.when(~is_group, F.regexp_extract(target, r"-(\d+)$", 1).cast("int")).alias("partition"),
-        F.when(is_group, F.substring(target, 7, 1 << 20)).alias("group_id"),
-        F.col("source"),
-    )
+    return {
+        "day": _day(F.col("time_ms")),
+        "event_time": F.timestamp_millis(F.col("time_ms")),
+        "schema_version": F.col("schema_version"),
+        "proxy_id": F.col("proxy_id"),
+        **{n: F.col(n) for n in DECISION_FIELDS},
+        "topic": F.when(~is_group, F.regexp_extract(target, r"^(.*)-\d+$", 1)),
+        "partition": F.when(~is_group, F.regexp_extract(target, r"-(\d+)$", 1).cast("int")),
+        "group_id": F.when(is_group, F.substring(target, 7, 1 << 20)),
+        "source": F.col("source"),
+    }
+
+
+def _connection_columns() -> dict[str, Column]:
+    return {
+        "day": _day(F.col("time_ms")),
+        "event_time": F.timestamp_millis(F.col("time_ms")),
+        "connected_time": F.timestamp_millis(F.col("connected_ms")),
+        "proxy_id": F.col("proxy_id"),
+        **{n: F.col(n) for n in CONNECTION_FIELDS},
+        "source": F.col("source"),
+    }
+
+
+def _quarantine_columns() -> dict[str, Column]:
+    return {
+        "day": F.current_date(),
+        "ingested_at": F.current_timestamp(),
+        "source": F.col("source"),
+        "reason": F.col("quarantine_reason"),
+        "reason_kind": F.regexp_extract(F.col("quarantine_reason"), r"^([a-z_]+)", 1),
+        "chars": F.col("chars"),
+        "line_prefix": F.substring(F.col("value"), 1, QUARANTINE_PREFIX_CHARS),
+    }
+
+
+def _hanging_columns() -> dict[str, Column]:
+    return {
+        "day": _day(F.col("time_ms")),
+        "event_time": F.timestamp_millis(F.col("time_ms")),
+        "proxy_id": F.col("proxy_id"),
+        **{n: F.col(n) for n in HANGING_FIELDS},
+        "last_write_time": F.timestamp_millis(F.col("last_timestamp_ms")),
+        "source": F.col("source"),
+    }
+
+
+# Each raw table: the route its rows come from and its columns (expressions over the routed frame).
+RAW: dict[str, tuple[str, Callable[[], dict[str, Column]]]] = {
+    "decisions": (DECISION, _decision_columns),
+    "connections": (CONNECTION, _connection_columns),
+    "quarantine": (QUARANTINE, _quarantine_columns),
+    "hanging_transactions": (HANGING, _hanging_columns),
+}
+TABLE = "table"  # the partition column of `all_raw`: which table a row belongs to
+
+
+def raw_table(routed: DataFrame, name: str) -> DataFrame:
+    route, columns = RAW[name]
+    return routed.where(F.col("route") == route).select(*[c.alias(n) for n, c in columns().items()])
+
+
+def decisions(routed: DataFrame) -> DataFrame:
+    """One row per verification decision (v1 and v2), with the target split into topic/partition or group."""
+    return raw_table(routed, "decisions")
 
 
 def connections(routed: DataFrame) -> DataFrame:
     """One row per client connection record (schema v2)."""
-    rows = routed.where(F.col("route") == CONNECTION)
-    return rows.select(
-        _day(F.col("time_ms")).alias("day"),
-        F.timestamp_millis(F.col("time_ms")).alias("event_time"),
-        F.timestamp_millis(F.col("connected_ms")).alias("connected_time"),
-        F.col("proxy_id").alias("proxy_id"),
-        *[F.col(n) for n in CONNECTION_FIELDS],
-        F.col("source"),
-    )
+    return raw_table(routed, "connections")
 
 
 def quarantine(routed: DataFrame) -> DataFrame:
     """Lines that are not a supported record: the reason, where from, and the start of the line."""
-    rows = routed.where(F.col("route") == QUARANTINE)
-    return rows.select(
-        F.current_date().alias("day"),
-        F.current_timestamp().alias("ingested_at"),
-        F.col("source"),
-        F.col("quarantine_reason").alias("reason"),
-        F.regexp_extract(F.col("quarantine_reason"), r"^([a-z_]+)", 1).alias("reason_kind"),
-        F.col("chars"),
-        F.substring(F.col("value"), 1, QUARANTINE_PREFIX_CHARS).alias("line_prefix"),
-    )
+    return raw_table(routed, "quarantine")
+
+
+def hanging_transactions(routed: DataFrame) -> DataFrame:
+    """One row per hanging transaction a proxy's scan found (schema v2, `kind: hanging`), as the proxy judged it."""
+    return raw_table(routed, "hanging_transactions")
+
+
+def all_raw(routed: DataFrame) -> DataFrame:
+    """Every raw table in one frame, for one write partitioned by `table` and `day`: each line is read and parsed
+    once, with no cache and no filter (a filter per table would re-scan the input or a cache of it).
+
+    A column is the union of the tables' columns by name (the same name has the same type in every table that
+    has it); in a row it holds its own table's value, null where its table has no such column.
+    """
+    route = F.col("route")
+    per_table = {name: (r, fn()) for name, (r, fn) in RAW.items()}
+    names: list[str] = []
+    for _, cols in per_table.values():
+        names += [n for n in cols if n not in names]
+    table = F.coalesce(*[F.when(route == r, F.lit(name)) for name, (r, _) in per_table.items()])
+
+    def merged(col: str) -> Column:
+        branches = [(r, cols[col]) for r, cols in per_table.values() if col in cols]
+        expr = F.when(route == branches[0][0], branches[0][1])
+        for r, c in branches[1:]:
+            expr = expr.when(route == r, c)
+        return expr.alias(col)
+
+    return routed.select(table.alias(TABLE), *[merged(n) for n in names])
 
 
 def window(frame: DataFrame, since_ms: int | None, until_ms: int | None) -> DataFrame:
