@@ -42,6 +42,12 @@ BAD_LINES = [
     ('{"schema_version": 2, "kind": "connection", "proxy_id": "p", "time_ms": 1}', "missing_fields:"),
     ('{"schema_version": 1, "pad": "' + "x" * TEN_MB + '"}', "too_large"),
 ]
+# A hanging transaction the proxy's scan found (verification.audit.hanging_record): its own table, not quarantined.
+HANGING = {"schema_version": 2, "kind": "hanging", "proxy_id": "sidecar@b-0", "time_ms": 1767225600000,
+           "transactional_id": None, "producer_id": 5, "producer_epoch": 1, "target": "orders-3", "topic": "orders",
+           "partition": 3, "coordinator_epoch": -1, "start_offset": 42, "last_timestamp_ms": 1767224700000,
+           "age_ms": 900000, "reason": "no_transaction", "coordinator_state": None,
+           "max_transaction_timeout_ms": 900000}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +119,7 @@ def jsonl_run(spark, tmp_path_factory):
                 f.write(BAD_LINES[i // 700][0] + "\n")  # bad lines in between good ones, not only at the end
         for line, _ in BAD_LINES[(len(records) - 1) // 700 + 1:]:
             f.write(line + "\n")
+        f.write(json.dumps(HANGING) + "\n")
     out = folder / "out"
     summary = job.run_batch(spark, job.Source.parse(f"jsonl:{source}"), out)
     return records, out, summary
@@ -123,11 +130,21 @@ def test_jsonl_tables_count_exactly_what_was_fed(spark, jsonl_run):
     _assert_tables_match(spark, out, records)
 
 
+def test_a_hanging_record_lands_in_its_table_and_the_report(spark, jsonl_run):
+    _, out, summary = jsonl_run
+    assert summary.rows["hanging_transactions"] == 1
+    row = _table(spark, out, "hanging_transactions").collect()[0]
+    assert (row["topic"], row["partition"], row["producer_id"], row["start_offset"], row["reason"]) == (
+        "orders", 3, 5, 42, "no_transaction")
+    assert row["transactional_id"] is None and row["age_ms"] == 900000
+    assert "hanging transactions found" in (out / "report.html").read_text()
+
+
 def test_an_empty_source_gives_empty_tables_and_a_report(spark, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     summary = job.run_batch(spark, job.Source.parse(f"jsonl:{empty}"), tmp_path / "out")
-    assert set(summary.rows.values()) == {0} and len(summary.rows) == 7
+    assert set(summary.rows.values()) == {0} and len(summary.rows) == 8
     assert "No line was quarantined." in (tmp_path / "out" / "report.html").read_text()
 
 

@@ -10,7 +10,8 @@ import pytest
 from txnguard.pipeline import incidents, options, records
 from txnguard.pipeline.synthetic import Generator
 from txnguard.policies.outcomes import Outcome
-from txnguard.verification.audit import ClientInfo, audit_record
+from txnguard.verification.audit import ClientInfo, audit_record, hanging_record
+from txnguard.verification.hanging import Finding
 from txnguard.verification.outcomes import Evidence, Verdict
 
 
@@ -32,6 +33,19 @@ def test_v2_adds_kind_and_proxy_id_to_decisions_and_connections_have_their_own_f
     connection = set(records.required(2, "connection"))
     assert {"connected_ms", "client_address", "used_transactions", "produce_versions", "close_reason"} <= connection
     assert "first_transactional_id" not in connection  # nullable: a connection that never used transactions
+
+
+def test_a_real_hanging_record_is_a_supported_kind_with_every_required_field_declared():
+    finding = Finding(topic="orders", partition=3, producer_id=7, producer_epoch=1, coordinator_epoch=-1,
+                      start_offset=42, last_timestamp_ms=1_000, reason="no_transaction")
+    record = hanging_record(time_ms=901_000, proxy_id="sidecar@b-0", finding=finding,
+                            max_transaction_timeout_ms=900_000)
+    assert record["kind"] in records.KINDS
+    present = {k for k, v in record.items() if v is not None}
+    assert set(records.required(2, "hanging")) <= present
+    assert "transactional_id" not in records.required(2, "hanging")  # None: ListTransactions named no id
+    declared = {name for name, _ in records.union_fields()}
+    assert set(record) - declared == set()
 
 
 @pytest.mark.parametrize("outcome", [o for o in Outcome if o.failed])
