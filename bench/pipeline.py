@@ -112,7 +112,8 @@ def print_result(name: str, n: int, prepared_s: float, result: dict[str, Any]) -
         print(f"  {stage:<10} {seconds:8.1f} s  {rate:14,.0f} events/s   CPU {cpu:7.1f} s")
     rows = result["rows"]
     print(f"  rows: decisions {rows['decisions']:,}, connections {rows['connections']:,}, "
-          f"quarantine {rows['quarantine']:,}, hanging_transactions {rows.get('hanging_transactions', 0):,}", flush=True)
+          f"quarantine {rows['quarantine']:,}, hanging_transactions {rows.get('hanging_transactions', 0):,}",
+          flush=True)
 
 
 def main() -> None:
