@@ -1,14 +1,16 @@
 """How fast is the fleet pipeline? Synthetic audit records through `txnguard report` on local[2].
 
-Run: `.venv/bin/python bench/pipeline.py [--records 1000000] [--sources jsonl,kafka] [--driver-memory 3g]`
+Run: `.venv/bin/python bench/pipeline.py [--records 1000000] [--sources jsonl,kafka] [--driver-memory 3g]
+[--jsonl FILE]` (`--jsonl` reuses a generated file: runs compared back to back read the same input)
 
 For each source it writes N synthetic records (`txnguard.pipeline.synthetic`: a realistic mix of client
 families, outcomes and latencies; ~2% connection records, v1 and v2 decisions) to a JSONL file, or
 produces them with confluent-kafka to a topic of a 1-node Kafka 3.5.2 started for the run, then runs the
 batch job in this process and prints, as figures (nothing is asserted):
-* events/s end to end (ingest + aggregate + collect + report) and per stage
-  (ingest: read, parse, route, write decisions/connections/quarantine; aggregate: the four derived
-  tables; collect: the report's queries; report: plots and page);
+* events/s end to end (the sum of the stages) and per stage (ingest: read, parse, route and write the four
+  raw tables decisions/connections/quarantine/hanging_transactions in one pass; then each derived table:
+  rejections, verification_latency, incidents_prevented, client_inventory; collect: the report's queries;
+  report: plots and page);
 * the SparkSession start (not in the end-to-end rate: a long-running job pays it once);
 * CPU seconds per stage of the Spark JVM (on local[*] the driver and executors are that one process), and
   events per CPU second: on this shared machine the wall-clock rate measures the other engineers' load as
