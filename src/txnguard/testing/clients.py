@@ -1939,6 +1939,7 @@ class ExactlyOnceCopy:
 def confluent_exactly_once_copy(
     bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int, *,
     commit_every: int = 500, timeout_s: float = 240.0, progress: Callable[[int], None] | None = None,
+    producer_config: dict[str, Any] | None = None,
 ) -> ExactlyOnceCopy:
     """A confluent-kafka consume-transform-produce loop written as an application would write it.
 
@@ -1953,8 +1954,10 @@ def confluent_exactly_once_copy(
     aborted it) replaces the producer, as librdkafka documents: a new instance with the same
     transactional id fences the old one, and the consumer rewinds. At most `max_producers`.
     Stops once `count` input records were committed; `progress(copied)` runs after each commit.
+    `producer_config` adds to the producer's settings (e.g. {"debug": "eos,broker"} to see librdkafka's side).
     """
-    loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s)
+    loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s,
+                            producer_config or {})
     return loop.run(count, commit_every, time.monotonic() + timeout_s, progress or (lambda _n: None))
 
 
@@ -1963,7 +1966,7 @@ MAX_PRODUCERS = 3
 
 class _ExactlyOnceLoop:
     def __init__(self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str,
-                 timeout_s: float) -> None:
+                 timeout_s: float, producer_config: dict[str, Any] | None = None) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.source, self.sink, self.timeout_s = source, sink, timeout_s
@@ -1972,7 +1975,7 @@ class _ExactlyOnceLoop:
             "isolation.level": "read_committed", "auto.offset.reset": "earliest", "session.timeout.ms": 30000,
         })
         self.producer_config = {"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id,
-                                "linger.ms": 5, "transaction.timeout.ms": 60000}
+                                "linger.ms": 5, "transaction.timeout.ms": 60000, **(producer_config or {})}
         self.producer = Producer(self.producer_config)
         self.producers = 1
         self.rebalanced = threading.Event()
