@@ -88,6 +88,7 @@ def _start(settings: dict[str, Any], listen: tuple[str, int], admin: int, log: P
         except OSError as e:
             why = str(e)
         if time.monotonic() > deadline:
+            proxy.terminate()  # not left behind: the caller never saw it
             raise RuntimeError(f"the proxy was not ready within 30 s (/readyz: {why}):\n{proxy.log()}")
         time.sleep(0.1)
 
