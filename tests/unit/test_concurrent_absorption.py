@@ -159,6 +159,7 @@ def test_two_refused_requests_in_flight_both_get_an_answer():
     out = pb.broker_answers(add_offsets_response(2, error=BUSY), add_partitions_response(3, [T0], error=BUSY))
     assert to_client(out) == b""                     # 3's answer waits behind request 2
     [timer] = of_type(out, StartTimer)
+    assert [a.ending for a in of_type(out, ConcurrentAbsorbed)] == ["behind_another"]  # 3's 51 is counted
     pb.clock.seconds += timer.delay_s
     assert to_broker(pb.conn.timer_fired(timer.token)) == add_offsets(2)
     out = pb.broker_answers(add_offsets_response(2))

@@ -124,7 +124,9 @@ class ConcurrentAbsorbed:
     api_key: int
     retries: int             # how many times the request was sent again
     waited_ms: float         # from the first CONCURRENT_TRANSACTIONS to the answer the client got
-    ending: str              # "absorbed": the client got another answer; "budget_spent": it got 51 after all
+    # "absorbed": the client got another answer; "budget_spent": it got 51 after all; "behind_another":
+    # it got 51 at once, refused while another request of its connection was being asked again
+    ending: str
 
 
 @dataclass(frozen=True, slots=True)

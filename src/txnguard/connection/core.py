@@ -222,6 +222,11 @@ class Connection:
                           self.settings.listener, self.settings.connection_id)
 
     @property
+    def _holding(self) -> bool:
+        """A verification or an absorption holds the client's later requests (they must follow its answer)."""
+        return self._waiting is not None or self._absorbing is not None
+
+    @property
     def in_flight(self) -> int:
         return len(self._order)
 
@@ -243,7 +248,7 @@ class Connection:
             out.append(SendToBroker([memoryview(data)[:n]]))
             data = memoryview(data)[n:]  # type: ignore[assignment]  # the splitter reads any buffer
         to_broker: list[Chunk] = []
-        if (not self.requests.buffered and self._waiting is None and self._absorbing is None
+        if (not self.requests.buffered and not self._holding
                 and self.client_id is not None and not self.draining and self._fast):
             done = self._relay_requests(data, to_broker)
             if done == len(data):
@@ -479,10 +484,7 @@ class Connection:
         if check is None:
             return False
         self._order.append(entry)
-        self._checks += 1
-        self._waiting = _Waiting(self._checks, check, entry, True)
-        self._pause(Pause.VERIFICATION, out)
-        out.append(Ask(self._checks, check.question))
+        self._wait_for(check, entry, True, out)
         return True
 
     def drain(self) -> list[Command]:
@@ -513,7 +515,7 @@ class Connection:
 
     def _requests(self, frames: list[memoryview], out: list[Command], to_broker: list[Chunk]) -> None:
         for i, frame in enumerate(frames):
-            if self._waiting is not None or self._absorbing is not None:
+            if self._holding:
                 self._held.extend(frames[i:])
                 return
             try:
@@ -558,7 +560,7 @@ class Connection:
         Only a Produce the proxy does not verify qualifies (verification reads every batch header),
         and only when nothing is held: requests reach the broker in the client's order.
         """
-        if self._waiting is not None or self._absorbing is not None or self._held or self.draining:
+        if self._holding or self._held or self.draining:
             return
         found = self.requests.incomplete()
         if found is None:
@@ -650,11 +652,15 @@ class Connection:
             self._order.append(entry)
         if isinstance(result, Decision):
             return self._apply(result, entry, expect_response, out)
-        self._checks += 1
-        self._waiting = _Waiting(self._checks, result, entry, expect_response)
-        self._pause(Pause.VERIFICATION, out)
-        out.append(Ask(self._checks, result.question))
+        self._wait_for(result, entry, expect_response, out)
         return None
+
+    def _wait_for(self, check: PendingCheck, entry: InFlight, expect_response: bool, out: list[Command]) -> None:
+        """Ask the verifier and hold the connection (later requests queue) until `answered`."""
+        self._checks += 1
+        self._waiting = _Waiting(self._checks, check, entry, expect_response)
+        self._pause(Pause.VERIFICATION, out)
+        out.append(Ask(self._checks, check.question))
 
     def _apply(self, decision: Decision, entry: InFlight, expect_response: bool,
                out: list[Command]) -> Chunk | None:
@@ -856,6 +862,7 @@ class Connection:
             # One absorption per connection (one timer, one entry asked again): a second refusal in flight
             # behind it (AddOffsetsToTxn and AddPartitionsToTxn sent back to back) goes back as the
             # coordinator said it, after the first one's answer; the client retries it as it would direct.
+            self._end_absorbing(entry, "behind_another", out)  # counted: the client does receive this 51
             return frame
         now = self._now
         if entry.refused_at is None:
@@ -884,7 +891,7 @@ class Connection:
     def _release_held(self, out: list[Command], to_broker: list[Chunk] | None = None) -> None:
         """Requests held behind a verification or an absorption go on once neither holds any more."""
         to_broker = [] if to_broker is None else to_broker
-        if self._waiting is None and self._absorbing is None:
+        if not self._holding:
             held, self._held = self._held, []
             if held:
                 self._requests(held, out, to_broker)

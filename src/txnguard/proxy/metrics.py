@@ -67,15 +67,16 @@ class ProxyMetrics:
         # CONCURRENT_TRANSACTIONS asked again by the proxy (verification/concurrent.py, the KIP-609 idea).
         self.concurrent_absorptions = Counter(
             "txnguard_concurrent_transactions_absorptions", "AddPartitionsToTxn/AddOffsetsToTxn answered "
-            "CONCURRENT_TRANSACTIONS and asked again by the proxy, by API and ending: absorbed (the client got "
-            "another answer) or budget_spent (the client got CONCURRENT_TRANSACTIONS after all)", ["api", "ending"],
+            "CONCURRENT_TRANSACTIONS, by API and ending: absorbed (asked again, the client got another answer), "
+            "budget_spent (the client got CONCURRENT_TRANSACTIONS after all) or behind_another (passed to the "
+            "client at once: another request of its connection was being asked again)", ["api", "ending"],
             registry=r)
         self.concurrent_retries = Counter(
             "txnguard_concurrent_transactions_retries", "Requests the proxy sent again after "
             "CONCURRENT_TRANSACTIONS, by API", ["api"], registry=r)
         for api in ("add_partitions_to_txn", "add_offsets_to_txn"):
             self.concurrent_retries.labels(api)
-            for ending in ("absorbed", "budget_spent"):
+            for ending in ("absorbed", "budget_spent", "behind_another"):
                 self.concurrent_absorptions.labels(api, ending)
         # The KAFKA-17754 defence (verification/in_doubt.py): EndTxns forwarded and not yet answered, the
         # requests held behind them, and how each ended.

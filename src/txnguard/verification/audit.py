@@ -32,6 +32,22 @@ class ClientInfo:
     connection_id: int
 
 
+def _envelope(kind: str, proxy_id: str, time_ms: int) -> dict[str, Any]:
+    """The fields every record starts with: what it is, which proxy wrote it, when."""
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, "proxy_id": proxy_id, "time_ms": time_ms}
+
+
+def _producer(transactional_id: str | None, producer_id: int, producer_epoch: int) -> dict[str, Any]:
+    return {"transactional_id": transactional_id, "producer_id": producer_id, "producer_epoch": producer_epoch}
+
+
+def _client(client: ClientInfo) -> dict[str, Any]:
+    """Who sent the request, as its connection identified itself."""
+    return {"client_id": client.client_id, "client_software_name": client.software_name,
+            "client_software_version": client.software_version, "client_family": client.family,
+            "listener": client.listener, "connection_id": client.connection_id}
+
+
 def audit_record(
     *, time_ms: int, transactional_id: str, producer_id: int, producer_epoch: int, api: str, api_version: int,
     target: str, verdict: Verdict, decision: str, error_sent: int | None, error_name: str | None,
@@ -46,22 +62,12 @@ def audit_record(
     `proxy_id` names the proxy instance (the audit log's; see proxy/audit_sink.py).
     """
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": DECISION,
-        "proxy_id": proxy_id,
-        "time_ms": time_ms,
-        "transactional_id": transactional_id,
-        "producer_id": producer_id,
-        "producer_epoch": producer_epoch,
+        **_envelope(DECISION, proxy_id, time_ms),
+        **_producer(transactional_id, producer_id, producer_epoch),
         "api": api,
         "api_version": api_version,
         "target": target,
-        "client_id": client.client_id,
-        "client_software_name": client.software_name,
-        "client_software_version": client.software_version,
-        "client_family": client.family,
-        "listener": client.listener,
-        "connection_id": client.connection_id,
+        **_client(client),
         "outcome": verdict.outcome.value,
         "decision": decision,
         "reason": verdict.detail,
@@ -84,10 +90,7 @@ def connection_record(*, time_ms: int, proxy_id: str, client: ClientInfo, invent
                       close_reason: str) -> dict[str, Any]:
     """One client connection, written when it closes (`time_ms`); `connected_ms` is when it was accepted."""
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": CONNECTION,
-        "proxy_id": proxy_id,
-        "time_ms": time_ms,
+        **_envelope(CONNECTION, proxy_id, time_ms),
         "connected_ms": inventory.connected_ms,
         "connection_id": client.connection_id,
         "listener": client.listener,
@@ -114,13 +117,8 @@ def hanging_record(*, time_ms: int, proxy_id: str, finding: Finding, max_transac
     """
     f = finding
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": HANGING,
-        "proxy_id": proxy_id,
-        "time_ms": time_ms,
-        "transactional_id": f.transactional_id,
-        "producer_id": f.producer_id,
-        "producer_epoch": f.producer_epoch,
+        **_envelope(HANGING, proxy_id, time_ms),
+        **_producer(f.transactional_id, f.producer_id, f.producer_epoch),
         "target": f"{f.topic}-{f.partition}",
         "topic": f.topic,
         "partition": f.partition,
@@ -141,13 +139,8 @@ def end_txn_hold_record(*, time_ms: int, proxy_id: str, transactional_id: str, p
     (KAFKA-17754, verification/in_doubt.py): how the hold ended ("settled", "fenced", "timeout") and what
     the client got (`error_sent` None: forwarded; else the retriable error answered at the hold's bound)."""
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": END_TXN_HOLD,
-        "proxy_id": proxy_id,
-        "time_ms": time_ms,
-        "transactional_id": transactional_id,
-        "producer_id": producer_id,
-        "producer_epoch": producer_epoch,
+        **_envelope(END_TXN_HOLD, proxy_id, time_ms),
+        **_producer(transactional_id, producer_id, producer_epoch),
         "api": api,
         "ending": ending,
         "held_ms": held_ms,
@@ -155,12 +148,7 @@ def end_txn_hold_record(*, time_ms: int, proxy_id: str, transactional_id: str, p
         "decision": "forwarded" if error_sent is None else "rejected",
         "error_sent": error_sent,
         "error_name": error_name,
-        "client_id": client.client_id,
-        "client_software_name": client.software_name,
-        "client_software_version": client.software_version,
-        "client_family": client.family,
-        "listener": client.listener,
-        "connection_id": client.connection_id,
+        **_client(client),
     }
 
 
