@@ -30,7 +30,7 @@ from txnguard.proxy.config import ConfigError, HostPort, ProxyConfig, from_mappi
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.decisions import PendingCheck, Question
+from txnguard.verification.decisions import Answer, PendingCheck, Question
 from txnguard.verification.holds import NO_HOLD, HoldLimits, worth_asking_again
 from txnguard.verification.judge import coordinator_unreachable
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
@@ -106,6 +106,24 @@ def test_a_txn_offset_commit_holds_as_long_as_the_ids_produce_timeout_else_the_c
     pb.client_sends(produce(2, [T0], timeout_ms=5_000))
     check = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(3)), 3, CLIENT, clock)
     assert isinstance(check, PendingCheck) and check.question.hold_ms == 4_000
+
+
+def test_a_first_question_for_the_offsets_partition_count_spends_the_same_budget():
+    # client ─TxnOffsetCommit─▶ core ─Ask(offsets partitions?)─▶ guard … 1 s (a frozen bootstrap broker)
+    #                                ◀─ 50 ─ core ─Ask(group partition, hold_ms = 4 s - 1 s)─▶ guard
+    pb = Playbook()
+    clock = FakeClock()
+    pb.registry.init_producer_id(TXN, PID, 0, 60_000, clock.wall_ms())
+    pb.client_sends(produce(2, [T0], timeout_ms=5_000))         # the id's bound: 0.8 x 5 s = 4 s
+    first = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(3)), 3, CLIENT, clock)
+    assert isinstance(first, PendingCheck) and first.question.offsets_partitions
+    clock.seconds += 1.0
+    second = pb.rules.resume(first, Answer(offsets_partitions=50), clock)
+    assert isinstance(second, PendingCheck) and second.question.hold_ms == 3_000
+    # A first question that outlasted the whole budget leaves one question, bounded by its own timeout.
+    clock.seconds += 10.0
+    third = pb.rules.resume(first, Answer(offsets_partitions=50), clock)
+    assert isinstance(third, PendingCheck) and third.question.hold_ms == 0
 
 
 # -- configuration ------------------------------------------------------------------------------------------

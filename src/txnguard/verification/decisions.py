@@ -367,7 +367,11 @@ class TransactionRules:
         if local is not None:
             return self.decide(ctx, {tp: local}, started, clock)
         learned = self.registry.get(ctx.transactional_id)
-        hold_ms = self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None)
+        budget_ms = self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None)
+        # The budget runs from the start of verification: a first question (the offsets partition
+        # count, which may wait a whole question timeout on a frozen bootstrap broker) spends it too.
+        # An exhausted budget still leaves one question, bounded by its own timeout.
+        hold_ms = max(budget_ms - (clock.perf() - started) * 1000, 0.0) if budget_ms > 0 else 0.0
         return PendingCheck(ctx, Question(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, (tp,),
                                           hold_ms=hold_ms), started)
 
