@@ -19,8 +19,8 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'cluster=~"$cluster", instance=~"$instance"'
 RATE = "$__rate_interval"
 TXN_APIS = "init_producer_id|add_partitions_to_txn|add_offsets_to_txn|end_txn|txn_offset_commit"
-# The proxy creates a reason's series at its first rejection, already at 1, which increase() cannot see: a
-# series new within the window counts whole.
+# The proxy exports every reason at 0 from its start; older proxies created a reason's series at its first
+# rejection, already at 1, which increase() cannot see: a series new within the window counts whole.
 PREVENTED = f'txnguard_verification_failures_total{{{SEL}, reason=~"not_in_transaction|late_write"}}'
 
 
@@ -79,10 +79,12 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
 
 def overview() -> dict[str, Any]:
     return dashboard("txnguard-overview", "txnguard / overview", "Traffic, connections, errors, readiness", [
-        panel("Ready", "Scraped (up) and age of the proxy's own last successful Metadata request; /readyz "
-              "fails above ready_max_metadata_age_s", [
+        panel("Ready", "Scraped (up), /readyz as a number (1 ready, 0 not: no or stale metadata, its own "
+              "principal lacking a right, draining) and the age of the proxy's own last successful Metadata "
+              "request (/readyz fails above ready_max_metadata_age_s)", [
                   q(f"min by (instance) (up{{{SEL}}})", "up {{instance}}"),
-                  q(f"max by (instance) (txnguard_metadata_age_seconds{{{SEL}}})", "metadata age {{instance}}")]),
+                  q(f"max by (instance) (txnguard_metadata_age_seconds{{{SEL}}})", "metadata age {{instance}}"),
+                  q(f"min by (instance) (txnguard_ready{{{SEL}}})", "ready {{instance}}")]),
         panel("Connections open", "Client connections open now, per listener", [
             q(f"sum by (instance, listener) (txnguard_connections_active{{{SEL}}})", "{{instance}} {{listener}}")]),
         panel("Requests / s by API", "Client requests forwarded or answered", [
@@ -143,6 +145,11 @@ def verification() -> dict[str, Any]:
               f"sum by (api) (rate(txnguard_coordinator_batch_size_count{{{SEL}}}[{RATE}]))", "{{api}}")]),
         panel("Inspection time p99 by API", "Decoding a request the guard checks, before verification starts", [
             q(quantile(0.99, "txnguard_inspection_time_ms", "api"), "{{api}}")], "ms"),
+        panel("Own requests refused by Kafka's authorizer / s", "The proxy's principal (upstream_auth) lacks a "
+              "right: each series names the API and the ACL (operation, resource type) to grant. Essential rights "
+              "fail /readyz; clients get retriable errors until the ACL is granted", [
+                  q(rate("txnguard_verification_authorization_failures_total", "api, operation, resource_type"),
+                    "{{api}}: {{operation}} on {{resource_type}}")], "ops"),
         panel("Check-to-append window p99", "From the evidence in hand to the broker's answer to the verified "
               "write: the window the proxy cannot close on brokers without native verification", [
                   q(quantile(0.99, "txnguard_verification_window_ms", "evidence"), "{{evidence}}")], "ms"),
@@ -192,6 +199,22 @@ def transactions() -> dict[str, Any]:
               "s"),
         panel("Hanging-transaction scans / s", "ok or failed (a failed scan leaves the gauges as they were)", [
             q(rate("txnguard_hanging_scans_total", "outcome"), "{{outcome}}")], "ops"),
+        panel("CONCURRENT_TRANSACTIONS absorbed / s", "AddPartitionsToTxn/AddOffsetsToTxn refused while the "
+              "previous transaction's markers were written, asked again by the proxy (health."
+              "concurrent_transactions_budget_ms): absorbed (the client never saw the error), budget_spent or "
+              "behind_another (the client got it); and the proxy's retries", [
+                  q(rate("txnguard_concurrent_transactions_absorptions_total", "api, ending"), "{{api}} {{ending}}"),
+                  q(rate("txnguard_concurrent_transactions_retries_total", "api"), "retries {{api}}")], "ops"),
+        panel("EndTxns in doubt (KAFKA-17754)", "EndTxns forwarded and unanswered now, and the AddPartitionsToTxn/"
+              "AddOffsetsToTxn held behind them: an old EndTxn that lands late could end the next transaction", [
+                  q(f"sum by (instance) (txnguard_end_txn_in_doubt{{{SEL}}})", "in doubt {{instance}}"),
+                  q(f"sum by (instance) (txnguard_end_txn_holds{{{SEL}}})", "held behind one {{instance}}")]),
+        panel("EndTxn doubts and holds ended / s", "How each doubt ended (answered, fenced, closed, expired), how "
+              "each hold ended (settled: forwarded; timeout: the client got CONCURRENT_TRANSACTIONS and retried), "
+              "and connections that closed with an EndTxn unanswered", [
+                  q(rate("txnguard_end_txn_in_doubt_endings_total", "ending"), "doubt {{ending}}"),
+                  q(rate("txnguard_end_txn_hold_endings_total", "ending"), "hold {{ending}}"),
+                  q(rate("txnguard_end_txn_lingers_total", "ending"), "linger {{ending}}")], "ops"),
     ])
 
 

@@ -2,6 +2,7 @@
 
     Prometheus (Debian's, scrape every 1 s) ──▶ proxy A: gateway in front of Kafka 3.5.2 (3 nodes)
                                             ──▶ proxy B: sidecar whose broker becomes unreachable (NotReady)
+                                            ──▶ proxy C: sidecar whose broker never answered (NotReady)
                                             ──▶ a port nothing listens on (TxnguardDown)
     through A:  confluent-kafka transactions (commit, commit, abort)
                 S1 a partition never added ─▶ INVALID_TXN_STATE        (not_in_transaction)
@@ -181,8 +182,11 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
     node = cluster.nodes[0]
     relay = Relay((node.host, node.port))
     b = start_proxy(upstream=f"127.0.0.1:{relay.port}", listen=f"127.0.0.1:{_free_port()}", mode="sidecar")
+    # C's broker address: a port nothing listens on. Its /readyz never passed: TxnguardNotReady is for it too.
+    c = start_proxy(upstream=f"127.0.0.1:{_free_port()}", listen=f"127.0.0.1:{_free_port()}", mode="sidecar")
     dead = f"127.0.0.1:{_free_port()}"
-    targets = [a.admin_url.split("//")[1], b.admin_url.split("//")[1], dead]
+    admin_of = {name: p.admin_url.split("//")[1] for name, p in (("a", a), ("b", b), ("c", c))}
+    targets = [*admin_of.values(), dead]
     with prometheus(tmp_path, targets) as prom:
         started = time.time()
         assert b.proxy is not None
@@ -221,6 +225,8 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
             if rows[-1][1] == 0:
                 failures.append(rows[-1][0])
         states = {r["name"]: r["state"] for g in prom.get("/api/v1/rules")["groups"] for r in g["rules"]}
+        not_ready = {a["labels"]["instance"]: a["state"] for g in prom.get("/api/v1/rules")["groups"]
+                     for r in g["rules"] if r["name"] == "TxnguardNotReady" for a in r.get("alerts", [])}
 
     print(f"\n{'query':<100} {'series':>6} {'max':>10}")
     for name, series, peak in rows:
@@ -236,6 +242,8 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
     assert states["TxnguardWritesOutsideTransaction"] == states["TxnguardHangingTransaction"] == "firing"
     assert peaks["alert TxnguardHangingTransaction"] == 1
     assert states["TxnguardDown"] == states["TxnguardNotReady"] == "pending"
+    # Not ready: B (its broker cut after it had reached it) and C (never reached one); A, serving, is not.
+    assert not_ready == {admin_of["b"]: "pending", admin_of["c"]: "pending"}, not_ready
 
 
 def _summary(result: list[dict[str, Any]]) -> tuple[int, float]:

@@ -12,7 +12,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from txnguard.connection.traffic import Traffic
+from txnguard.policies.outcomes import Outcome
 from txnguard.proxy.traffic_metrics import TrafficCollector
+from txnguard.verification.access import known_rights
 
 CLIENT_TO_BROKER = "client_to_broker"
 BROKER_TO_CLIENT = "broker_to_client"
@@ -45,8 +47,11 @@ class ProxyMetrics:
         self.listeners = Gauge(
             "txnguard_listeners", "Listeners open (bootstrap plus one per broker in gateway mode)", registry=r)
         self.metadata_age = Gauge(
-            "txnguard_metadata_age_seconds", "Seconds since the proxy's own Metadata request last succeeded",
-            registry=r)
+            "txnguard_metadata_age_seconds", "Seconds since the proxy's own Metadata request last succeeded "
+            "(since the proxy started, while none has)", registry=r)
+        self.ready = Gauge(
+            "txnguard_ready", "1 while /readyz answers 200, else 0 (its body says why: no or stale metadata, "
+            "the proxy's own principal lacking a right, draining)", registry=r)
         # KIP-890's VerificationTimeMs and VerificationFailureRate, Prometheus-style.
         self.verification_time = Histogram(
             "txnguard_verification_time_ms", "VerificationTimeMs: start of a verification (the request "
@@ -113,6 +118,11 @@ class ProxyMetrics:
         self.verification_failures = Counter(
             "txnguard_verification_failures", "VerificationFailureRate (use rate()): failed partition "
             "verifications by reason", ["reason"], registry=r)
+        # Every reason exported at 0 from the start: a series born at 1 is invisible to rate() and increase(),
+        # so a dashboard would miss each reason's first rejection.
+        for failed in Outcome:
+            if failed.failed:
+                self.verification_failures.labels(failed.value)
         self.verifications = Counter(
             "txnguard_verifications", "Partition verifications by evidence, outcome and what happened to the write",
             ["evidence", "outcome", "decision"], registry=r)
@@ -160,6 +170,8 @@ class ProxyMetrics:
             "txnguard_verification_authorization_failures", "The proxy's own verification requests refused by "
             "Kafka's authorizer or SASL, by API and the right they name (operation, resource type)",
             ["api", "operation", "resource_type"], registry=r)
+        for api, operation, resource_type in known_rights():
+            self.authorization_failures.labels(api, operation, resource_type)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
         """metric.labels(*values), looked up once: labels() costs microseconds on the per-request path."""

@@ -87,6 +87,10 @@ class Proxy:
         self.brokers: dict[int, HostPort] = {}          # node id -> the broker's real address
         self._broker_api_versions: dict[int, tuple[int, int]] = {}
         self.last_metadata_ok: float | None = None
+        self.started_at = time.monotonic()
+        # /readyz as a metric: TxnguardNotReady fires for every reason /readyz gives (a proxy that never
+        # reached its cluster, stale metadata, its own principal lacking a right), not only stale metadata.
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
         self._tasks: list[asyncio.Task[Any]] = []
         self._serving: set[asyncio.Task[None]] = set()
         self._bootstrap_rr = 0
@@ -378,8 +382,8 @@ class Proxy:
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
-            if self.last_metadata_ok is not None:
-                self.metrics.metadata_age.set(now - self.last_metadata_ok)
+            # Never reached: the age counts from the start, so a proxy that never saw its cluster ages too.
+            self.metrics.metadata_age.set(now - (self.last_metadata_ok or self.started_at))
             for s in list(self.sessions):
                 s.check_timers(now)
             self.guard.housekeeping()

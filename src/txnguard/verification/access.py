@@ -66,6 +66,12 @@ class MissingAcl:
                 f"({self.api} answered {self.error})")
 
 
+def known_rights() -> list[tuple[str, str, str]]:
+    """(api, operation, resource type) of every refusal `missing_acl` can name; SASL as the handshake names it."""
+    return [(api, operation, resource_type) for (api, _), (operation, resource_type, _) in _MISSING.items()] + \
+        [("sasl_authenticate", "AUTHENTICATE", "SASL")]
+
+
 def missing_acl(api: str, code: int, name: str) -> MissingAcl | None:
     """The right a refusal names, or None when `code` is no authorization error of the proxy's own."""
     if code in _SASL_ERRORS:
