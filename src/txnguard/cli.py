@@ -2,7 +2,7 @@
 
 * `txnguard run --config FILE [--upstream ...] [--listen ...] [--mode ...] [--admin ...]`: the proxy.
 * `txnguard check-config FILE`: validate a configuration and print it resolved.
-* `txnguard hanging --bootstrap HOST:PORT [--topic T [--partition P]] [--broker-id N] [--abort ...]`: find
+* `txnguard hanging --bootstrap HOST:PORT|--config FILE [--topic T [--partition P]] [--broker-id N] [--abort ...]`: find
   hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging.py).
 * `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
 

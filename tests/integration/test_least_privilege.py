@@ -325,3 +325,42 @@ def test_mtls_to_the_proxy_with_sasl_inside_keeps_each_clients_own_principal(acl
     assert send(ALICE) == [None]                           # alice may WRITE
     assert send(BOB) == ["TOPIC_AUTHORIZATION_FAILED"]     # bob, same certificate, may not
     assert offsets(acl_cluster.bootstrap_servers, topic, 0) == (1, 1)
+
+
+def test_txnguard_hanging_with_the_proxys_config_finds_and_aborts_as_the_proxys_principal(
+        acl_cluster, unique_name, tmp_path):
+    """`txnguard hanging --config` authenticates as upstream_auth says (SCRAM), on the SASL listener only.
+
+        operator ─txnguard hanging --config proxy.yaml─▶ SASL listener, as User:txnguard
+                  ◀─ the hanging transaction (DESCRIBE/READ on the topic, DESCRIBE on the id)
+        operator ─--abort --yes─▶ WriteTxnMarkers (CLUSTER_ACTION) ─▶ the LSO moves past it
+        operator ─same, a wrong password─▶ SASL refused: exit 1, and it says so
+    """
+    from test_hanging import make_open_transaction, txnguard
+
+    topic, txn = fresh_topic(acl_cluster, unique_name("hang")), unique_name("hung")
+    made = make_open_transaction(acl_cluster.bootstrap_servers, topic, txn)   # PLAINTEXT: the super user
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TOPIC", topic), (PROXY[0], "READ", "TOPIC", topic),
+                            (PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn),
+                            (PROXY[0], "CLUSTER_ACTION", "BROKER", "kafka-cluster")])
+
+    def config(password: str) -> str:
+        path = tmp_path / f"proxy-{password}.yaml"
+        path.write_text(json.dumps({
+            "upstream": ",".join(f"{n.host}:{n.sasl_port}" for n in acl_cluster.nodes),
+            "upstream_auth": {"mechanism": "SCRAM-SHA-512", "username": PROXY[0], "password": password}}))
+        return str(path)
+
+    found = txnguard("hanging", "--config", config(PROXY[1]), "--topic", topic, "--max-transaction-timeout", "0",
+                     "--json")
+    assert found.returncode == 0, found.stderr
+    [finding] = json.loads(found.stdout)["findings"]
+    assert (finding["producer_id"], finding["start_offset"]) == (made.producer_id, made.start_offset)
+
+    wrong = txnguard("hanging", "--config", config("not-the-password"), "--topic", topic)
+    assert wrong.returncode == 1 and "SASL" in wrong.stderr.upper(), (wrong.returncode, wrong.stderr)
+
+    done = txnguard("hanging", "--config", config(PROXY[1]), "--topic", topic, "--max-transaction-timeout", "0",
+                    "--abort", "--yes")
+    assert done.returncode == 0, done.stderr
+    wait_stable(acl_cluster.bootstrap_servers, topic, 0)   # the LSO reached the end: nothing holds it

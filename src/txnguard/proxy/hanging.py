@@ -471,7 +471,11 @@ def add_parser(sub: Any) -> None:
                     "finish, judged exactly as kafka-transactions.sh find-hanging. Works against any cluster, "
                     "through a txnguard proxy or not. With neither --topic nor --broker-id every topic (internal ones "
                     "too) is searched, each partition asked of its leader.")
-    p.add_argument("--bootstrap", required=True, help="host:port[,host:port...] of the cluster (or of a proxy)")
+    p.add_argument("--bootstrap", help="host:port[,host:port...] of the cluster (or of a proxy); default: the "
+                                       "upstream of --config")
+    p.add_argument("--config", help="a txnguard proxy config: its upstream, upstream_tls and upstream_auth (SASL "
+                                    "SCRAM) are used, so the scan runs as the proxy's own principal, as the proxy's "
+                                    "periodic scan does (TXNGUARD_* environment overrides apply, e.g. the password)")
     p.add_argument("--topic", help="search this topic only")
     p.add_argument("--partition", type=int, help="and this partition only (needs --topic)")
     p.add_argument("--broker-id", type=int, help="search the partitions with a replica on this broker, asking it")
@@ -500,19 +504,36 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
     if (args.start_offset is not None or args.yes or args.dry_run) and not args.abort:
         print("txnguard hanging: --start-offset, --yes and --dry-run go with --abort", file=err)
         return 2
+    if args.bootstrap is None and args.config is None:
+        print("txnguard hanging: give --bootstrap or --config", file=err)
+        return 2
     try:
-        bootstrap = [parse_host_port("--bootstrap", b.strip()) for b in args.bootstrap.split(",")]
-    except ConfigError as e:
+        connect = _connection_settings(args)
+        bootstrap = [parse_host_port("--bootstrap", b.strip()) for b in args.bootstrap.split(",")] \
+            if args.bootstrap else list(connect["upstream"])
+    except (ConfigError, OSError) as e:
         print(f"txnguard hanging: {e}", file=err)
         return 2
     scope = Scope(topic=args.topic, partition=args.partition, broker_id=args.broker_id)
-    return asyncio.run(_run(args, bootstrap, scope, out, err, inp))
+    return asyncio.run(_run(args, bootstrap, scope, out, err, inp, connect))
 
 
-async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err: Any, inp: Any) -> int:
+def _connection_settings(args: Any) -> dict[str, Any]:
+    """TLS and SASL of the proxy config given with --config (none without it): the proxy's own principal."""
+    if args.config is None:
+        return {"upstream": (), "ssl_context": None, "auth": None}
+    from txnguard.proxy.config import load
+    from txnguard.proxy.server import upstream_ssl_context  # not at module level: server imports this module
+
+    cfg = load(args.config)
+    return {"upstream": cfg.upstream, "ssl_context": upstream_ssl_context(cfg), "auth": cfg.upstream_auth}
+
+
+async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err: Any, inp: Any,
+               connect: dict[str, Any]) -> int:
     import json
 
-    admin = ClusterAdmin(bootstrap, timeout_s=args.timeout)
+    admin = ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect["ssl_context"], auth=connect["auth"])
     try:
         try:
             result = await scan(admin, scope, args.max_transaction_timeout * 60_000)
