@@ -45,7 +45,7 @@ from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
-from txnguard.proxy.kafka_client import BrokerConnection, UpstreamError
+from txnguard.proxy.kafka_client import BrokerConnections, UpstreamError
 from txnguard.verification.audit import hanging_record
 from txnguard.verification.hanging import (
     AbortSpec,
@@ -128,7 +128,7 @@ class ScanResult:
 
 
 class ClusterAdmin:
-    """The few admin requests the scan and the abort need, over BrokerConnection."""
+    """The few admin requests the scan and the abort need, over the proxy's own connections."""
 
     def __init__(self, bootstrap: Sequence[HostPort], *, ssl_context: Any = None, timeout_s: float = 10.0,
                  address_of: Callable[[str, int], HostPort] | None = None, auth: Any = None) -> None:
@@ -139,23 +139,13 @@ class ClusterAdmin:
         self.auth = auth  # upstream_auth: the proxy's own SASL principal
         self.timeout_s = timeout_s
         self.address_of = address_of or (lambda host, port: HostPort(host, port))
-        self._connections: dict[HostPort, BrokerConnection] = {}
+        self._connections = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=timeout_s, auth=auth)
 
     async def close(self) -> None:
-        for conn in self._connections.values():
-            conn.close()
-        self._connections.clear()
-
-    async def _connection(self, address: HostPort) -> BrokerConnection:
-        conn = self._connections.get(address)
-        if conn is None or not conn.is_open:
-            conn = await BrokerConnection.open(address.host, address.port, ssl_context=self.ssl_context,
-                                               timeout=self.timeout_s, auth=self.auth)
-            self._connections[address] = conn
-        return conn
+        self._connections.close()
 
     async def request(self, address: HostPort, payload: Any) -> Any:
-        conn = await self._connection(address)
+        conn = await self._connections.get(address)
         return await conn.request(payload, self.timeout_s)
 
     async def _any_broker(self, payload: Any) -> Any:
@@ -246,7 +236,7 @@ class ClusterAdmin:
                 continue
             address = self.address_of(str(found.host), int(found.port))
             try:
-                conn = await self._connection(address)
+                conn = await self._connections.get(address)
                 _, _, frame = await conn.request_raw(DescribeTransactionsRequest(
                     transactional_ids=(TransactionalId(txn_id),)), self.timeout_s)
                 (desc,) = read_describe_transactions_v0(frame[5:])  # header v1: correlation id + tags

@@ -177,3 +177,57 @@ class BrokerConnection(asyncio.Protocol):
             # A late answer would desynchronise the pipeline: drop the connection.
             self._fail(UpstreamError(f"no response within {timeout}s"))
             raise UpstreamError(f"no response within {timeout}s") from None
+
+
+class BrokerConnections:
+    """The proxy's own connections, one per broker address, reused while open.
+
+    Opening is single-flight: questions that need the same broker while its connection is being
+    opened wait for that one attempt instead of opening one each (a burst of verifications after a
+    coordinator moved would otherwise open a connection per question). Addresses are (host, port)
+    pairs (config.HostPort).
+    """
+
+    def __init__(self, *, ssl_context: Any = None, connect_timeout_s: float = 10.0,
+                 auth: UpstreamAuth | None = None, on_open: Any = None) -> None:
+        self.ssl_context = ssl_context
+        self.connect_timeout_s = connect_timeout_s
+        self.auth = auth
+        self.on_open = on_open  # called after each successful open (e.g. SASL proved)
+        self._open: dict[Any, BrokerConnection] = {}
+        self._opening: dict[Any, asyncio.Future[BrokerConnection]] = {}
+
+    async def get(self, address: Any) -> BrokerConnection:
+        conn = self._open.get(address)
+        if conn is not None and conn.is_open:
+            return conn
+        pending = self._opening.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
+        self._opening[address] = fut
+        try:
+            conn = await BrokerConnection.open(address.host, address.port, ssl_context=self.ssl_context,
+                                               timeout=self.connect_timeout_s, auth=self.auth)
+            if self.on_open is not None:
+                self.on_open()
+            self._open[address] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # mark retrieved: the waiters (if any) re-raise it
+            raise
+        finally:
+            del self._opening[address]
+
+    def drop(self, address: Any) -> None:
+        """Close this broker's connection (it stopped answering): the next question opens a fresh one."""
+        conn = self._open.pop(address, None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        for conn in self._open.values():
+            conn.close()
+        self._open.clear()

@@ -44,7 +44,7 @@ from txnguard.codecs.groups import CONSUMER_OFFSETS
 from txnguard.proxy import logs
 from txnguard.proxy.access import AccessMonitor
 from txnguard.proxy.config import HostPort, UpstreamAuth
-from txnguard.proxy.kafka_client import BrokerConnection, UpstreamAuthError, UpstreamError
+from txnguard.proxy.kafka_client import BrokerConnection, BrokerConnections, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.access import MissingAcl, missing_acl, refused
 from txnguard.verification.judge import (
@@ -124,8 +124,9 @@ class Verifier:
         self.connect_timeout_s = connect_timeout_s
         # Where the proxy itself connects for an address a broker advertised (identity by default).
         self.address_of = address_of or (lambda host, port: HostPort(host, port))
-        self._connections: dict[HostPort, BrokerConnection] = {}
-        self._connecting: dict[HostPort, asyncio.Future[BrokerConnection]] = {}
+        self._connections = BrokerConnections(
+            ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth,
+            on_open=(lambda: self.access.proved(("AUTHENTICATE", "SASL", auth.mechanism))) if auth else None)
         self._coordinators: dict[str, HostPort] = {}
         self._describe: dict[HostPort, _Batcher] = {}
         self._producers: dict[HostPort, _Batcher] = {}
@@ -135,35 +136,12 @@ class Verifier:
         self.log = logs.get(component="verifier")
 
     async def close(self) -> None:
-        for conn in self._connections.values():
-            conn.close()
-        self._connections.clear()
+        self._connections.close()
 
     # -- connections -------------------------------------------------------------------------------
 
     async def _connection(self, address: HostPort) -> BrokerConnection:
-        conn = self._connections.get(address)
-        if conn is not None and conn.is_open:
-            return conn
-        pending = self._connecting.get(address)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
-        self._connecting[address] = fut
-        try:
-            conn = await BrokerConnection.open(address.host, address.port, ssl_context=self.ssl_context,
-                                               timeout=self.connect_timeout_s, auth=self.auth)
-            if self.auth is not None:
-                self.access.proved(("AUTHENTICATE", "SASL", self.auth.mechanism))
-            self._connections[address] = conn
-            fut.set_result(conn)
-            return conn
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # mark retrieved: the waiters (if any) re-raise it
-            raise
-        finally:
-            del self._connecting[address]
+        return await self._connections.get(address)
 
     async def _any_broker(self, payload: Any) -> Any:
         """Ask the first bootstrap broker that answers; the one that answered is tried first next time,
@@ -308,9 +286,7 @@ class Verifier:
     def _forget_coordinator(self, address: HostPort) -> None:
         for txn_id in [t for t, a in self._coordinators.items() if a == address]:
             del self._coordinators[txn_id]
-        conn = self._connections.pop(address, None)
-        if conn is not None:
-            conn.close()
+        self._connections.drop(address)
 
     async def _send_describe(self, address: HostPort, ids: list[str]) -> dict[str, DescribedTransaction]:
         conn = await self._connection(address)
