@@ -24,22 +24,17 @@ tests/integration/test_kafka_17754.py.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import queue
-import shutil
 import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from txnguard.testing import jars, raw
-from txnguard.testing.clients import tools_log_config
+from txnguard.testing import java_programs, raw
 from txnguard.testing.faults import Action, Direction, Fault, FaultRelay
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.kafka import Cluster
@@ -47,28 +42,10 @@ from txnguard.testing.proxy import ProxyThread
 
 END_TXN = 26
 ADD_PARTITIONS = 24
-JAVA_SOURCE = Path(__file__).parent / "java" / "J3Client.java"
 T2_VALUES = (b"t2-a", b"t2-b", b"t2-c")
 
 
 # -- the Java client ------------------------------------------------------------------------------------------
-
-
-def java_driver_classes(version: str) -> tuple[Path, str]:
-    """Compile J3Client.java against kafka-clients `version` (once per source text): (class folder, classpath)."""
-    tools = jars.resolve("kafka-tools", version)
-    classpath = jars.classpath(tools)
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes() + version.encode()).hexdigest()[:12]
-    out = jars.cache_root() / "j3-client" / f"{version}-{digest}"
-    if not (out / "J3Client.class").exists():
-        tmp = out.with_name(out.name + f".{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        subprocess.run(["javac", "-nowarn", "-d", str(tmp), "-cp", classpath, str(JAVA_SOURCE)], check=True,
-                       capture_output=True, timeout=120)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out, classpath
 
 
 class JavaDriver:
@@ -83,12 +60,8 @@ class JavaDriver:
         self.seen: dict[str, str] = {}
 
     def start(self) -> None:
-        classes, classpath = java_driver_classes(self.version)
-        logs = tools_log_config()
         self.proc = subprocess.Popen(
-            ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-             f"-Dlog4j.configuration=file:{logs / 'log4j.properties'}",
-             "-cp", f"{classes}{os.pathsep}{classpath}", "J3Client", *self.args],
+            java_programs.command("J3Client", self.version, *self.args, heap="128m"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_err, daemon=True).start()

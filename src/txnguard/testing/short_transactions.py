@@ -4,8 +4,8 @@ Issue 11 (KIP-609 idea): one record to one partition per transaction, as fast as
 client goes, is where CONCURRENT_TRANSACTIONS costs most: every transaction's first
 AddPartitionsToTxn can meet the previous transaction's markers still being written.
 
-Every loop runs in a process of its own (the Java client through Java's single-file
-launcher on `tools/java/ShortTransactions.java`, the Python clients through
+Every loop runs in a process of its own (the Java client through our
+`testing/java/ShortTransactions.java`, compiled once per version, the Python clients through
 `python -m txnguard.testing.short_transactions`), so a proxy or tap in the test's
 process never shares an interpreter lock with the client it measures. Each prints
 one JSON line: {"transactions": N, "seconds": S}.
@@ -24,17 +24,14 @@ import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from txnguard.codecs import schemas
-from txnguard.testing import jars
-from txnguard.testing.clients import tools_log_config
+from txnguard.testing import java_programs
 from txnguard.testing.faults import Direction, FaultRelay
 
 CONCURRENT_TRANSACTIONS = 51
 ADD_PARTITIONS, ADD_OFFSETS = 24, 25
-JAVA_LOOP = Path(__file__).resolve().parents[3] / "tools" / "java" / "ShortTransactions.java"
 FAMILIES = ("java-3.5.2", "confluent-kafka", "kafka-python")
 
 
@@ -52,11 +49,7 @@ class LoopResult:
 def loop_command(family: str, bootstrap: str, topic: str, transactional_id: str, transactions: int) -> list[str]:
     args = [bootstrap, topic, transactional_id, str(transactions)]
     if family.startswith("java-"):
-        version = family.removeprefix("java-")
-        logs = tools_log_config()
-        return ["java", "-Xmx256m", "-XX:+UseSerialGC", f"-Dlog4j.configuration=file:{logs / 'log4j.properties'}",
-                f"-Dlog4j2.configurationFile={logs / 'log4j2.properties'}",
-                "-cp", jars.classpath(jars.resolve("kafka-tools", version)), str(JAVA_LOOP), *args]
+        return java_programs.command("ShortTransactions", family.removeprefix("java-"), *args, quick_start=False)
     if family in ("confluent-kafka", "kafka-python"):
         return [sys.executable, "-m", "txnguard.testing.short_transactions", family, *args]
     raise ValueError(f"no short-transaction loop for {family}")

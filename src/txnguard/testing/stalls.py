@@ -14,17 +14,13 @@ classpath of the version asked for.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from txnguard.testing import jars
-
-JAVA_SOURCE = Path(__file__).parent / "java" / "StallTxn.java"
+from txnguard.testing import java_programs
 
 
 @dataclass
@@ -45,14 +41,8 @@ class Stall:
 
 def java(version: str, bootstrap: str, topic: str, txn_id: str, timeout_ms: int, stall_ms: int, mode: str,
          *, limit_s: float = 90.0) -> Stall:
-    from txnguard.testing.clients import tools_log_config
-
-    logs = tools_log_config()
-    libs = jars.classpath(jars.resolve("kafka-tools", version))
-    classes = _compiled(libs, version)
-    command = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-               f"-Dlog4j.configuration=file:{logs / 'log4j.properties'}", "-cp", f"{classes}{os.pathsep}{libs}",
-               "StallTxn", bootstrap, topic, txn_id, str(timeout_ms), str(stall_ms), mode]
+    command = java_programs.command("StallTxn", version, bootstrap, topic, txn_id, str(timeout_ms), str(stall_ms),
+                                    mode)
     proc = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, check=False)
     stall = Stall(f"java-{version}")
     for line in proc.stdout.splitlines():
@@ -64,17 +54,6 @@ def java(version: str, bootstrap: str, topic: str, txn_id: str, timeout_ms: int,
     if not stall.steps:
         raise RuntimeError(f"StallTxn printed nothing (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return stall
-
-
-def _compiled(libs: str, version: str) -> Path:
-    """StallTxn compiled once per Kafka version (the source launcher compiles on every run)."""
-    out = jars.cache_root() / "stall-txn" / version
-    target = out / "StallTxn.class"
-    if not target.exists() or target.stat().st_mtime < JAVA_SOURCE.stat().st_mtime:
-        out.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["javac", "-nowarn", "-cp", libs, "-d", str(out), str(JAVA_SOURCE)], check=True,
-                       capture_output=True, timeout=120)
-    return out
 
 
 def confluent(bootstrap: str, topic: str, txn_id: str, timeout_ms: int, stall_ms: int, mode: str,
