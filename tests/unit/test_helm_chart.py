@@ -120,3 +120,13 @@ def test_the_schema_check_refuses_what_kubernetes_would(tmp_path):
     done = subprocess.run([str(KUBE_VALIDATE), "--strict", "-k", KUBERNETES_VERSION, str(path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "'sessionAfinity' was unexpected" in done.stdout + done.stderr
+
+
+def test_several_gateway_replicas_without_client_affinity_are_refused_unless_evidence_expires():
+    # Without ClientIP affinity an EndTxn can go through another replica: this one's "ongoing" goes stale.
+    no_affinity = ("--set", "gateway.service.sessionAffinity=None")
+    refused = subprocess.run([str(HELM), "template", "kafka", str(CHART), *no_affinity], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "sessionAffinity=ClientIP" in refused.stderr, refused.stderr
+    for fix in ("config.verification.evidence_ttl_ms=0", "gateway.replicas=1"):
+        _run(HELM, "template", "kafka", CHART, *no_affinity, "--set", fix)

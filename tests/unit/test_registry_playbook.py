@@ -101,3 +101,31 @@ def test_the_group_added_by_add_offsets_covers_its_offsets_partition():
     r.added("app", 7, 0, 1, group="g")
     assert r.local_verdict("app", 7, 0, ("__consumer_offsets", 3), 2, group="g").passed  # type: ignore[union-attr]
     assert r.local_verdict("app", 7, 0, ("__consumer_offsets", 3), 2, group="other") is None
+
+
+def test_a_sidecar_never_infers_a_late_write_from_its_own_clock():
+    # leader's sidecar ─DescribeTransactions─▶ coordinator: Ongoing {T}          (cached for 0 ms)
+    #                    … the transaction commits through the coordinator's sidecar (unseen here)
+    #                    … its timeout passes: the registry ends it by the clock
+    # client ─Produce T (the next transaction, added through the coordinator's sidecar)─▶ leader's sidecar
+    #                    ─▶ not decided here: asked (it was refused as a late write before)
+    r = Registry(RegistryLimits(evidence_ttl_ms=0))
+    r.coordinator_says_ongoing("app", 7, 0, 1000, {T}, set(), now_ms=0)
+    r.expire(now_ms=61_000)
+    assert r.get("app").phase is Phase.ENDED  # type: ignore[union-attr]
+    assert r.local_verdict("app", 7, 0, T, 120_000) is None
+
+
+def test_a_seen_end_txn_is_evidence_of_a_late_write_only_within_the_staleness_bound():
+    for limits, at, late in [(RegistryLimits(), 10**9, True),                 # gateway: until the next add
+                             (RegistryLimits(evidence_ttl_ms=50), 40, True),  # within the bound
+                             (RegistryLimits(evidence_ttl_ms=50), 60, False),  # past it: the coordinator decides
+                             (RegistryLimits(evidence_ttl_ms=0), 0, False)]:  # sidecar default: never alone
+        r = Registry(limits)
+        r.init_producer_id("app", 7, 0, 60_000, 0)
+        r.added("app", 7, 0, 0, partitions={T})
+        r.end_txn("app", 7, 0, 0)
+        v = r.local_verdict("app", 7, 0, T, at)
+        assert (v is not None and v.outcome is Outcome.LATE_WRITE) is late, (limits, at, v)
+        if not late:
+            assert v is None

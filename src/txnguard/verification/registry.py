@@ -76,10 +76,13 @@ class TxnRecord:
     # The transaction the registry ended because it outlived its timeout (Event.TIMEOUT), kept
     # until anything else happens to the id: the coordinator may have aborted it (timeouts.py).
     timed_out: Candidate | None = None
+    ended_ms: int | None = None  # when the phase became ENDED (an EndTxn seen, or the timeout inferred)
 
     def apply(self, event: Event, now_ms: int) -> None:
         step = TRANSITIONS.get((self.phase, event), Step(self.phase, False))
         self.timed_out = None
+        if step.phase is Phase.ENDED and self.phase is not Phase.ENDED:
+            self.ended_ms = now_ms
         if event is Event.TIMEOUT and self.phase is Phase.ONGOING and self.started_ms is not None:
             self.timed_out = Candidate(self.producer_id, self.producer_epoch, self.started_ms)
         if step.new_generation:
@@ -231,12 +234,25 @@ class Registry:
         if epoch != rec.producer_epoch:
             return None
         if rec.phase is Phase.ENDED:
+            # A registry that sees only part of a client's traffic (a sidecar; evidence_ttl_ms set) may have
+            # missed the next transaction's AddPartitionsToTxn (sent to a coordinator elsewhere, or after a
+            # coordinator moved), and it infers a timeout from its own clock: "ended" is as stale there as
+            # "ongoing" is, and past the bound the coordinator decides. A rejection on stale evidence would
+            # refuse a legitimate write (INVALID_TXN_STATE) to a client that did nothing wrong.
+            if not self._ended_fresh(rec, now_ms):
+                return None
             return Verdict(Outcome.LATE_WRITE, Evidence.LOCAL,
                            "EndTxn was sent and no AddPartitionsToTxn followed")
         added = tp in rec.partitions or (group is not None and group in rec.groups)
         if rec.phase is Phase.ONGOING and added and self._fresh(rec, now_ms):
             return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
         return None
+
+    def _ended_fresh(self, rec: TxnRecord, now_ms: int) -> bool:
+        ttl = self.limits.evidence_ttl_ms
+        if ttl is None:
+            return True  # a gateway sees every AddPartitionsToTxn of its clients: ENDED holds until one
+        return rec.ended_ms is not None and now_ms - rec.ended_ms < ttl
 
     def _fresh(self, rec: TxnRecord, now_ms: int) -> bool:
         ttl = self.limits.evidence_ttl_ms
