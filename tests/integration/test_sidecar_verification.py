@@ -106,3 +106,32 @@ def test_s3_a_valid_transaction_across_sidecars_commits(sidecars, unique_name):
                                               "decision": "forwarded"}) == 3
     assert m("txnguard_verifications_total", {"evidence": "leader", "outcome": "pass",
                                               "decision": "forwarded"}) == 6
+
+
+def test_the_next_transaction_after_a_quiet_spell_is_not_taken_for_a_late_write(sidecars, unique_name):
+    """The leader's sidecar sees the writes, never the coordinator's requests (another broker's sidecar).
+
+        client ─AddPartitionsToTxn(p)──▶ coordinator's sidecar ─▶ C
+        client ─Produce(p)─▶ leader's sidecar ─DescribeTransactions─▶ C: Ongoing {p}   ✓ (cached, 0 ms)
+        client ─EndTxn(commit)─▶ coordinator's sidecar                                 (unseen by the leader's)
+               … longer than the transaction timeout (2 s): the leader's sidecar ends its view by the clock
+        client ─AddPartitionsToTxn(p)─▶ coordinator's sidecar;  ─Produce(p)─▶ leader's sidecar  ✓ written
+    (It was refused as a late write: INVALID_TXN_STATE to a client that did nothing wrong.)
+    """
+    cluster, proxies = sidecars
+    bootstrap = cluster.sidecar_bootstrap
+    topic = fresh_topic(cluster, unique_name("quiet"), replication_factor=3)
+    leader = cluster.leader(topic, 0)
+    actor = TxnActor(bootstrap, _txn_id_away_from(cluster, leader, unique_name("quiet")), timeout_ms=2000)
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    assert actor.produce(topic, 0, [b"first"]).error_code == ErrorCode.none
+    assert actor.end(commit=True) == ErrorCode.none
+    time.sleep(3.5)  # past the timeout, and the sidecars' once-a-second housekeeping
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    r = actor.produce(topic, 0, [b"second"], sequence=1)
+    assert (error_name(r.error_code), r.error_message) == ("NONE", None), r
+    assert actor.end(commit=True) == ErrorCode.none
+    wait_stable(bootstrap, topic)
+    assert offsets(bootstrap, topic, 0) == (4, 4)  # two records, two commit markers
+    assert proxies[leader - 1].metric("txnguard_verification_failures_total", {"reason": "late_write"}) == 0

@@ -401,7 +401,7 @@ class TransactionRules:
             return
         self.registry.coordinator_says_ongoing(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch,
                                                desc.start_time_ms, set(desc.partitions),
-                                               set(group_partitions(desc)), now_ms)
+                                               set(group_partitions(desc)), now_ms, timeout_ms=desc.timeout_ms)
 
     # -- from verdicts to a decision ------------------------------------------------------------------------
 

@@ -172,8 +172,9 @@ class Registry:
 
     def coordinator_says_ongoing(self, txn_id: str, producer_id: int, epoch: int, start_ms: int,
                                  partitions: set[TopicPartition], groups_partitions: set[TopicPartition],
-                                 now_ms: int) -> None:
-        """Remember a coordinator answer "Ongoing, these partitions" as evidence of one generation."""
+                                 now_ms: int, timeout_ms: int | None = None) -> None:
+        """Remember a coordinator answer "Ongoing, these partitions" as evidence of one generation (and the
+        transaction's timeout it reports: an id whose InitProducerId went elsewhere is not 60 s by default)."""
         rec = self._touch(txn_id, now_ms)
         if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or (
             rec.coordinator_start_ms is not None and rec.coordinator_start_ms != start_ms
@@ -184,6 +185,8 @@ class Registry:
         rec.partitions.update(partitions | groups_partitions)
         rec.coordinator_start_ms = start_ms
         rec.coordinator_seen_ms = now_ms
+        if timeout_ms is not None and timeout_ms > 0:
+            rec.timeout_ms = timeout_ms
 
     def expire(self, now_ms: int) -> int:
         """Drop idle ids and end transactions past their timeout; returns how many ids were dropped."""
