@@ -175,9 +175,15 @@ def clients() -> dict[str, Any]:
         panel("Client starts (ApiVersions) / s", "Each connection opens with ApiVersions (KIP-511 names the client)",
               [q(rate("txnguard_frames_total", "instance", 'api="api_versions", direction="client_to_broker"'),
                  "{{instance}}")], "reqps"),
-        text("Client inventory (software name and version)",
-             "No metric carries the KIP-511 software name/version (unbounded label values). The inventory is in "
-             "the audit `connection` records and the fleet report's `client_inventory` table (`txnguard report`)."),
+        panel("Clients connected by software and version", "Open client connections by the KIP-511 software name "
+              "and version sent in ApiVersions v3+ (as Kafka's brokers count them): which old clients are still "
+              "here. Names outside KIP-511's pattern count as `invalid`, past 200 live series as `other`", [
+                  q(f"sum by (software_name, software_version) (txnguard_client_connections{{{SEL}}})",
+                    "{{software_name}} {{software_version}}")]),
+        text("Client inventory over time",
+             "Live connections are the panel beside. Who connected over days, with client ids, transactional ids "
+             "and rejections, is in the audit `connection` records and the fleet report's `client_inventory` "
+             "table (`txnguard report`)."),
     ])
 
 

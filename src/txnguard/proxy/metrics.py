@@ -7,6 +7,8 @@ children on the per-request path are looked up once (`child`).
 
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,6 +19,9 @@ from txnguard.proxy.traffic_metrics import TrafficCollector
 from txnguard.verification.access import known_rights
 
 CLIENT_TO_BROKER = "client_to_broker"
+# KIP-511's rule for ClientSoftwareName/Version (the broker refuses others), and a length of our own.
+_KIP_511 = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]{0,62}[a-zA-Z0-9])?")
+MAX_SOFTWARE_SERIES = 200
 BROKER_TO_CLIENT = "broker_to_client"
 
 
@@ -141,6 +146,13 @@ class ProxyMetrics:
         self.registry_size = Gauge(
             "txnguard_registry_transactional_ids", "Transactional ids in the transaction registry", registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # KIP-511: who connects, live (the broker's socket-server metric clientSoftwareName/Version).
+        self.client_software = Gauge(
+            "txnguard_client_connections", "Client connections open now, by the KIP-511 software name and "
+            "version the client sent in ApiVersions (v3+) and its client family", ["software_name",
+                                                                                  "software_version", "family"],
+            registry=r)
+        self._software_open: dict[tuple[str, str, str], int] = {}
         # Every session's frame counts and round trips, in plain ints; exported at scrape time.
         self.traffic = Traffic()
         r.register(TrafficCollector(self.traffic))
@@ -172,6 +184,31 @@ class ProxyMetrics:
             ["api", "operation", "resource_type"], registry=r)
         for api, operation, resource_type in known_rights():
             self.authorization_failures.labels(api, operation, resource_type)
+
+    def client_software_opened(self, name: str, version: str, family: str) -> tuple[str, str, str]:
+        """Count one open connection under its KIP-511 software name and version (Kafka's brokers export
+        the same count); returns the labels to pass to `client_software_closed`. The names come from the
+        client before the broker has judged them: only KIP-511's own pattern is kept as it is, and past
+        MAX_SOFTWARE_SERIES live series the rest are counted as "other", so a client cannot grow the
+        proxy's memory or the scrape by inventing names."""
+        labels = (name, version, family)
+        if not (_KIP_511.fullmatch(name) and _KIP_511.fullmatch(version)):
+            labels = ("invalid", "invalid", family)
+        elif labels not in self._software_open and len(self._software_open) >= MAX_SOFTWARE_SERIES:
+            labels = ("other", "other", family)
+        self._software_open[labels] = self._software_open.get(labels, 0) + 1
+        self.client_software.labels(*labels).inc()
+        return labels
+
+    def client_software_closed(self, labels: tuple[str, str, str]) -> None:
+        left = self._software_open.get(labels, 0) - 1
+        if left > 0:
+            self._software_open[labels] = left
+            self.client_software.labels(*labels).dec()
+        else:  # the last one: the series goes, so the live set (and MAX_SOFTWARE_SERIES) counts open ones
+            self._software_open.pop(labels, None)
+            with contextlib.suppress(KeyError):
+                self.client_software.remove(*labels)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
         """metric.labels(*values), looked up once: labels() costs microseconds on the per-request path."""

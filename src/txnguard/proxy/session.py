@@ -126,6 +126,7 @@ class Session:
             c.StartTimer: self._start_timer, c.ConcurrentAbsorbed: self._concurrent_absorbed,
         }
         self._timers: set[asyncio.TimerHandle] = set()
+        self._software: tuple[str, str, str] | None = None  # its txnguard_client_connections labels
 
     # -- who the client is (for the proxy's other parts) -------------------------------------------------
 
@@ -201,14 +202,9 @@ class Session:
         if self.closed:
             return
         self.closed = True
-        if self.core.lingering:
-            if self._linger is not None:
-                self._linger.cancel()
-            ending = {"client_closed": "answered", "end_txn_unanswered": "timeout"}.get(reason, "upstream_closed")
-            self.metrics.end_txn_lingers.labels(ending).inc()
+        self._count_close(reason)
         self.core.connection_lost()
         getattr(self.log, level)("connection_closed", reason=reason, detail=detail, in_flight=self.core.in_flight)
-        self.metrics.connection_closes.labels(reason).inc()
         for side, causes in self._paused.items():
             for cause in list(causes):
                 self.resume_reading(side, cause)
@@ -226,6 +222,16 @@ class Session:
         if self.core.inventory is not None:
             self.guard.audit.connection_closed(self.core.client_info(), self.core.inventory, reason)
         self.proxy.session_closed(self)
+
+    def _count_close(self, reason: str) -> None:
+        if self.core.lingering:
+            if self._linger is not None:
+                self._linger.cancel()
+            ending = {"client_closed": "answered", "end_txn_unanswered": "timeout"}.get(reason, "upstream_closed")
+            self.metrics.end_txn_lingers.labels(ending).inc()
+        self.metrics.connection_closes.labels(reason).inc()
+        if self._software is not None:
+            self.metrics.client_software_closed(self._software)
 
     def drain(self) -> None:
         """Stop reading new requests; close once every in-flight response is delivered."""
@@ -331,6 +337,9 @@ class Session:
 
     def _client_software(self, command: c.ClientSoftware) -> None:
         self.log = self.log.bind(client_software=command.name, client_software_version=command.version)
+        if self._software is not None:  # a second ApiVersions on the connection names it again
+            self.metrics.client_software_closed(self._software)
+        self._software = self.metrics.client_software_opened(command.name, command.version, self.core.family)
 
     def _answered_locally(self, command: c.AnsweredLocally) -> None:
         name = schemas.api_name(command.api_key)
