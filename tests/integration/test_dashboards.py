@@ -4,7 +4,8 @@
                                             ──▶ proxy B: sidecar whose broker becomes unreachable (NotReady)
                                             ──▶ proxy C: sidecar whose broker never answered (NotReady)
                                             ──▶ a port nothing listens on (TxnguardDown)
-    through A:  confluent-kafka transactions (commit, commit, abort)
+    through A:  confluent-kafka transactions (commit, commit, abort); a confluent-kafka producer connected
+                throughout (the live client inventory)
                 S1 a partition never added ─▶ INVALID_TXN_STATE        (not_in_transaction)
                 S2 a late write after abort ─▶ INVALID_TXN_STATE       (late_write)
                 a frame claiming 2 GiB ─▶ closed                        (frame_too_large)
@@ -195,6 +196,12 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
         cut_at = time.monotonic()
 
         _workload(cluster, a, unique_name)
+        # A client that stays connected (as most do) across the rest of the scenario's scrapes.
+        from confluent_kafka import Producer
+
+        resident = Producer({"bootstrap.servers": a.bootstrap})
+        resident.produce(fresh_topic(cluster, unique_name("resident")), b"x")
+        assert resident.flush(10) == 0
         hanging_topic = fresh_topic(cluster, unique_name("hang"))
         make_open_transaction(cluster.bootstrap_servers, hanging_topic, unique_name("hung"))
         # Frozen 6 s while the client retries (under the 9 s broker session timeout: no failover). Its
@@ -225,6 +232,7 @@ def test_every_panel_and_alert_returns_data_in_the_scenario(kafka_pool, start_pr
             if rows[-1][1] == 0:
                 failures.append(rows[-1][0])
         states = {r["name"]: r["state"] for g in prom.get("/api/v1/rules")["groups"] for r in g["rules"]}
+        del resident
         not_ready = {a["labels"]["instance"]: a["state"] for g in prom.get("/api/v1/rules")["groups"]
                      for r in g["rules"] if r["name"] == "TxnguardNotReady" for a in r.get("alerts", [])}
 

@@ -76,7 +76,9 @@ def test_s3_never_added_and_late_write_are_rejected_by_the_leaders_sidecar(sidec
 
     hw, lso = offsets(bootstrap, topic, 0)
     assert hw == lso == 2  # one aborted record and its marker; nothing hangs
-    assert leader_sidecar.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 2
+    # S1 is outside any transaction; S2 comes after its transaction ended (CompleteAbort): a late write.
+    assert leader_sidecar.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 1
+    assert leader_sidecar.metric("txnguard_verification_failures_total", {"reason": "late_write"}) == 1
     assert leader_sidecar.metric("txnguard_verification_failures_total",
                                  {"reason": "coordinator_unavailable"}) == len(codes) - 1
     # The first write was checked with the coordinator, later ones with the leader's open transaction.

@@ -49,7 +49,8 @@ def test_unknown_transactions_are_asked_about():
     [
         (_desc(), Outcome.PASS, None),
         (_desc(partitions=frozenset()), Outcome.NOT_IN_TRANSACTION, None),
-        (_desc(state="CompleteAbort", partitions=frozenset()), Outcome.NOT_IN_TRANSACTION, None),
+        (_desc(state="CompleteAbort", partitions=frozenset()), Outcome.LATE_WRITE, None),   # after EndTxn
+        (_desc(state="CompleteCommit"), Outcome.LATE_WRITE, None),   # its partitions are the ended one's
         (_desc(state="Empty", partitions=frozenset()), Outcome.NOT_IN_TRANSACTION, None),
         (_desc(state="PrepareCommit"), Outcome.COORDINATOR_RETRIABLE, "CONCURRENT_TRANSACTIONS"),
         (_desc(pid=8), Outcome.PRODUCER_ID_MAPPING, None),
@@ -59,7 +60,7 @@ def test_unknown_transactions_are_asked_about():
          "COORDINATOR_LOAD_IN_PROGRESS"),
         (_desc(error=ErrorCode.transactional_id_not_found), Outcome.PRODUCER_ID_MAPPING, None),
     ],
-    ids=["ongoing-added", "ongoing-not-added", "aborted", "empty", "preparing", "other-pid", "other-epoch",
+    ids=["ongoing-added", "ongoing-not-added", "aborted", "committed", "empty", "preparing", "other-pid", "other-epoch",
          "not-coordinator", "loading", "unknown-id"],
 )
 def test_the_coordinators_answer_judged_with_its_own_rules(desc, outcome, underlying):

@@ -39,6 +39,9 @@ def coordinator_unreachable(why: str) -> Verdict:
     return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR, why, "NETWORK_EXCEPTION")
 
 
+ENDED = frozenset({"CompleteCommit", "CompleteAbort"})
+
+
 def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, tp: TopicPartition) -> Verdict:
     code = desc.error_code
     if code != ErrorCode.none:
@@ -64,6 +67,11 @@ def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, 
                        f"transaction is in {desc.state}", "CONCURRENT_TRANSACTIONS")
     if desc.state == "Ongoing" and tp in desc.partitions:
         return passed(Evidence.COORDINATOR, f"Ongoing since {desc.start_time_ms}")
+    if desc.state in ENDED:
+        # The same refusal as any write outside a transaction; named for what it is: the producer's last
+        # transaction ended and no AddPartitionsToTxn has started another (KIP-890's late write).
+        return Verdict(Outcome.LATE_WRITE, Evidence.COORDINATOR,
+                       f"transaction is {desc.state} and no new one started: a write after EndTxn")
     return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
                    f"transaction is {desc.state} and {tp[0]}-{tp[1]} is not in it")
 
