@@ -34,7 +34,7 @@ from txnguard.pipeline import parse, report, session, tables
 
 RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
     "decisions": tables.decisions, "connections": tables.connections, "quarantine": tables.quarantine,
-    "hanging_transactions": tables.hanging_transactions,
+    "hanging_transactions": tables.hanging_transactions, "end_txn_holds": tables.end_txn_holds,
 }
 
 log = structlog.get_logger("txnguard.pipeline")
@@ -139,7 +139,7 @@ def ingest(spark: SparkSession, source: Source, out: Path) -> None:
     """
     staging = out / "_ingest"
     shutil.rmtree(staging, ignore_errors=True)
-    routed = parse.route(read_lines(spark, source), filtered=False)
+    routed = parse.route(read_lines(spark, source))
     tables.all_raw(routed).write.mode("overwrite").partitionBy(tables.TABLE, "day").parquet(str(staging))
     for name in RAW_TABLES:
         target = out / name

@@ -1,20 +1,25 @@
 """What an audit record is, in plain Python: the fields of each schema version and kind, which are required.
 
 Schema version 1 is today's decision record (`txnguard.verification.audit`). Version 2 adds `kind`
-("decision", "connection" or "hanging") and `proxy_id` to every record; a v2 decision carries every v1 field, a
-connection record describes one client connection (written when it closes or the proxy stops), a hanging
-record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging`).
-Anything else is quarantined with a reason; this module names the reasons.
+("decision", "connection", "hanging" or "end_txn_hold") and `proxy_id` to every record; a v2 decision carries
+every v1 field, a connection record describes one client connection (written when it closes or the proxy stops),
+a hanging record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging`), an
+end_txn_hold record one request held while an EndTxn of its producer was in doubt (KAFKA-17754).
+Anything else is quarantined with a reason; this module names the reasons and works them out
+(`quarantine_reason`). Plain Python: it is also shipped to Spark's Python workers (`arrow_parse`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
-KINDS = ("decision", "connection", "hanging")
+DECISION, CONNECTION, HANGING, END_TXN_HOLD = "decision", "connection", "hanging", "end_txn_hold"
+KINDS = (DECISION, CONNECTION, HANGING, END_TXN_HOLD)
+QUARANTINE = "quarantine"  # the route of a line that is none of the kinds
 
-FieldType = Literal["long", "int", "string", "double", "boolean", "int_array"]
+# "in_doubt_array": an end_txn_hold's EndTxns in doubt, a list of {committed, connection_id, sent_ms, orphaned}.
+FieldType = Literal["long", "int", "string", "double", "boolean", "int_array", "in_doubt_array"]
 
 # (name, type, required). Nullable in the proxy's own record means not required here.
 DECISION_V1: tuple[tuple[str, FieldType, bool], ...] = (
@@ -90,21 +95,76 @@ HANGING_V2: tuple[tuple[str, FieldType, bool], ...] = (
 )
 
 
+END_TXN_HOLD_V2: tuple[tuple[str, FieldType, bool], ...] = (
+    ("schema_version", "int", True),
+    ("kind", "string", True),
+    ("proxy_id", "string", True),
+    ("time_ms", "long", True),
+    ("transactional_id", "string", True),
+    ("producer_id", "long", True),
+    ("producer_epoch", "int", True),
+    ("api", "string", True),
+    ("ending", "string", True),               # settled, fenced or timeout
+    ("held_ms", "double", True),
+    ("end_txns_in_doubt", "in_doubt_array", True),
+    ("decision", "string", True),             # forwarded, or rejected (answered at the hold's bound)
+    ("error_sent", "int", False),
+    ("error_name", "string", False),
+    ("client_id", "string", False),
+    ("client_software_name", "string", False),
+    ("client_software_version", "string", False),
+    ("client_family", "string", True),
+    ("listener", "string", True),
+    ("connection_id", "long", True),
+)
+
+_V2_KINDS = {CONNECTION: CONNECTION_V2, HANGING: HANGING_V2, END_TXN_HOLD: END_TXN_HOLD_V2}
+
+
 def union_fields() -> list[tuple[str, FieldType]]:
     """Every field any supported record may carry, once: the one schema a line is parsed with."""
     seen: dict[str, FieldType] = {}
-    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2, *HANGING_V2):
+    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2, *HANGING_V2, *END_TXN_HOLD_V2):
         seen.setdefault(name, kind)
     return list(seen.items())
 
 
 def required(schema_version: int, kind: str) -> list[str]:
-    if kind == "connection":
-        return [name for name, _, req in CONNECTION_V2 if req]
-    if kind == "hanging":
-        return [name for name, _, req in HANGING_V2 if req]
+    if kind in _V2_KINDS:
+        return [name for name, _, req in _V2_KINDS[kind] if req]
     fields = DECISION_V1 + (V2_COMMON if schema_version == 2 else ())
     return [name for name, _, req in fields if req]
+
+
+def _missing(row: dict[str, Any], names: list[str]) -> str | None:
+    gone = [n for n in names if row.get(n) is None]
+    return f"{MISSING_FIELDS}:{','.join(gone)}" if gone else None
+
+
+def quarantine_reason(row: dict[str, Any] | None, text: str | None, chars: int | None) -> str | None:
+    """Why a line is not a supported record (None: it is one), the first reason that applies.
+
+    `row` is the line parsed with the declared schema (None: it did not parse, or was not handed to the
+    parser), `text` the line, `chars` its length in characters.
+    """
+    if text is None or (row is None and text.strip(" ") == ""):  # Spark's trim: spaces only
+        return EMPTY
+    if chars is not None and chars > MAX_RECORD_CHARS:
+        return TOO_LARGE
+    if row is None:
+        return MALFORMED_JSON
+    version, kind = row.get("schema_version"), row.get("kind")
+    if version is None:
+        return f"{MISSING_FIELDS}:schema_version"
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        return f"{UNSUPPORTED_SCHEMA_VERSION}:{version}"
+    if version == 1:
+        return _missing(row, required(1, DECISION))
+    if kind is None:
+        return f"{MISSING_FIELDS}:kind"
+    if kind not in KINDS:
+        return f"{UNKNOWN_KIND}:{kind[:64]}"
+    return _missing(row, required(2, kind))
 
 
 # Quarantine reasons (a reason may carry a detail after a colon, e.g. "missing_fields:time_ms,api").

@@ -1,12 +1,11 @@
-"""The Spark schemas, declared (never inferred) from `records`."""
+"""The Spark schemas, declared (never inferred) from `records`: the routed frame `parse.route` returns."""
 
 from __future__ import annotations
 
 from pyspark.sql import types as T
 
+from txnguard.pipeline.arrow_parse import CHARS, REASON, ROUTE, SOURCE, VALUE
 from txnguard.pipeline.records import FieldType, union_fields
-
-CORRUPT = "_corrupt_record"
 
 _TYPES: dict[FieldType, T.DataType] = {
     "long": T.LongType(),
@@ -15,10 +14,21 @@ _TYPES: dict[FieldType, T.DataType] = {
     "double": T.DoubleType(),
     "boolean": T.BooleanType(),
     "int_array": T.ArrayType(T.IntegerType()),
+    "in_doubt_array": T.ArrayType(T.StructType([
+        T.StructField("committed", T.BooleanType()), T.StructField("connection_id", T.LongType()),
+        T.StructField("sent_ms", T.LongType()), T.StructField("orphaned", T.BooleanType())])),
 }
 
 
 def record_schema() -> T.StructType:
-    """Every field of every supported record kind, plus the column Spark fills with a line it cannot parse."""
-    fields = [T.StructField(name, _TYPES[kind], True) for name, kind in union_fields()]
-    return T.StructType([*fields, T.StructField(CORRUPT, T.StringType(), True)])
+    """Every field of every supported record kind."""
+    return T.StructType([T.StructField(name, _TYPES[kind], True) for name, kind in union_fields()])
+
+
+def routed_schema() -> T.StructType:
+    """The record's fields, then where the line goes and why, where it came from, its size, its text if kept
+    (the Arrow side's `arrow_parse.ROUTED_SCHEMA`, field for field)."""
+    own = [T.StructField(ROUTE, T.StringType()), T.StructField(REASON, T.StringType()),
+           T.StructField(SOURCE, T.StringType()), T.StructField(CHARS, T.IntegerType()),
+           T.StructField(VALUE, T.StringType())]
+    return T.StructType([*record_schema().fields, *own])

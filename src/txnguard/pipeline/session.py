@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 
 from txnguard.pipeline import connector
@@ -21,6 +24,11 @@ def build(master: str | None, *, kafka_jars: bool, shuffle_partitions: int = 8,
          .config("spark.sql.maxConcurrentOutputFileWriters", "16")
          # A 10 MB line is legal input (it is quarantined): keep Spark from refusing it on the way.
          .config("spark.sql.files.maxPartitionBytes", str(128 << 20)))
+    if master and master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+        # The Arrow parse runs in Python workers: on this machine they are this interpreter (its pyarrow), not
+        # whatever `python3` is first on PATH. SparkContext reads it from the environment, not the builder's
+        # config. A cluster names its executors' Python itself.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     if kafka_jars:
         b = b.config("spark.jars", ",".join(str(p) for p in connector.jars()))
     if driver_memory:

@@ -15,11 +15,12 @@ from pyspark.sql import functions as F
 
 from txnguard.pipeline import records as R
 from txnguard.pipeline.incidents import ANY_API, INCIDENTS, UNCLASSIFIED
-from txnguard.pipeline.parse import CONNECTION, DECISION, HANGING, QUARANTINE
+from txnguard.pipeline.parse import CONNECTION, DECISION, END_TXN_HOLD, HANGING, QUARANTINE
 
 DECISION_FIELDS = [name for name, _, _ in R.DECISION_V1 if name != "schema_version"]
 CONNECTION_FIELDS = [name for name, _, _ in R.CONNECTION_V2 if name not in ("schema_version", "kind", "proxy_id")]
 HANGING_FIELDS = [name for name, _, _ in R.HANGING_V2 if name not in ("schema_version", "kind", "proxy_id")]
+END_TXN_HOLD_FIELDS = [name for name, _, _ in R.END_TXN_HOLD_V2 if name not in ("schema_version", "kind", "proxy_id")]
 QUARANTINE_PREFIX_CHARS = 1024
 LATENCY_ACCURACY = 10_000  # percentile_approx: relative error 1/10,000
 
@@ -83,12 +84,24 @@ def _hanging_columns() -> dict[str, Column]:
     }
 
 
+def _end_txn_hold_columns() -> dict[str, Column]:
+    return {
+        "day": _day(F.col("time_ms")),
+        "event_time": F.timestamp_millis(F.col("time_ms")),
+        "proxy_id": F.col("proxy_id"),
+        **{n: F.col(n) for n in END_TXN_HOLD_FIELDS},
+        "in_doubt_count": F.size(F.col("end_txns_in_doubt")),
+        "source": F.col("source"),
+    }
+
+
 # Each raw table: the route its rows come from and its columns (expressions over the routed frame).
 RAW: dict[str, tuple[str, Callable[[], dict[str, Column]]]] = {
     "decisions": (DECISION, _decision_columns),
     "connections": (CONNECTION, _connection_columns),
     "quarantine": (QUARANTINE, _quarantine_columns),
     "hanging_transactions": (HANGING, _hanging_columns),
+    "end_txn_holds": (END_TXN_HOLD, _end_txn_hold_columns),
 }
 TABLE = "table"  # the partition column of `all_raw`: which table a row belongs to
 
@@ -116,6 +129,12 @@ def quarantine(routed: DataFrame) -> DataFrame:
 def hanging_transactions(routed: DataFrame) -> DataFrame:
     """One row per hanging transaction a proxy's scan found (schema v2, `kind: hanging`), as the proxy judged it."""
     return raw_table(routed, "hanging_transactions")
+
+
+def end_txn_holds(routed: DataFrame) -> DataFrame:
+    """One row per request held while an EndTxn of its producer was in doubt (KAFKA-17754; `kind: end_txn_hold`):
+    how the hold ended (settled, fenced, timeout), how long it held, what the client got."""
+    return raw_table(routed, "end_txn_holds")
 
 
 def all_raw(routed: DataFrame) -> DataFrame:
