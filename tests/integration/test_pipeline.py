@@ -24,11 +24,14 @@ from pathlib import Path
 import pytest
 
 from txnguard.pipeline import incidents, job, session
+from txnguard.policies.outcomes import Outcome
 from txnguard.pipeline.synthetic import Generator
 from txnguard.testing.clients import ConfluentKafkaClient, KafkaPythonClient
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import gateway_for
 from txnguard.testing.scenarios import TxnActor, error_name, wait_stable
+from txnguard.verification.audit import ClientInfo, audit_record, end_txn_hold_record
+from txnguard.verification.outcomes import Evidence, Verdict
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +51,19 @@ HANGING = {"schema_version": 2, "kind": "hanging", "proxy_id": "sidecar@b-0", "t
            "partition": 3, "coordinator_epoch": -1, "start_offset": 42, "last_timestamp_ms": 1767224700000,
            "age_ms": 900000, "reason": "no_transaction", "coordinator_state": None,
            "max_transaction_timeout_ms": 900000}
+# The proxy's own records for a request held behind an EndTxn in doubt (KAFKA-17754) and a KIP-588 timeout recovery
+# (verification/decisions.py: a "fenced" verdict with the decision timeout_recovered).
+_JAVA = ClientInfo("producer-1", "apache-kafka-java", "2.8.2", "java", "bootstrap", 7)
+END_TXN_HOLD = end_txn_hold_record(
+    time_ms=1767225600000, proxy_id="gateway@g-0", transactional_id="txn-held", producer_id=9, producer_epoch=2,
+    api="add_partitions_to_txn", ending="timeout", held_ms=3000.5,
+    in_doubt=[{"committed": True, "connection_id": 6, "sent_ms": 1767225597000, "orphaned": False}],
+    error_sent=51, error_name="CONCURRENT_TRANSACTIONS", client=_JAVA)
+TIMEOUT_RECOVERED = audit_record(
+    time_ms=1767225601000, transactional_id="txn-timed-out", producer_id=10, producer_epoch=4, api="end_txn",
+    api_version=3, target="txn:txn-timed-out", client=_JAVA, mode="enforce", proxy_id="gateway@g-0",
+    verdict=Verdict(Outcome.FENCED, Evidence.COORDINATOR, "timed out", "TRANSACTION_TIMED_OUT"),
+    decision="timeout_recovered", error_sent=None, error_name=None, latency_ms=2.5)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +95,8 @@ def _expected(records: list[dict]) -> dict[str, collections.Counter]:
         "decisions": collections.Counter(r["decision"] for r in decisions),
         "evidence": collections.Counter(r["evidence"] for r in decisions),
         "reasons": collections.Counter(r["outcome"] for r in failed),
-        "incidents": collections.Counter((incidents.classify(r["outcome"], r["api"]).name, r["decision"] == "rejected")
-                                         for r in failed),
+        "incidents": collections.Counter((incidents.classify(r["outcome"], r["api"], r["decision"]).name,
+                                          incidents.prevented(r["decision"])) for r in failed),
         "clients": collections.Counter((r["client_family"], r["client_software_name"], r["client_software_version"])
                                        for r in records),
         "connections": collections.Counter(r["connection_id"] for r in records if r.get("kind") == "connection"),
@@ -110,7 +126,7 @@ def _assert_tables_match(spark, out: Path, records: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def jsonl_run(spark, tmp_path_factory):
     folder = tmp_path_factory.mktemp("pipeline-jsonl")
-    records = list(Generator(seed=11, failure_rate=0.1).records(3000))
+    records = [*Generator(seed=11, failure_rate=0.1).records(3000), TIMEOUT_RECOVERED]
     source = folder / "audit.jsonl"
     with source.open("w") as f:
         for i, r in enumerate(records):
@@ -120,6 +136,7 @@ def jsonl_run(spark, tmp_path_factory):
         for line, _ in BAD_LINES[(len(records) - 1) // 700 + 1:]:
             f.write(line + "\n")
         f.write(json.dumps(HANGING) + "\n")
+        f.write(json.dumps(END_TXN_HOLD) + "\n")
     out = folder / "out"
     summary = job.run_batch(spark, job.Source.parse(f"jsonl:{source}"), out)
     return records, out, summary
@@ -140,11 +157,28 @@ def test_a_hanging_record_lands_in_its_table_and_the_report(spark, jsonl_run):
     assert "hanging transactions found" in (out / "report.html").read_text()
 
 
+def test_an_end_txn_hold_and_a_timeout_recovery_land_in_their_tables_and_the_report(spark, jsonl_run):
+    _, out, summary = jsonl_run
+    assert summary.rows["end_txn_holds"] == 1
+    hold = _table(spark, out, "end_txn_holds").collect()[0]
+    assert (hold["transactional_id"], hold["api"], hold["ending"], hold["decision"], hold["error_name"],
+            hold["in_doubt_count"], hold["client_family"]) == (
+        "txn-held", "add_partitions_to_txn", "timeout", "rejected", "CONCURRENT_TRANSACTIONS", 1, "java")
+    assert hold["end_txns_in_doubt"][0]["committed"] is True and hold["held_ms"] == 3000.5
+    recovered = _table(spark, out, "incidents_prevented").where("decision = 'timeout_recovered'").collect()
+    assert [(r["transactional_id"], r["incident"], r["prevented"]) for r in recovered] == [
+        ("txn-timed-out", "coordinator_timeout_recovered", True)]
+    page = (out / "report.html").read_text()
+    assert "Requests held behind an EndTxn in doubt" in page and "coordinator_timeout_recovered" in page
+    assert re.search(r"coordinator timeouts recovered \(KIP-588\)</td><td>1<", page)
+    assert re.search(r"requests held behind an EndTxn in doubt</td><td>1<", page)
+
+
 def test_an_empty_source_gives_empty_tables_and_a_report(spark, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     summary = job.run_batch(spark, job.Source.parse(f"jsonl:{empty}"), tmp_path / "out")
-    assert set(summary.rows.values()) == {0} and len(summary.rows) == 8
+    assert set(summary.rows.values()) == {0} and len(summary.rows) == 9
     assert "No line was quarantined." in (tmp_path / "out" / "report.html").read_text()
 
 

@@ -51,8 +51,26 @@ INCIDENTS: dict[tuple[str, str], Incident] = {
         "too (INVALID_RECORD), so nothing is prevented but the client is told why"),
 }
 
+# Keyed on the decision, before the outcome: a decision that is itself the incident, whatever the verdict said.
+BY_DECISION: dict[str, Incident] = {
+    # verification/decisions.py TIMEOUT_RECOVERED (policy.timeout_recovery, verification/timeouts.py): the verdict
+    # is "fenced" (the coordinator bumped the epoch when it aborted the timed-out transaction), but no zombie.
+    "timeout_recovered": Incident(
+        "coordinator_timeout_recovered",
+        "the coordinator aborted a transaction that outlived its timeout and fenced its epoch: the old client would "
+        "have met PRODUCER_FENCED and died (KIP-588 never shipped); the proxy answered so that it re-initialised "
+        "with the coordinator's epoch and carried on"),
+}
+# The decisions in which the proxy acted (the others, monitor mode's forwarded_unenforced, only observed).
+ACTED = ("rejected", "timeout_recovered")
+
 UNCLASSIFIED = Incident("unclassified", "an outcome this pipeline version does not know")
 
 
-def classify(outcome: str, api: str) -> Incident:
-    return INCIDENTS.get((outcome, api)) or INCIDENTS.get((outcome, ANY_API)) or UNCLASSIFIED
+def classify(outcome: str, api: str, decision: str | None = None) -> Incident:
+    return ((BY_DECISION.get(decision) if decision else None) or INCIDENTS.get((outcome, api))
+            or INCIDENTS.get((outcome, ANY_API)) or UNCLASSIFIED)
+
+
+def prevented(decision: str) -> bool:
+    return decision in ACTED

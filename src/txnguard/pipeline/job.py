@@ -111,8 +111,8 @@ def table_schemas(spark: SparkSession) -> dict[str, T.StructType]:
     if not _SCHEMAS:
         empty = spark.createDataFrame([], T.StructType([T.StructField("value", T.StringType()),
                                                         T.StructField("source", T.StringType())]))
-        routed = parse.route(empty)
-        raw = {name: fn(routed) for name, fn in RAW_TABLES.items()}
+        all_raw = parse.raw(empty)
+        raw = {name: fn(all_raw) for name, fn in RAW_TABLES.items()}
         aggregates = _aggregates(raw["decisions"], raw["connections"])
         _SCHEMAS.update({name: frame.schema for name, frame in {**raw, **aggregates}.items()})
     return dict(_SCHEMAS)
@@ -139,8 +139,7 @@ def ingest(spark: SparkSession, source: Source, out: Path) -> None:
     """
     staging = out / "_ingest"
     shutil.rmtree(staging, ignore_errors=True)
-    routed = parse.route(read_lines(spark, source))
-    tables.all_raw(routed).write.mode("overwrite").partitionBy(tables.TABLE, "day").parquet(str(staging))
+    parse.raw(read_lines(spark, source)).write.mode("overwrite").partitionBy(tables.TABLE, "day").parquet(str(staging))
     for name in RAW_TABLES:
         target = out / name
         shutil.rmtree(target, ignore_errors=True)
@@ -173,10 +172,16 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
     q = read_table(spark, out, "quarantine", schemas["quarantine"])
     hanging = tables.window(read_table(spark, out, "hanging_transactions", schemas["hanging_transactions"]),
                             since_ms, until_ms)
+    holds = tables.window(read_table(spark, out, "end_txn_holds", schemas["end_txn_holds"]), since_ms, until_ms)
     rej = read_table(spark, out, "rejections", schemas["rejections"])
     inc = read_table(spark, out, "incidents_prevented", schemas["incidents_prevented"])
     inv = read_table(spark, out, "client_inventory", schemas["client_inventory"])
 
+    held = F.percentile_approx("held_ms", [0.5], tables.LATENCY_ACCURACY)
+    end_txn_holds = [(r["ending"], r["decision"], int(r["n"]), float(r["p"][0]), float(r["mx"])) for r in
+                     holds.groupBy("ending", "decision").agg(F.count("*").alias("n"), held.alias("p"),
+                                                             F.max("held_ms").alias("mx"))
+                     .orderBy("ending", "decision").collect()]
     decision_counts = {r["decision"]: int(r["n"]) for r in d.groupBy("decision").agg(F.count("*").alias("n"))
                        .collect()}
     totals = {
@@ -187,6 +192,8 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
         "client connections": c.count(),
         "quarantined lines": q.count(),
         "hanging transactions found": hanging.count(),
+        "coordinator timeouts recovered (KIP-588)": decision_counts.get("timeout_recovered", 0),
+        "requests held behind an EndTxn in doubt": sum(n for _, _, n, _, _ in end_txn_holds),
     }
     by_hour = [(r["hour"], r["reason"], int(r["n"])) for r in rej.groupBy("hour", "reason")
                .agg(F.sum("count").alias("n")).orderBy("hour").collect()]
@@ -210,7 +217,7 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
                  .orderBy(F.desc("n")).collect()]
     quarantine = [(r["reason_kind"], int(r["n"])) for r in q.groupBy("reason_kind").agg(F.count("*").alias("n"))
                   .orderBy(F.desc("n")).collect()]
-    return report.ReportData(title, totals, by_hour, latency, inventory, top, incidents, quarantine)
+    return report.ReportData(title, totals, by_hour, latency, inventory, top, incidents, quarantine, end_txn_holds)
 
 
 def _timed(summary: Summary, stage: str, fn: Callable[[], Any]) -> Any:
@@ -261,8 +268,8 @@ def start_stream(spark: SparkSession, source: Source, out: Path, name: str, trig
     reader = _kafka_reader(spark, source, streaming=True)
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    routed = parse.route(parse.kafka_lines(reader.load()))
-    return (RAW_TABLES[name](routed).writeStream.format("parquet").queryName(name)
+    all_raw = parse.raw(parse.kafka_lines(reader.load()))
+    return (RAW_TABLES[name](all_raw).writeStream.format("parquet").queryName(name)
             .option("path", str(out / name)).option("checkpointLocation", str(out / "_checkpoints" / name))
             .partitionBy("day").trigger(processingTime=f"{trigger_s} seconds").outputMode("append").start())
 

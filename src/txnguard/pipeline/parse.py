@@ -6,8 +6,8 @@ reason for the few lines that need one (see that module). It replaced `from_json
 record. The workers get that module and `records` by value (cloudpickle), so the executors of a cluster need
 pyarrow (PySpark's own Arrow requirement) but not txnguard.
 
-`mapInArrow` is opaque to the optimizer: a filter on `route` above it (one per --follow stream) stays above it,
-and each line is parsed once per query.
+`mapInArrow` is opaque to the optimizer: a filter on `route` or `table` above it (one per --follow stream) stays
+above it, and each line is parsed once per query.
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from txnguard.pipeline import arrow_parse, records
+from txnguard.pipeline import arrow_parse, arrow_tables, records
 from txnguard.pipeline.arrow_parse import CHARS, REASON, ROUTE, SOURCE, VALUE
 from txnguard.pipeline.records import CONNECTION, DECISION, END_TXN_HOLD, HANGING, QUARANTINE
-from txnguard.pipeline.schema import routed_schema
+from txnguard.pipeline.schema import all_raw_schema, routed_schema
 
 __all__ = ["CHARS", "CONNECTION", "DECISION", "END_TXN_HOLD", "HANGING", "QUARANTINE", "REASON", "ROUTE", "SOURCE",
-           "VALUE", "jsonl_lines", "kafka_lines", "route"]
+           "VALUE", "jsonl_lines", "kafka_lines", "raw", "route"]
 
 # Shipped with the function rather than imported on the executors (see the module's docstring).
 cloudpickle.register_pickle_by_value(arrow_parse)
+cloudpickle.register_pickle_by_value(arrow_tables)
 cloudpickle.register_pickle_by_value(records)
 
 
@@ -47,3 +48,9 @@ def route(lines: DataFrame) -> DataFrame:
     """`value`, `source` -> one column per record field, `route`, `quarantine_reason`, `source`, `chars`, `value`
     (the text, kept only for a quarantined line)."""
     return lines.select(VALUE, SOURCE).mapInArrow(arrow_parse.route_batches, routed_schema())
+
+
+def raw(lines: DataFrame) -> DataFrame:
+    """`value`, `source` -> every raw table's rows: `table` and the union of the tables' columns
+    (`arrow_tables`; `tables.raw_table` takes one table's rows and columns out of it)."""
+    return lines.select(VALUE, SOURCE).mapInArrow(arrow_tables.all_raw_batches, all_raw_schema())

@@ -36,6 +36,8 @@ class ReportData:
     top_transactional_ids: list[tuple[str, int]]
     incidents: list[tuple[str, bool, int, str]]            # incident, prevented, count, consequence
     quarantine: list[tuple[str, int]]                      # reason kind, count
+    # ending, decision, holds, p50 held ms, max held ms (requests held behind an EndTxn in doubt, KAFKA-17754)
+    end_txn_holds: list[tuple[str, str, int, float, float]] = field(default_factory=list)
     plots: dict[str, bytes] = field(default_factory=dict)
 
 
@@ -188,6 +190,9 @@ def render_html(data: ReportData) -> str:
         "<h2>Client inventory</h2>", img("inventory_by_family", "client inventory by family and version"),
         _table(["family", "software", "version", "pre-TV2", "connections", "decisions", "rejected",
                 "monitor-only", "client ids", "first seen", "last seen"], inventory_rows),
+        "<h2>Requests held behind an EndTxn in doubt (KAFKA-17754)</h2>",
+        _table(["ending", "decision", "holds", "p50 held ms", "max held ms"], data.end_txn_holds)
+        if data.end_txn_holds else "<p>No request was held.</p>",
         "<h2>Quarantine</h2>",
         _table(["reason", "lines"], data.quarantine) if data.quarantine else "<p>No line was quarantined.</p>",
         f"<script>{_SELF_CHECK}</script>", "</body></html>",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from txnguard.pipeline import arrow_tables
 from txnguard.pipeline.arrow_parse import CHARS, REASON, ROUTE, SOURCE, VALUE
 from txnguard.pipeline.records import FieldType, union_fields
 
@@ -32,3 +35,8 @@ def routed_schema() -> T.StructType:
            T.StructField(SOURCE, T.StringType()), T.StructField(CHARS, T.IntegerType()),
            T.StructField(VALUE, T.StringType())]
     return T.StructType([*record_schema().fields, *own])
+
+
+def all_raw_schema() -> T.StructType:
+    """`arrow_tables.ALL_RAW_SCHEMA` in Spark's types: `table`, then the union of the raw tables' columns."""
+    return from_arrow_schema(arrow_tables.ALL_RAW_SCHEMA)

@@ -7,26 +7,19 @@ recomputed from `decisions` and `connections`, so a streaming run can refresh th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import chain
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from txnguard.pipeline import arrow_tables
 from txnguard.pipeline import records as R
-from txnguard.pipeline.incidents import ANY_API, INCIDENTS, UNCLASSIFIED
-from txnguard.pipeline.parse import CONNECTION, DECISION, END_TXN_HOLD, HANGING, QUARANTINE
+from txnguard.pipeline.incidents import ACTED, ANY_API, BY_DECISION, INCIDENTS, UNCLASSIFIED
 
-DECISION_FIELDS = [name for name, _, _ in R.DECISION_V1 if name != "schema_version"]
-CONNECTION_FIELDS = [name for name, _, _ in R.CONNECTION_V2 if name not in ("schema_version", "kind", "proxy_id")]
-HANGING_FIELDS = [name for name, _, _ in R.HANGING_V2 if name not in ("schema_version", "kind", "proxy_id")]
-END_TXN_HOLD_FIELDS = [name for name, _, _ in R.END_TXN_HOLD_V2 if name not in ("schema_version", "kind", "proxy_id")]
-QUARANTINE_PREFIX_CHARS = 1024
+QUARANTINE_PREFIX_CHARS = arrow_tables.QUARANTINE_PREFIX_CHARS
 LATENCY_ACCURACY = 10_000  # percentile_approx: relative error 1/10,000
-
-
-def _day(time_ms: Column) -> Column:
-    return F.to_date(F.timestamp_millis(time_ms))
+TABLE = arrow_tables.TABLE  # the partition column of `parse.raw`'s frame: which table a row belongs to
+RAW = list(arrow_tables.RAW)  # the raw tables, their columns computed with Arrow (`arrow_tables`)
 
 
 def _pre_tv2(api: Column, version: Column) -> Column:
@@ -34,131 +27,35 @@ def _pre_tv2(api: Column, version: Column) -> Column:
         ((api == "txn_offset_commit") & (version <= R.LAST_PRE_TV2_VERSION["txn_offset_commit"]))
 
 
-def _decision_columns() -> dict[str, Column]:
-    target = F.col("target")
-    is_group = target.startswith("group:")
-    return {
-        "day": _day(F.col("time_ms")),
-        "event_time": F.timestamp_millis(F.col("time_ms")),
-        "schema_version": F.col("schema_version"),
-        "proxy_id": F.col("proxy_id"),
-        **{n: F.col(n) for n in DECISION_FIELDS},
-        "topic": F.when(~is_group, F.regexp_extract(target, r"^(.*)-\d+$", 1)),
-        "partition": F.when(~is_group, F.regexp_extract(target, r"-(\d+)$", 1).cast("int")),
-        "group_id": F.when(is_group, F.substring(target, 7, 1 << 20)),
-        "source": F.col("source"),
-    }
+def raw_table(raw: DataFrame, name: str) -> DataFrame:
+    """One raw table's rows and columns out of `parse.raw`'s frame."""
+    return raw.where(F.col(TABLE) == name).select(*arrow_tables.SCHEMAS[name].names)
 
 
-def _connection_columns() -> dict[str, Column]:
-    return {
-        "day": _day(F.col("time_ms")),
-        "event_time": F.timestamp_millis(F.col("time_ms")),
-        "connected_time": F.timestamp_millis(F.col("connected_ms")),
-        "proxy_id": F.col("proxy_id"),
-        **{n: F.col(n) for n in CONNECTION_FIELDS},
-        "source": F.col("source"),
-    }
-
-
-def _quarantine_columns() -> dict[str, Column]:
-    return {
-        "day": F.current_date(),
-        "ingested_at": F.current_timestamp(),
-        "source": F.col("source"),
-        "reason": F.col("quarantine_reason"),
-        "reason_kind": F.regexp_extract(F.col("quarantine_reason"), r"^([a-z_]+)", 1),
-        "chars": F.col("chars"),
-        "line_prefix": F.substring(F.col("value"), 1, QUARANTINE_PREFIX_CHARS),
-    }
-
-
-def _hanging_columns() -> dict[str, Column]:
-    return {
-        "day": _day(F.col("time_ms")),
-        "event_time": F.timestamp_millis(F.col("time_ms")),
-        "proxy_id": F.col("proxy_id"),
-        **{n: F.col(n) for n in HANGING_FIELDS},
-        "last_write_time": F.timestamp_millis(F.col("last_timestamp_ms")),
-        "source": F.col("source"),
-    }
-
-
-def _end_txn_hold_columns() -> dict[str, Column]:
-    return {
-        "day": _day(F.col("time_ms")),
-        "event_time": F.timestamp_millis(F.col("time_ms")),
-        "proxy_id": F.col("proxy_id"),
-        **{n: F.col(n) for n in END_TXN_HOLD_FIELDS},
-        "in_doubt_count": F.size(F.col("end_txns_in_doubt")),
-        "source": F.col("source"),
-    }
-
-
-# Each raw table: the route its rows come from and its columns (expressions over the routed frame).
-RAW: dict[str, tuple[str, Callable[[], dict[str, Column]]]] = {
-    "decisions": (DECISION, _decision_columns),
-    "connections": (CONNECTION, _connection_columns),
-    "quarantine": (QUARANTINE, _quarantine_columns),
-    "hanging_transactions": (HANGING, _hanging_columns),
-    "end_txn_holds": (END_TXN_HOLD, _end_txn_hold_columns),
-}
-TABLE = "table"  # the partition column of `all_raw`: which table a row belongs to
-
-
-def raw_table(routed: DataFrame, name: str) -> DataFrame:
-    route, columns = RAW[name]
-    return routed.where(F.col("route") == route).select(*[c.alias(n) for n, c in columns().items()])
-
-
-def decisions(routed: DataFrame) -> DataFrame:
+def decisions(raw: DataFrame) -> DataFrame:
     """One row per verification decision (v1 and v2), with the target split into topic/partition or group."""
-    return raw_table(routed, "decisions")
+    return raw_table(raw, "decisions")
 
 
-def connections(routed: DataFrame) -> DataFrame:
+def connections(raw: DataFrame) -> DataFrame:
     """One row per client connection record (schema v2)."""
-    return raw_table(routed, "connections")
+    return raw_table(raw, "connections")
 
 
-def quarantine(routed: DataFrame) -> DataFrame:
+def quarantine(raw: DataFrame) -> DataFrame:
     """Lines that are not a supported record: the reason, where from, and the start of the line."""
-    return raw_table(routed, "quarantine")
+    return raw_table(raw, "quarantine")
 
 
-def hanging_transactions(routed: DataFrame) -> DataFrame:
+def hanging_transactions(raw: DataFrame) -> DataFrame:
     """One row per hanging transaction a proxy's scan found (schema v2, `kind: hanging`), as the proxy judged it."""
-    return raw_table(routed, "hanging_transactions")
+    return raw_table(raw, "hanging_transactions")
 
 
-def end_txn_holds(routed: DataFrame) -> DataFrame:
+def end_txn_holds(raw: DataFrame) -> DataFrame:
     """One row per request held while an EndTxn of its producer was in doubt (KAFKA-17754; `kind: end_txn_hold`):
     how the hold ended (settled, fenced, timeout), how long it held, what the client got."""
-    return raw_table(routed, "end_txn_holds")
-
-
-def all_raw(routed: DataFrame) -> DataFrame:
-    """Every raw table in one frame, for one write partitioned by `table` and `day`: each line is read and parsed
-    once, with no cache and no filter (a filter per table would re-scan the input or a cache of it).
-
-    A column is the union of the tables' columns by name (the same name has the same type in every table that
-    has it); in a row it holds its own table's value, null where its table has no such column.
-    """
-    route = F.col("route")
-    per_table = {name: (r, fn()) for name, (r, fn) in RAW.items()}
-    names: list[str] = []
-    for _, cols in per_table.values():
-        names += [n for n in cols if n not in names]
-    table = F.coalesce(*[F.when(route == r, F.lit(name)) for name, (r, _) in per_table.items()])
-
-    def merged(col: str) -> Column:
-        branches = [(r, cols[col]) for r, cols in per_table.values() if col in cols]
-        expr = F.when(route == branches[0][0], branches[0][1])
-        for r, c in branches[1:]:
-            expr = expr.when(route == r, c)
-        return expr.alias(col)
-
-    return routed.select(table.alias(TABLE), *[merged(n) for n in names])
+    return raw_table(raw, "end_txn_holds")
 
 
 def window(frame: DataFrame, since_ms: int | None, until_ms: int | None) -> DataFrame:
@@ -202,23 +99,26 @@ def verification_latency(decisions_: DataFrame) -> DataFrame:
 
 def _incident_map(field: str) -> Column:
     entries = {f"{outcome}|{api}": getattr(incident, field) for (outcome, api), incident in INCIDENTS.items()}
+    entries |= {f"decision|{decision}": getattr(incident, field) for decision, incident in BY_DECISION.items()}
     return F.create_map(*[F.lit(x) for x in chain.from_iterable(entries.items())])
 
 
 def incidents_prevented(decisions_: DataFrame) -> DataFrame:
-    """Each failed verification, classified by what it would have done (`prevented` false in monitor mode)."""
+    """Each failed verification, classified by what it would have done (`prevented` false in monitor mode), as
+    `incidents.classify` does: by the decision first (a KIP-588 timeout recovery), then the outcome and API."""
     def lookup(field: str) -> Column:
         m = _incident_map(field)
+        by_decision = m[F.concat_ws("|", F.lit("decision"), F.col("decision"))]
         exact = m[F.concat_ws("|", F.col("outcome"), F.col("api"))]
         general = m[F.concat_ws("|", F.col("outcome"), F.lit(ANY_API))]
-        return F.coalesce(exact, general, F.lit(getattr(UNCLASSIFIED, field)))
+        return F.coalesce(by_decision, exact, general, F.lit(getattr(UNCLASSIFIED, field)))
 
     return _failed(decisions_).select(
         "day", "event_time", "proxy_id", "transactional_id", "producer_id", "producer_epoch", "api", "api_version",
         "target", "topic", "group_id", "client_family", "client_software_name", "client_software_version",
         "outcome", "evidence", "reason", "decision", "error_name",
         lookup("name").alias("incident"), lookup("consequence").alias("consequence"),
-        (F.col("decision") == "rejected").alias("prevented"),
+        F.col("decision").isin(*ACTED).alias("prevented"),
     )
 
 
