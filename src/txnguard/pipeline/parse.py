@@ -19,10 +19,10 @@ from pyspark.sql import functions as F
 from txnguard.pipeline import arrow_parse, arrow_tables, records
 from txnguard.pipeline.arrow_parse import CHARS, REASON, ROUTE, SOURCE, VALUE
 from txnguard.pipeline.records import CONNECTION, DECISION, END_TXN_HOLD, HANGING, QUARANTINE
-from txnguard.pipeline.schema import all_raw_schema, routed_schema
+from txnguard.pipeline.schema import all_raw_schema, manifest_schema, routed_schema
 
 __all__ = ["CHARS", "CONNECTION", "DECISION", "END_TXN_HOLD", "HANGING", "QUARANTINE", "REASON", "ROUTE", "SOURCE",
-           "VALUE", "jsonl_lines", "kafka_lines", "raw", "route"]
+           "VALUE", "jsonl_lines", "kafka_lines", "raw", "route", "write_raw"]
 
 # Shipped with the function rather than imported on the executors (see the module's docstring).
 cloudpickle.register_pickle_by_value(arrow_parse)
@@ -54,3 +54,9 @@ def raw(lines: DataFrame) -> DataFrame:
     """`value`, `source` -> every raw table's rows: `table` and the union of the tables' columns
     (`arrow_tables`; `tables.raw_table` takes one table's rows and columns out of it)."""
     return lines.select(VALUE, SOURCE).mapInArrow(arrow_tables.all_raw_batches, all_raw_schema())
+
+
+def write_raw(lines: DataFrame, staging: str) -> DataFrame:
+    """`value`, `source` -> every raw table written as Parquet under `staging/NAME/day=DAY/` by the tasks themselves
+    (`arrow_tables.write_raw`); the frame lists the files written: `table`, `day`, `file`, `rows`."""
+    return lines.select(VALUE, SOURCE).mapInArrow(arrow_tables.writer(staging), manifest_schema())

@@ -40,3 +40,8 @@ def routed_schema() -> T.StructType:
 def all_raw_schema() -> T.StructType:
     """`arrow_tables.ALL_RAW_SCHEMA` in Spark's types: `table`, then the union of the raw tables' columns."""
     return from_arrow_schema(arrow_tables.ALL_RAW_SCHEMA)
+
+
+def manifest_schema() -> T.StructType:
+    """What the batch job's write returns: one row per Parquet file a task wrote (`arrow_tables.write_raw`)."""
+    return from_arrow_schema(arrow_tables.MANIFEST_SCHEMA)
