@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from txnguard.pipeline import incidents, job, session
-from txnguard.policies.outcomes import Outcome
 from txnguard.pipeline.synthetic import Generator
+from txnguard.policies.outcomes import Outcome
 from txnguard.testing.clients import ConfluentKafkaClient, KafkaPythonClient
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import gateway_for

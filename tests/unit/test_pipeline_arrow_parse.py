@@ -45,7 +45,7 @@ def test_a_batch_of_good_records_is_routed_by_kind_with_every_field_typed():
 def test_each_bad_line_in_the_middle_of_good_ones_gets_its_reason_and_the_good_ones_stay_parsed():
     lines: list[str | None] = []
     for i, bad in enumerate(BAD):
-        lines += GOOD[i * 3:i * 3 + 3] + [bad]
+        lines += [*GOOD[i * 3:i * 3 + 3], bad]
     lines.append(None)  # a Kafka tombstone
     rows = _route(lines)
     assert len(rows) == len(lines)

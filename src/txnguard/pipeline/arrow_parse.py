@@ -18,7 +18,7 @@ Every line ends up in exactly one place, with the same reasons, in the same orde
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,8 @@ def _joined(text: pa.Array) -> pa.Buffer:
     """The lines as one newline-separated buffer (what the JSON reader takes), without a Python string each."""
     ended = pc.binary_join_element_wise(text, "", "\n")  # each line + "\n"
     width = np.int64 if pa.types.is_large_string(ended.type) else np.int32
-    offsets = np.frombuffer(ended.buffers()[1], dtype=width, count=len(ended) + 1, offset=ended.offset * width(0).nbytes)
+    offsets = np.frombuffer(ended.buffers()[1], dtype=width, count=len(ended) + 1,
+                            offset=ended.offset * width(0).nbytes)
     return ended.buffers()[2][int(offsets[0]):int(offsets[-1])]
 
 
@@ -113,7 +114,8 @@ def complete(table: pa.Table, parsed: np.ndarray) -> np.ndarray:
     ok = v1 & _all_valid(table, R.required(1, R.DECISION))
     for kind in R.KINDS:
         ok |= v2 & _equals(table["kind"], kind) & _all_valid(table, R.required(2, kind))
-    return parsed & ok
+    found: np.ndarray = parsed & ok
+    return found
 
 
 def route_batch(value: pa.Array, source: pa.Array) -> pa.RecordBatch:
@@ -149,7 +151,7 @@ def _chunk(a: pa.Array | pa.ChunkedArray) -> pa.Array:
     return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
 
 
-def route_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def route_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function: batches of (`value`, `source`) -> routed batches."""
     for batch in batches:
         value, source = batch.column(VALUE), batch.column(SOURCE)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -152,7 +152,7 @@ def _chunk(a: pa.Array | pa.ChunkedArray) -> pa.Array:
     return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
 
 
-def all_raw_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def all_raw_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function: batches of lines (`value`, `source`) -> every raw table's rows."""
     for routed in P.route_batches(batches):
         yield from raw_batches(routed)
@@ -210,7 +210,7 @@ class _Files:
              pa.array([self.rows[k] for k in keys], pa.int64())], schema=MANIFEST_SCHEMA)
 
 
-def write_raw(staging: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def write_raw(staging: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The batch job's `mapInArrow` function: lines in, every raw table written under `staging/NAME/day=DAY/`
     (Parquet, only that table's columns), and out one row per file written: table, day, file, rows.
 
@@ -232,8 +232,8 @@ def write_raw(staging: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     yield files.close()
 
 
-def writer(staging: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def writer(staging: str) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """`write_raw` bound to a staging folder, as a plain function (what `mapInArrow` takes)."""
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return write_raw(staging, batches)
     return write

@@ -25,9 +25,9 @@ __all__ = ["CHARS", "CONNECTION", "DECISION", "END_TXN_HOLD", "HANGING", "QUARAN
            "VALUE", "jsonl_lines", "kafka_lines", "raw", "route", "write_raw"]
 
 # Shipped with the function rather than imported on the executors (see the module's docstring).
-cloudpickle.register_pickle_by_value(arrow_parse)
-cloudpickle.register_pickle_by_value(arrow_tables)
-cloudpickle.register_pickle_by_value(records)
+cloudpickle.register_pickle_by_value(arrow_parse)  # type: ignore[no-untyped-call]
+cloudpickle.register_pickle_by_value(arrow_tables)  # type: ignore[no-untyped-call]
+cloudpickle.register_pickle_by_value(records)  # type: ignore[no-untyped-call]
 
 
 def jsonl_lines(spark: SparkSession, path: str) -> DataFrame:

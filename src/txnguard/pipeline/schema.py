@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pyspark.sql import types as T
-
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from txnguard.pipeline import arrow_tables
