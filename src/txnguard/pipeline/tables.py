@@ -123,46 +123,55 @@ def incidents_prevented(decisions_: DataFrame) -> DataFrame:
 
 
 def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFrame:
-    """Every client (family, software name and version) seen per day, from its connections and its decisions."""
-    from_decisions = decisions_.select(
-        "day", "client_family", "client_software_name", "client_software_version", "client_id",
-        "transactional_id", "listener", "proxy_id", F.col("event_time").alias("first_seen"),
-        F.col("event_time").alias("last_seen"), F.lit(0).alias("connection"), F.lit(1).alias("decision_"),
-        (F.col("decision") == "rejected").cast("int").alias("rejected"),
-        (F.col("decision") == "forwarded_unenforced").cast("int").alias("unenforced"),
-        F.lit(True).alias("used_transactions"), _pre_tv2(F.col("api"), F.col("api_version")).alias("pre_tv2"),
-        F.when(F.col("api") == "produce", F.array(F.col("api_version"))).otherwise(F.array().cast("array<int>"))
-        .alias("produce_versions"),
-        F.when(F.col("api") == "txn_offset_commit", F.array(F.col("api_version")))
-        .otherwise(F.array().cast("array<int>")).alias("txn_offset_commit_versions"),
-    )
+    """Every client (family, software name and version) seen per day, from its connections and its decisions.
+
+    Decisions and connections are each aggregated per client and day first (one row per client and day each,
+    sets instead of rows), then merged: no per-decision row of arrays to union, and the sets are built once.
+    """
+    keys = ["day", "client_family", "client_software_name", "client_software_version"]
     old_produce = F.exists("produce_versions", lambda v: v <= R.LAST_PRE_TV2_VERSION["produce"])
     old_commit = F.exists("txn_offset_commit_versions", lambda v: v <= R.LAST_PRE_TV2_VERSION["txn_offset_commit"])
-    from_connections = connections_.select(
-        "day", "client_family", "client_software_name", "client_software_version", "client_id",
-        F.col("first_transactional_id").alias("transactional_id"), "listener", "proxy_id",
-        F.col("connected_time").alias("first_seen"), F.col("event_time").alias("last_seen"),
-        F.lit(1).alias("connection"), F.lit(0).alias("decision_"), F.lit(0).alias("rejected"),
-        F.lit(0).alias("unenforced"), "used_transactions",
-        (F.col("used_transactions") & (old_produce | old_commit)).alias("pre_tv2"),
-        "produce_versions", "txn_offset_commit_versions",
+    api, version, decision = F.col("api"), F.col("api_version"), F.col("decision")
+    from_decisions = decisions_.groupBy(*keys).agg(
+        F.collect_set("client_id").alias("client_ids"), F.collect_set("transactional_id").alias("transactional_ids"),
+        F.collect_set("listener").alias("listeners"), F.collect_set("proxy_id").alias("proxy_ids"),
+        F.min("event_time").alias("first_seen"), F.max("event_time").alias("last_seen"),
+        F.lit(0).cast("long").alias("connections"), F.count(F.lit(1)).alias("decisions"),
+        F.count(F.when(decision == "rejected", 1)).alias("rejections"),
+        F.count(F.when(decision == "forwarded_unenforced", 1)).alias("unenforced_rejections"),
+        F.lit(True).alias("used_transactions"), F.bool_or(_pre_tv2(api, version)).alias("pre_tv2"),
+        F.collect_set(F.when(api == "produce", version)).alias("produce_versions"),
+        F.collect_set(F.when(api == "txn_offset_commit", version)).alias("txn_offset_commit_versions"),
     )
-    both = from_decisions.unionByName(from_connections)
+    from_connections = connections_.groupBy(*keys).agg(
+        F.collect_set("client_id").alias("client_ids"),
+        F.collect_set("first_transactional_id").alias("transactional_ids"),
+        F.collect_set("listener").alias("listeners"), F.collect_set("proxy_id").alias("proxy_ids"),
+        F.min("connected_time").alias("first_seen"), F.max("event_time").alias("last_seen"),
+        F.count(F.lit(1)).alias("connections"), F.lit(0).cast("long").alias("decisions"),
+        F.lit(0).cast("long").alias("rejections"), F.lit(0).cast("long").alias("unenforced_rejections"),
+        F.bool_or("used_transactions").alias("used_transactions"),
+        F.bool_or(F.col("used_transactions") & (old_produce | old_commit)).alias("pre_tv2"),
+        F.array_distinct(F.flatten(F.collect_set("produce_versions"))).alias("produce_versions"),
+        F.array_distinct(F.flatten(F.collect_set("txn_offset_commit_versions"))).alias("txn_offset_commit_versions"),
+    )
 
-    def sorted_set(col: str, limit: int = 100) -> Column:
-        return F.slice(F.array_sort(F.collect_set(col)), 1, limit)
+    def merged(col: str) -> Column:
+        return F.array_distinct(F.flatten(F.collect_list(col)))
+
+    def first_sorted(col: str, limit: int = 100) -> Column:
+        return F.slice(F.array_sort(merged(col)), 1, limit)
 
     return (
-        both.groupBy("day", "client_family", "client_software_name", "client_software_version")
-        .agg(sorted_set("client_id").alias("client_ids"),
-             sorted_set("transactional_id").alias("transactional_ids"),
-             F.approx_count_distinct("transactional_id").alias("transactional_id_count"),
-             sorted_set("listener").alias("listeners"), sorted_set("proxy_id").alias("proxy_ids"),
+        from_decisions.unionByName(from_connections).groupBy(*keys)
+        .agg(first_sorted("client_ids").alias("client_ids"),
+             first_sorted("transactional_ids").alias("transactional_ids"),
+             F.size(merged("transactional_ids")).cast("long").alias("transactional_id_count"),
+             first_sorted("listeners").alias("listeners"), first_sorted("proxy_ids").alias("proxy_ids"),
              F.min("first_seen").alias("first_seen"), F.max("last_seen").alias("last_seen"),
-             F.sum("connection").alias("connections"), F.sum("decision_").alias("decisions"),
-             F.sum("rejected").alias("rejections"), F.sum("unenforced").alias("unenforced_rejections"),
+             F.sum("connections").alias("connections"), F.sum("decisions").alias("decisions"),
+             F.sum("rejections").alias("rejections"), F.sum("unenforced_rejections").alias("unenforced_rejections"),
              F.bool_or("used_transactions").alias("used_transactions"), F.bool_or("pre_tv2").alias("pre_tv2"),
-             F.array_sort(F.array_distinct(F.flatten(F.collect_set("produce_versions")))).alias("produce_versions"),
-             F.array_sort(F.array_distinct(F.flatten(F.collect_set("txn_offset_commit_versions"))))
-             .alias("txn_offset_commit_versions"))
+             F.array_sort(merged("produce_versions")).alias("produce_versions"),
+             F.array_sort(merged("txn_offset_commit_versions")).alias("txn_offset_commit_versions"))
     )
