@@ -29,6 +29,7 @@ import os
 import resource
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -82,38 +83,58 @@ def jvm_peak_rss_mb(spark: Any) -> float:
     return float("nan")
 
 
+def _tree_cpu_ticks(root: int) -> dict[tuple[int, int], int]:
+    """(pid, start time) -> own CPU ticks (utime + stime) of `root` and every process under it, from /proc."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stats[int(entry.name)] = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, f in stats.items():
+        children.setdefault(int(f[1]), []).append(pid)
+    tree: set[int] = set()
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        if pid in stats and pid not in tree:
+            tree.add(pid)
+            frontier += children.get(pid, [])
+    return {(pid, int(stats[pid][19])): int(stats[pid][11]) + int(stats[pid][12]) for pid in tree}
+
+
 def cpu_seconds(spark: Any) -> Any:
     """A clock of the job's CPU time (user + system): the Spark JVM, every process under it (PySpark's worker
-    daemon and the Python workers `mapInArrow` runs in; their CPU is not the JVM's), and this driver process."""
+    daemon and the Python workers `mapInArrow` runs in; their CPU is not the JVM's), and this driver process.
+
+    Spark ends a Python worker idle for a minute, and its time must not vanish from the sum with it: a thread
+    samples each process's own time (utime + stime) every second and the clock adds up the last sample of every
+    process ever seen (a process that lives less than a second can be missed; PySpark's live for minutes).
+    """
     jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     ticks = os.sysconf("SC_CLK_TCK")
+    seen: dict[tuple[int, int], int] = {}  # (pid, start time) -> ticks of own CPU time, last sampled
+    lock = threading.Lock()
 
-    def stat(pid: int) -> list[str]:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    def sample() -> None:
+        now = _tree_cpu_ticks(jvm)
+        with lock:
+            seen.update(now)
+
+    def loop() -> None:
+        while True:
+            sample()
+            time.sleep(1.0)
+
+    threading.Thread(target=loop, daemon=True, name="cpu-sampler").start()
 
     def read() -> float:
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    parents[int(entry.name)] = int(stat(int(entry.name))[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-        tree, frontier = {jvm}, [jvm]
-        while frontier:
-            kids = [p for p, pp in parents.items() if pp == frontier[-1]]
-            frontier.pop()
-            tree.update(kids)
-            frontier += kids
-        total = 0
-        for pid in tree:
-            try:
-                f = stat(pid)
-            except OSError:  # a worker that just ended: its time is in its parent's cutime from now on
-                continue
-            total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])  # own + reaped children's
+        sample()
         me = os.times()
-        return total / ticks + me.user + me.system
+        with lock:
+            return sum(seen.values()) / ticks + me.user + me.system
 
     return read
 
