@@ -17,7 +17,7 @@ batch job in this process and prints, as figures (nothing is asserted):
   CPU second: on this shared machine the wall-clock rate measures the other engineers' load as
   much as the job, the CPU rate does not;
 * driver peak memory: the Spark JVM's peak resident set (VmHWM; on local[*] the executors are inside
-  it) and the Python process's own peak.
+  it) and the Python process's own peak; and the largest peak of the executors' Python workers (the parse).
 Target: >= 200,000 events/s from JSONL on local[2].
 """
 
@@ -83,6 +83,20 @@ def jvm_peak_rss_mb(spark: Any) -> float:
     return float("nan")
 
 
+# (pid, start time) -> peak resident set of each process under the JVM (PySpark's daemon and Python workers)
+WORKER_PEAK_KB: dict[tuple[int, int], int] = {}
+
+
+def _peak_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _tree_cpu_ticks(root: int) -> dict[tuple[int, int], int]:
     """(pid, start time) -> own CPU ticks (utime + stime) of `root` and every process under it, from /proc."""
     stats: dict[int, list[str]] = {}
@@ -122,6 +136,9 @@ def cpu_seconds(spark: Any) -> Any:
         now = _tree_cpu_ticks(jvm)
         with lock:
             seen.update(now)
+        for pid, started in now:
+            if pid != jvm:
+                WORKER_PEAK_KB[(pid, started)] = max(WORKER_PEAK_KB.get((pid, started), 0), _peak_kb(pid))
 
     def loop() -> None:
         while True:
@@ -201,7 +218,9 @@ def main() -> None:
                          args.records)
             print_result(f"kafka (topic {topic}, 2 partitions)", args.records, prepared, result)
         print(f"\ndriver peak memory: JVM {jvm_peak_rss_mb(spark):,.0f} MB resident (VmHWM), "
-              f"Python {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB", flush=True)
+              f"Python {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB; "
+              f"Python workers (executors, {len(WORKER_PEAK_KB)} processes): the largest "
+              f"{max(WORKER_PEAK_KB.values(), default=0) / 1024:,.0f} MB", flush=True)
         spark.stop()
     finally:
         if cluster is not None:
