@@ -5,8 +5,10 @@
         pipeline/report_job.py --source kafka:broker:9092/txnguard-audit --out /mnt/shared/txnguard-report
 
 The driver needs `txnguard` importable (`pip install .` on the submitting host, client deploy mode, or
-`--py-files` with a zip of src/txnguard); the executors do not: the job uses no Python UDFs. --out is
-a filesystem path that the driver and every executor see (a shared mount): report.html is written by the driver.
+`--py-files` with a zip of src/txnguard); the executors do not: the Arrow parse that runs in their Python
+workers (`mapInArrow`) is shipped with the job by value, and needs only pyarrow and pandas there (PySpark's own
+Arrow requirements). --out is a filesystem path that the driver and every executor see (a shared mount): the
+executors write the raw tables' files there in a batch run, the driver report.html.
 """
 
 from __future__ import annotations
