@@ -62,3 +62,13 @@ def test_a_connection_missing_required_fields_names_them_in_the_declared_order()
     (row,) = _route([line])
     assert row["quarantine_reason"] == "missing_fields:" + ",".join(
         n for n in records.required(2, "connection") if n not in ("schema_version", "kind", "proxy_id", "time_ms"))
+
+
+def test_a_line_that_is_not_utf8_is_quarantined_as_malformed_and_kept_readable():
+    # Spark's text source hands over any bytes; the JSON reader would copy a bad string field as it is.
+    raw = [b'{"schema_version": 2, "kind": "connection", "client_id": "\xff"}', b"\xfe\xff not json", GOOD[0].encode()]
+    value = pa.array(raw, pa.binary()).view(pa.string())
+    rows = arrow_parse.route_batch(value, pa.array(["f"] * 3, pa.string())).to_pylist()
+    assert [(r["route"], r["quarantine_reason"]) for r in rows[:2]] == [("quarantine", "malformed_json")] * 2
+    assert rows[2]["route"] == json.loads(GOOD[0]).get("kind", "decision") and rows[2]["quarantine_reason"] is None
+    assert rows[1]["value"] == "\ufffd\ufffd not json" and rows[1]["chars"] == 11  # its length as it came

@@ -118,11 +118,33 @@ def complete(table: pa.Table, parsed: np.ndarray) -> np.ndarray:
     return found
 
 
+def _utf8(value: pa.Array) -> np.ndarray:
+    """Which lines are valid UTF-8. Spark's text source passes any bytes, the JSON reader does not check the
+    strings it copies, and a field that is not UTF-8 would stop the job where Python reads it: such a line is not
+    parsed (malformed_json). The whole batch is checked at once (vectorised); line by line only if it fails."""
+    ok = np.ones(len(value), dtype=bool)
+    try:
+        value.validate(full=True)
+    except pa.ArrowInvalid:
+        for i, line in enumerate(value.view(pa.binary()).to_pylist()):
+            if line is not None:
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    ok[i] = False
+    return ok
+
+
 def route_batch(value: pa.Array, source: pa.Array) -> pa.RecordBatch:
     """One batch of lines (`value`, `source`) -> the routed frame's batch (`ROUTED_SCHEMA`)."""
     n = len(value)
     chars = pc.cast(pc.utf8_length(value), pa.int32())
     fits = pc.fill_null(pc.less_equal(chars, R.MAX_RECORD_CHARS), False).to_numpy(zero_copy_only=False)
+    utf8 = _utf8(value)
+    if not utf8.all():  # the quarantine keeps such a line with U+FFFD where its bytes were not UTF-8
+        value = pa.array([None if t is None else t.decode("utf-8", "replace")
+                          for t in value.view(pa.binary()).to_pylist()], pa.string())
+    fits &= utf8
     table, parsed = parse_lines(value, fits)
     good = complete(table, parsed)
     routes = pc.if_else(pa.array(_equals(table["schema_version"], 1)), R.DECISION, table["kind"])
