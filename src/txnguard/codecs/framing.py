@@ -31,18 +31,15 @@ class FrameSplitter:
     Memory held is what arrived, never what a length prefix claims.
     """
 
-    __slots__ = ("_have", "_parts", "_want", "max_frame")
+    __slots__ = ("_parts", "_want", "buffered", "max_frame")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self._parts: list[bytes | memoryview] = []  # the pieces of the incomplete frame
-        self._have = 0                               # their total length
+        # Bytes held for a frame that has not arrived completely (partial-frame timeouts use it). A plain
+        # attribute, not a property: the relay's fast path reads it on every read.
+        self.buffered = 0
         self._want: int | None = None                # its whole length with the prefix, once known
         self.max_frame = max_frame
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for a frame that has not arrived completely (partial-frame timeouts use it)."""
-        return self._have
 
     def take_buffered(self) -> bytes:
         """Hand over the bytes of an incomplete frame (when a connection stops being framed)."""
@@ -70,13 +67,13 @@ class FrameSplitter:
     def detach(self) -> tuple[list[bytes | memoryview], int]:
         """Stop assembling the incomplete frame: its pieces so far, and how many of its bytes are still to come."""
         assert self._want is not None
-        parts, left = self._parts, self._want - self._have
+        parts, left = self._parts, self._want - self.buffered
         self._reset()
         return parts, left
 
     def _reset(self) -> None:
         self._parts = []
-        self._have = 0
+        self.buffered = 0
         self._want = None
 
     def _size(self, data: bytes | memoryview, pos: int) -> int:
@@ -87,7 +84,7 @@ class FrameSplitter:
             raise FrameTooLarge(size, self.max_frame, data[pos] in _TLS_RECORD_TYPES and data[pos + 1] == 3)
         return int(size)
 
-    def feed(self, data: bytes) -> list[memoryview]:
+    def feed(self, data: bytes | memoryview) -> list[memoryview]:
         frames: list[memoryview] = []
         view = memoryview(data)
         if self._parts:
@@ -106,7 +103,7 @@ class FrameSplitter:
         if pos < end:
             rest = view[pos:]  # reads arrive as immutable bytes: holding a view copies nothing
             self._parts.append(rest)
-            self._have = len(rest)
+            self.buffered = len(rest)
             if len(rest) >= 4:
                 self._want = 4 + self._size(rest, 0)
         return frames
@@ -119,17 +116,17 @@ class FrameSplitter:
             need = 4 - len(head)
             if len(view) < need:
                 self._parts = [head + view]
-                self._have += len(view)
+                self.buffered += len(view)
                 return None
             prefix = head + view[:need]
             self._want = 4 + self._size(prefix, 0)
             self._parts = [prefix]
-            self._have = 4
+            self.buffered = 4
             view = view[need:]
-        missing = self._want - self._have
+        missing = self._want - self.buffered
         if len(view) < missing:
             self._parts.append(view)
-            self._have += len(view)
+            self.buffered += len(view)
             return None
         self._parts.append(view[:missing])
         frames.append(memoryview(b"".join(self._parts)))

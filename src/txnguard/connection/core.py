@@ -81,7 +81,7 @@ _REWRITE_ADDRESSES = ResponseAction.REWRITE_ADDRESSES
 _END_TXN = ApiKey.END_TXN.value
 _OPENS_TRANSACTION = frozenset({ApiKey.ADD_PARTITIONS_TO_TXN.value, ApiKey.ADD_OFFSETS_TO_TXN.value})
 
-# The relay's fast path (`_relay_requests`) books a frame without the general path's helpers only
+# The relay's fast path (`relay_from_client`) books a frame without the general path's helpers only
 # when nothing about it needs reading: these keys always take the general path (a rule reads their
 # response or body, the client's software name, or the inventory notes them), and so does a Produce
 # with a transactional id, or of a version the pinned kio cannot name.
@@ -232,7 +232,7 @@ class Connection:
 
     # -- events in ----------------------------------------------------------------------------------
 
-    def receive_from_client(self, data: bytes) -> list[Command]:
+    def receive_from_client(self, data: Chunk) -> list[Command]:
         if self.closed:
             return []
         self._now = self.last_activity = self.clock.perf()
@@ -246,20 +246,15 @@ class Connection:
             if n == len(data):
                 return [SendToBroker([data])]
             out.append(SendToBroker([memoryview(data)[:n]]))
-            data = memoryview(data)[n:]  # type: ignore[assignment]  # the splitter reads any buffer
+            data = memoryview(data)[n:]  # the splitter reads any buffer
         to_broker: list[Chunk] = []
-        if (not self.requests.buffered and not self._holding
-                and self.client_id is not None and not self.draining and self._fast):
-            done = self._relay_requests(data, to_broker)
+        done = self.relay_from_client(data)
+        if done:
             if done == len(data):
-                # Every frame of the read was relayed: one write of the read as it came.
-                self.partial_since = None
-                out.append(SendToBroker(to_broker))
-                if len(self._order) >= self.settings.max_in_flight:
-                    self._pause(Pause.MAX_IN_FLIGHT, out)
+                out.append(SendToBroker([data]))  # one write of the read as it came
                 return out
-            if done:
-                data = memoryview(data)[done:]  # type: ignore[assignment]
+            to_broker.append(memoryview(data)[:done])
+            data = memoryview(data)[done:]
         try:
             frames = self.requests.feed(data)
         except CodecError as e:
@@ -272,22 +267,34 @@ class Connection:
             self._cut_through(out)
         return out
 
-    def _relay_requests(self, data: bytes | memoryview, to_broker: list[Chunk]) -> int:
-        """The fast path: book the whole frames at the start of `data` that need no reading; where it stopped.
+    def relay_from_client(self, data: Chunk) -> int:  # noqa: C901 - the relay loop: one frame per turn, no helper calls
+        """The fast path: book the whole frames at the start of `data` that need no reading; how many bytes.
+
+        Those bytes go to the broker as they are, before anything else of this read; the rest, if
+        any, is `receive_from_client`'s (the shell's common case is one call here and one write of
+        the read, no command objects). Nothing is taken while the general path has state that a
+        frame must pass through: a partial frame, a hold, a request being cut through, SASL raw
+        mode, draining, or no client id yet (the first request names the client).
 
         A frame qualifies when its key is not in SLOW_KEYS (a Produce also needs a null
-        transactional id and a version kio names), its length is within the limit and all of it is
-        here. Such a frame gets exactly the general path's book-keeping (counters, the in-flight
-        entry, the inventory's Produce version, acks=0 outside the queue), read straight from the
-        bytes. The frames taken leave as one slice of `data`, in order; at the first frame that
-        does not qualify the general path takes over (and judges it: errors are raised there).
+        transactional id and a version kio names), its length is within the limit, all of it is
+        here, and it would not fill the in-flight queue (the general path pauses reading then).
+        Such a frame gets exactly the general path's book-keeping (counters, the in-flight entry,
+        the inventory's Produce version, acks=0 outside the queue), read straight from the bytes.
+        At the first frame that does not qualify the general path takes over (and judges it:
+        errors are raised there).
         """
+        if (self.closed or self.raw or self._request_left or self.requests.buffered or self.client_id is None
+                or self._waiting is not None or self._absorbing is not None or self.draining or not self._fast):
+            return 0
+        self._now = self.last_activity = now = self.clock.perf()
         end, pos = len(data), 0
         limit = self.requests.max_frame
         t = self.traffic
         frames_in, bytes_in = t.frames_in, t.bytes_in
         order, forwarded = self._order, self._forwarded
-        now, inventory = self._now, self.inventory
+        inventory = self.inventory
+        room = self.settings.max_in_flight - 1 - len(order)  # queue places before the limit
         while end - pos >= 14:
             size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data, pos)
             stop = pos + 4 + size
@@ -309,14 +316,20 @@ class Connection:
                     if _I16.unpack_from(data, at)[0] != -1:
                         break
                     at += 2
-                if inventory is not None:
-                    inventory.produce_versions.add(version)
                 if not _I16.unpack_from(data, at)[0]:  # acks=0: no response, never in the queue
-                    slot = key
-                    frames_in[slot] += 1
-                    bytes_in[slot] += 4 + size
+                    if inventory is not None:
+                        inventory.produce_versions.add(version)
+                    frames_in[key] += 1
+                    bytes_in[key] += 4 + size
                     pos = stop
                     continue
+                if room <= 0:
+                    break
+                if inventory is not None:
+                    inventory.produce_versions.add(version)
+            elif room <= 0:
+                break
+            room -= 1
             slot = key if 0 <= key < 127 else 127
             frames_in[slot] += 1
             bytes_in[slot] += 4 + size
@@ -325,11 +338,11 @@ class Connection:
             order.append(entry)
             forwarded.append(entry)
             pos = stop
-        if pos:
-            to_broker.append(data if pos == end else memoryview(data)[:pos])
+        if pos == end:
+            self.partial_since = None
         return pos
 
-    def receive_from_broker(self, data: bytes) -> list[Command]:
+    def receive_from_broker(self, data: Chunk) -> list[Command]:
         if self.closed:
             return []
         self._now = self.last_activity = self.clock.perf()
@@ -337,13 +350,13 @@ class Connection:
             return [SendToClient([data])]
         out: list[Command] = []
         to_client: list[Chunk] = []
-        if not self._left and not self._head and self._fast:
-            done = self._relay_responses(data, to_client)
+        done = self.relay_from_broker(data)
+        if done:
+            to_client.append(data if done == len(data) else memoryview(data)[:done])
             if done == len(data):
                 self._after_responses(out, to_client)
                 return out
-            if done:
-                data = memoryview(data)[done:]  # type: ignore[assignment]  # read as any buffer
+            data = memoryview(data)[done:]  # read as any buffer
         try:
             to_client += self._responses(data, out)
         except CodecError as e:
@@ -357,26 +370,32 @@ class Connection:
             self._release_held(out)
         return out
 
-    def _relay_responses(self, data: bytes | memoryview, to_client: list[Chunk]) -> int:
-        """The fast path for responses: the whole frames at the start of `data` that pass untouched; where it stopped.
+    def relay_from_broker(self, data: Chunk) -> int:
+        """The fast path for responses: the whole frames at the start of `data` that pass untouched; how many bytes.
 
+        Those bytes go to the client as they are; the rest, if any, is `receive_from_broker`'s.
         A response qualifies when all of it is here, it answers the request at the head of the
         queue (nothing waits before it), passes as it is (no rewrite, no merge, no life-cycle
-        observation) and closes no verification window. It gets `_response_started`'s counting;
-        the frames taken leave as one slice of `data`. Anything else, errors included, is the
-        general path's (`_responses`), from the first frame that does not qualify.
+        observation), closes no verification window, and no local answer is ready behind it.
+        It gets `_response_started`'s counting. Nothing is taken while a response is half read,
+        or while an answer may change the connection's state (the in-flight limit reached,
+        draining, lingering, SASL raw mode next): the general path does that.
         """
+        if (self.closed or self.raw or self._left or self._head or not self._fast or self.draining
+                or self.lingering or self._raw_after_flush or (self._paused and Pause.MAX_IN_FLIGHT in self._paused)):
+            return 0
+        self._now = self.last_activity = now = self.clock.perf()
         end, pos = len(data), 0
         order, forwarded = self._order, self._forwarded
         t = self.traffic
         frames_out, bytes_out, rtt_buckets, rtt_sum = t.frames_out, t.bytes_out, t.rtt_buckets, t.rtt_sum
-        now = self._now
         while end - pos >= 8 and forwarded:
             size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
             entry = forwarded[0]
             stop = pos + 4 + size
             if (size < 4 or stop > end or entry.correlation_id != correlation_id or entry.action is not _PASS
-                    or order[0] is not entry or entry.window is not None):
+                    or order[0] is not entry or entry.window is not None
+                    or (len(order) > 1 and order[1].response is not None)):
                 break
             forwarded.popleft()
             order.popleft()
@@ -391,8 +410,6 @@ class Connection:
             buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
             rtt_sum[slot] += seconds
             pos = stop
-        if pos:
-            to_client.append(data if pos == end else memoryview(data)[:pos])
         return pos
 
     def answered(self, check_id: int, answer: Answer) -> list[Command]:
@@ -713,7 +730,7 @@ class Connection:
 
     # -- broker -> client ---------------------------------------------------------------------------
 
-    def _responses(self, data: bytes, out: list[Command]) -> list[Chunk]:  # noqa: C901 - the relay loop: one frame per turn, no helper calls on the streamed path
+    def _responses(self, data: Chunk, out: list[Command]) -> list[Chunk]:  # noqa: C901 - the relay loop: one frame per turn, no helper calls on the streamed path
         """Read a chunk of the broker's stream; the bytes for the client, in order."""
         to_client: list[Chunk] = []
         view = memoryview(data)

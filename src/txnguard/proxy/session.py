@@ -245,34 +245,43 @@ class Session:
     # -- bytes in -------------------------------------------------------------------------------
 
     def from_client(self, data: bytes) -> None:
-        if self.upstream is None:
+        upstream = self.upstream
+        if upstream is None:
             # Reading is paused until the broker connection is up, but a transport may deliver
             # what it had already read. Keep it unexamined: decisions need the connection.
             self._early.append(data)
             return
-        out = self.core.receive_from_client(data)
-        # The relay's common case, one write to the broker, skips the dispatch table.
-        if len(out) == 1 and type(out[0]) is c.SendToBroker and self.upstream is not None and not self.closed:
-            chunks = out[0].data
-            if len(chunks) == 1:
-                self.upstream.write(chunks[0])
-            else:
-                self.upstream.writelines(chunks)
+        # The relay's common case: every frame of the read needs no reading, and the read leaves as
+        # one write, with no command objects in between.
+        done = self.core.relay_from_client(data)
+        if done == len(data):
+            upstream.write(data)
+            return
+        if done:
+            upstream.write(memoryview(data)[:done])
+            self._execute(self.core.receive_from_client(memoryview(data)[done:]))
         else:
-            self._execute(out)
+            self._execute(self.core.receive_from_client(data))
 
     def from_upstream(self, data: bytes) -> None:
-        out = self.core.receive_from_broker(data)
-        # The relay's common case, one write to the client, skips the dispatch table.
-        if len(out) == 1 and type(out[0]) is c.SendToClient and self.proxy.response_observer is None:
-            if self.client is not None and not self.closed:
-                chunks = out[0].data
-                if len(chunks) == 1:
-                    self.client.write(chunks[0])
-                else:
-                    self.client.writelines(chunks)
+        done = self.core.relay_from_broker(data)  # as from_client
+        if done == len(data):
+            if self.client is not None:  # None only while lingering, when the core relays nothing
+                self.client.write(data)
+            if self.proxy.response_observer is not None:
+                self.proxy.response_observer([data])
+            return
+        if done:
+            self._relayed_to_client(memoryview(data)[:done])
+            self._execute(self.core.receive_from_broker(memoryview(data)[done:]))
         else:
-            self._execute(out)
+            self._execute(self.core.receive_from_broker(data))
+
+    def _relayed_to_client(self, chunk: bytes | memoryview) -> None:
+        if self.client is not None:
+            self.client.write(chunk)
+        if self.proxy.response_observer is not None:
+            self.proxy.response_observer([chunk])
 
     def _execute(self, commands: list[c.Command]) -> None:
         run = self._run
