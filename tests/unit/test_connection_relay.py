@@ -1,6 +1,7 @@
-"""The relay's fast path (`Connection._relay_requests`): whole frames that need no reading leave as one
-write of the read they came in, with the general path's book-keeping, in order, never split or merged
-across what the general path would do."""
+"""The relay's fast path (`Connection.relay_from_client` / `relay_from_broker`): whole frames that need no
+reading leave as one write of the read they came in, with the general path's book-keeping, in order, never
+split or merged across what the general path would do. The shell calls the fast path first and hands
+`receive_from_*` only what it left; the core's own `receive_from_*` does the same inside."""
 
 from __future__ import annotations
 
@@ -133,6 +134,26 @@ def test_max_in_flight_pauses_after_a_fast_read_and_answers_resume():
         ResumeReading(Side.CLIENT, "max_in_flight")]
 
 
+def test_the_shells_fast_call_leaves_the_frame_that_fills_the_queue_to_the_general_path():
+    pb = Playbook(max_in_flight=3)
+    identified(pb)
+    read = heartbeat(1) + heartbeat(2) + heartbeat(3)
+    done = pb.conn.relay_from_client(read)
+    assert done == len(heartbeat(1) + heartbeat(2)) and pb.conn.in_flight == 2
+    out = pb.conn.receive_from_client(memoryview(read)[done:])
+    assert to_broker(out) == heartbeat(3)
+    assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "max_in_flight")]
+    assert pb.conn.relay_from_client(heartbeat(4)) == 0  # paused at the limit: nothing more is taken fast
+
+
+def test_a_response_with_a_local_answer_ready_behind_it_goes_the_general_way():
+    pb = Playbook()
+    identified(pb)
+    assert to_broker(pb.client_sends(heartbeat(1), api_versions_request(2, version=99))) == heartbeat(1)
+    assert pb.conn.relay_from_broker(heartbeat_response(1)) == 0  # the answer to 2 must follow it at once
+    assert correlation_ids(to_client(pb.conn.receive_from_broker(heartbeat_response(1)))) == [1, 2]
+
+
 def test_an_oversized_frame_behind_whole_ones_closes_and_forwards_nothing_of_that_read():
     pb = Playbook(max_frame_bytes=1000)
     identified(pb)
@@ -207,35 +228,51 @@ def _facts(commands: list[Command]) -> list[str]:
     return [type(c).__name__ for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
 
 
+def _shell_client(pb: Playbook, read: bytes) -> list[Command]:
+    """What the shell (proxy/session.py) does with a client read: the fast path, then the general one."""
+    done = pb.conn.relay_from_client(read)
+    if done == len(read):
+        return [SendToBroker([read])]
+    head: list[Command] = [SendToBroker([read[:done]])] if done else []
+    return head + pb.conn.receive_from_client(memoryview(read)[done:])
+
+
+def _shell_broker(pb: Playbook, read: bytes) -> list[Command]:
+    done = pb.conn.relay_from_broker(read)
+    head: list[Command] = [SendToClient([read[:done]])] if done else []
+    return head if done == len(read) else head + pb.conn.receive_from_broker(memoryview(read)[done:])
+
+
 def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
     requests, answers = _mixed_stream()
-    relayed = 0
+    relayed = {"core": 0, "shell": 0}
     for seed in range(12):
         rng = random.Random(seed)
         client_reads = _chunks(requests, rng)
         broker_reads = _chunks(answers, rng)
         runs = []
-        for fast in (True, False):
+        for way in ("core", "shell", "general"):  # receive_from_* alone, as the shell calls it, no fast path
             pb = Playbook()
-            pb.conn._fast = fast
+            pb.conn._fast = way != "general"
             pb.transaction_with(T0)
             per_read, facts, stream = [], [], b""
             for read in client_reads:
                 before = sum(pb.traffic.frames_in)
-                out = pb.client_sends(read)
-                if fast and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
-                    relayed += sum(pb.traffic.frames_in) - before
+                out = _shell_client(pb, read) if way == "shell" else pb.client_sends(read)
+                if way != "general" and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
+                    relayed[way] += sum(pb.traffic.frames_in) - before
                 per_read.append(to_broker(out))
                 facts.append(_facts(out))
                 stream += to_client(out)
             for read in broker_reads:
-                out = pb.broker_answers(read)
+                out = _shell_broker(pb, read) if way == "shell" else pb.broker_answers(read)
                 facts.append(_facts(out))
                 stream += to_client(out)
             runs.append((per_read, facts, stream, pb.traffic.frames_in, pb.traffic.bytes_in, pb.traffic.frames_out,
                          pb.traffic.bytes_out, pb.conn.in_flight))
-        assert runs[0] == runs[1], f"seed {seed}"
+        assert runs[0] == runs[2], f"seed {seed}: the core's fast path"
+        assert runs[1] == runs[2], f"seed {seed}: the shell's calls"
         per_read, _, stream, *_ = runs[0]
         assert b"".join(per_read) == b"".join(r for r in requests if b"\x00\x12\x00\x63" not in r[4:8])
         assert len(correlation_ids(stream)) == len(answers) + sum(1 for r in requests if r[4:8] == b"\x00\x12\x00\x63")
-    assert relayed > 30  # reads the fast path carried whole (more were carried in part)
+    assert relayed["core"] > 30 and relayed["shell"] > 30  # frames of reads carried whole (more were in part)
