@@ -155,11 +155,22 @@ def test_a_response_with_a_local_answer_ready_behind_it_goes_the_general_way():
 
 
 def test_an_oversized_frame_behind_whole_ones_closes_and_forwards_nothing_of_that_read():
-    pb = Playbook(max_frame_bytes=1000)
-    identified(pb)
-    out = pb.client_sends(heartbeat(1), b"\x00\x01\x00\x00")
-    assert [type(c) for c in out] == [Close]
-    assert out[0].reason == "frame_too_large" and out[0].frame_error is Direction.CLIENT_TO_BROKER
+    for sends in (Playbook.client_sends, lambda pb, *frames: _shell_client(pb, b"".join(frames))):
+        pb = Playbook(max_frame_bytes=1000)
+        identified(pb)
+        out = sends(pb, heartbeat(1), b"\x00\x01\x00\x00")
+        assert [type(c) for c in out] == [Close]
+        assert out[0].reason == "frame_too_large" and out[0].frame_error is Direction.CLIENT_TO_BROKER
+
+
+def test_a_broken_response_behind_whole_ones_closes_and_delivers_nothing_of_that_read():
+    for answers in (Playbook.broker_answers, lambda pb, *frames: _shell_broker(pb, b"".join(frames))):
+        pb = Playbook()
+        identified(pb)
+        pb.client_sends(heartbeat(1), heartbeat(2))
+        out = answers(pb, heartbeat_response(1), heartbeat_response(7))  # 7 was never asked
+        assert [type(c) for c in out] == [Close]
+        assert out[0].reason == "response_out_of_order"
 
 
 def test_an_address_bearing_response_is_still_rewritten_after_a_fast_request():
@@ -231,16 +242,12 @@ def _facts(commands: list[Command]) -> list[str]:
 def _shell_client(pb: Playbook, read: bytes) -> list[Command]:
     """What the shell (proxy/session.py) does with a client read: the fast path, then the general one."""
     done = pb.conn.relay_from_client(read)
-    if done == len(read):
-        return [SendToBroker([read])]
-    head: list[Command] = [SendToBroker([read[:done]])] if done else []
-    return head + pb.conn.receive_from_client(memoryview(read)[done:])
+    return [SendToBroker([read])] if done == len(read) else pb.conn.receive_from_client(read, done)
 
 
 def _shell_broker(pb: Playbook, read: bytes) -> list[Command]:
     done = pb.conn.relay_from_broker(read)
-    head: list[Command] = [SendToClient([read[:done]])] if done else []
-    return head if done == len(read) else head + pb.conn.receive_from_broker(memoryview(read)[done:])
+    return [SendToClient([read])] if done == len(read) else pb.conn.receive_from_broker(read, done)
 
 
 def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():

@@ -232,7 +232,10 @@ class Connection:
 
     # -- events in ----------------------------------------------------------------------------------
 
-    def receive_from_client(self, data: Chunk) -> list[Command]:
+    def receive_from_client(self, data: Chunk, relayed: int = 0) -> list[Command]:
+        """A read from the client. `relayed`: how many bytes at its start `relay_from_client` already
+        booked (the shell's fast call); they leave with the rest of the read, or not at all if the
+        rest closes the connection, exactly as when this method takes the whole read."""
         if self.closed:
             return []
         self._now = self.last_activity = self.clock.perf()
@@ -248,7 +251,7 @@ class Connection:
             out.append(SendToBroker([memoryview(data)[:n]]))
             data = memoryview(data)[n:]  # the splitter reads any buffer
         to_broker: list[Chunk] = []
-        done = self.relay_from_client(data)
+        done = relayed or self.relay_from_client(data)
         if done:
             if done == len(data):
                 out.append(SendToBroker([data]))  # one write of the read as it came
@@ -270,11 +273,12 @@ class Connection:
     def relay_from_client(self, data: Chunk) -> int:  # noqa: C901 - the relay loop: one frame per turn, no helper calls
         """The fast path: book the whole frames at the start of `data` that need no reading; how many bytes.
 
-        Those bytes go to the broker as they are, before anything else of this read; the rest, if
-        any, is `receive_from_client`'s (the shell's common case is one call here and one write of
-        the read, no command objects). Nothing is taken while the general path has state that a
-        frame must pass through: a partial frame, a hold, a request being cut through, SASL raw
-        mode, draining, or no client id yet (the first request names the client).
+        When that is the whole read, the read goes to the broker as it is (the shell's common case:
+        one call here and one write, no command objects); otherwise the shell hands the read to
+        `receive_from_client` with `relayed` set, which forwards those bytes with the rest. Nothing
+        is taken while the general path has state that a frame must pass through: a partial frame,
+        a hold, a request being cut through, SASL raw mode, draining, or no client id yet (the first
+        request names the client).
 
         A frame qualifies when its key is not in SLOW_KEYS (a Produce also needs a null
         transactional id and a version kio names), its length is within the limit, all of it is
@@ -342,7 +346,8 @@ class Connection:
             self.partial_since = None
         return pos
 
-    def receive_from_broker(self, data: Chunk) -> list[Command]:
+    def receive_from_broker(self, data: Chunk, relayed: int = 0) -> list[Command]:
+        """A read from the broker; `relayed` as in `receive_from_client`, from `relay_from_broker`."""
         if self.closed:
             return []
         self._now = self.last_activity = self.clock.perf()
@@ -350,7 +355,7 @@ class Connection:
             return [SendToClient([data])]
         out: list[Command] = []
         to_client: list[Chunk] = []
-        done = self.relay_from_broker(data)
+        done = relayed or self.relay_from_broker(data)
         if done:
             to_client.append(data if done == len(data) else memoryview(data)[:done])
             if done == len(data):
@@ -373,7 +378,7 @@ class Connection:
     def relay_from_broker(self, data: Chunk) -> int:
         """The fast path for responses: the whole frames at the start of `data` that pass untouched; how many bytes.
 
-        Those bytes go to the client as they are; the rest, if any, is `receive_from_broker`'s.
+        The whole read goes to the client as it is; otherwise `receive_from_broker(data, relayed)`.
         A response qualifies when all of it is here, it answers the request at the head of the
         queue (nothing waits before it), passes as it is (no rewrite, no merge, no life-cycle
         observation), closes no verification window, and no local answer is ready behind it.

@@ -256,12 +256,8 @@ class Session:
         done = self.core.relay_from_client(data)
         if done == len(data):
             upstream.write(data)
-            return
-        if done:
-            upstream.write(memoryview(data)[:done])
-            self._execute(self.core.receive_from_client(memoryview(data)[done:]))
         else:
-            self._execute(self.core.receive_from_client(data))
+            self._execute(self.core.receive_from_client(data, done))
 
     def from_upstream(self, data: bytes) -> None:
         done = self.core.relay_from_broker(data)  # as from_client
@@ -270,18 +266,8 @@ class Session:
                 self.client.write(data)
             if self.proxy.response_observer is not None:
                 self.proxy.response_observer([data])
-            return
-        if done:
-            self._relayed_to_client(memoryview(data)[:done])
-            self._execute(self.core.receive_from_broker(memoryview(data)[done:]))
         else:
-            self._execute(self.core.receive_from_broker(data))
-
-    def _relayed_to_client(self, chunk: bytes | memoryview) -> None:
-        if self.client is not None:
-            self.client.write(chunk)
-        if self.proxy.response_observer is not None:
-            self.proxy.response_observer([chunk])
+            self._execute(self.core.receive_from_broker(data, done))
 
     def _execute(self, commands: list[c.Command]) -> None:
         run = self._run
