@@ -7,15 +7,10 @@ the hold at once; a coordinator naming another producer epoch fences it; the bou
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 from typing import Any
-
-import pytest
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard, now_ms
 from txnguard.proxy.metrics import ProxyMetrics
@@ -53,14 +48,6 @@ def metric(metrics: ProxyMetrics, name: str, labels: dict[str, str] | None = Non
 
 def held_question(hold_ms: float) -> Question:
     return Question(TXN, PID, EPOCH, (), hold_ms=hold_ms, end_txn_in_doubt=True, connection_id=2)
-
-
-@pytest.fixture
-def log_lines() -> Any:
-    stream = io.StringIO()
-    logs.configure("info", stream)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logs.configure("info")
 
 
 def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):

@@ -14,8 +14,6 @@ tests/integration/test_coordinator_unavailable.py freezes.
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 from typing import Any
 
 import pytest
@@ -25,7 +23,6 @@ from kio.static.primitive import i16, i32, i64
 from txnguard.codecs.header import peek_request, produce_timeout_ms
 from txnguard.connection.commands import Ask
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy import logs
 from txnguard.proxy.config import ConfigError, HostPort, ProxyConfig, from_mapping
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
@@ -154,14 +151,6 @@ class ScriptedVerifier:
 
     async def close(self) -> None:
         pass
-
-
-@pytest.fixture
-def log_lines() -> Any:
-    stream = io.StringIO()
-    logs.configure("info", stream)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logs.configure("info")
 
 
 def guard_with(verifier: ScriptedVerifier) -> tuple[TransactionGuard, ProxyMetrics]:

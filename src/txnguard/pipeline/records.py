@@ -22,6 +22,16 @@ QUARANTINE = "quarantine"  # the route of a line that is none of the kinds
 FieldType = Literal["long", "int", "string", "double", "boolean", "int_array", "in_doubt_array"]
 
 # (name, type, required). Nullable in the proxy's own record means not required here.
+# Who sent the request, as its connection identified itself (verification/audit.py `_client`).
+CLIENT: tuple[tuple[str, FieldType, bool], ...] = (
+    ("client_id", "string", False),
+    ("client_software_name", "string", False),
+    ("client_software_version", "string", False),
+    ("client_family", "string", True),
+    ("listener", "string", True),
+    ("connection_id", "long", True),
+)
+
 DECISION_V1: tuple[tuple[str, FieldType, bool], ...] = (
     ("schema_version", "int", True),
     ("time_ms", "long", True),
@@ -31,12 +41,7 @@ DECISION_V1: tuple[tuple[str, FieldType, bool], ...] = (
     ("api", "string", True),
     ("api_version", "int", True),
     ("target", "string", True),
-    ("client_id", "string", False),
-    ("client_software_name", "string", False),
-    ("client_software_version", "string", False),
-    ("client_family", "string", True),
-    ("listener", "string", True),
-    ("connection_id", "long", True),
+    *CLIENT,
     ("outcome", "string", True),
     ("decision", "string", True),
     ("reason", "string", False),
@@ -54,11 +59,15 @@ V2_COMMON: tuple[tuple[str, FieldType, bool], ...] = (
     ("proxy_id", "string", True),
 )
 
-CONNECTION_V2: tuple[tuple[str, FieldType, bool], ...] = (
+# What every v2 record of a kind of its own starts with (verification/audit.py `_envelope`).
+ENVELOPE_V2: tuple[tuple[str, FieldType, bool], ...] = (
     ("schema_version", "int", True),
-    ("kind", "string", True),
-    ("proxy_id", "string", True),
+    *V2_COMMON,
     ("time_ms", "long", True),
+)
+
+CONNECTION_V2: tuple[tuple[str, FieldType, bool], ...] = (
+    *ENVELOPE_V2,
     ("connected_ms", "long", True),
     ("connection_id", "long", True),
     ("listener", "string", True),
@@ -75,10 +84,7 @@ CONNECTION_V2: tuple[tuple[str, FieldType, bool], ...] = (
 )
 
 HANGING_V2: tuple[tuple[str, FieldType, bool], ...] = (
-    ("schema_version", "int", True),
-    ("kind", "string", True),
-    ("proxy_id", "string", True),
-    ("time_ms", "long", True),
+    *ENVELOPE_V2,
     ("transactional_id", "string", False),  # None: ListTransactions named no id for the producer
     ("producer_id", "long", True),
     ("producer_epoch", "int", True),
@@ -96,10 +102,7 @@ HANGING_V2: tuple[tuple[str, FieldType, bool], ...] = (
 
 
 END_TXN_HOLD_V2: tuple[tuple[str, FieldType, bool], ...] = (
-    ("schema_version", "int", True),
-    ("kind", "string", True),
-    ("proxy_id", "string", True),
-    ("time_ms", "long", True),
+    *ENVELOPE_V2,
     ("transactional_id", "string", True),
     ("producer_id", "long", True),
     ("producer_epoch", "int", True),
@@ -110,12 +113,7 @@ END_TXN_HOLD_V2: tuple[tuple[str, FieldType, bool], ...] = (
     ("decision", "string", True),             # forwarded, or rejected (answered at the hold's bound)
     ("error_sent", "int", False),
     ("error_name", "string", False),
-    ("client_id", "string", False),
-    ("client_software_name", "string", False),
-    ("client_software_version", "string", False),
-    ("client_family", "string", True),
-    ("listener", "string", True),
-    ("connection_id", "long", True),
+    *CLIENT,
 )
 
 _V2_KINDS = {CONNECTION: CONNECTION_V2, HANGING: HANGING_V2, END_TXN_HOLD: END_TXN_HOLD_V2}

@@ -25,7 +25,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
@@ -500,7 +500,7 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
     try:
         connect = _connection_settings(args)
         bootstrap = [parse_host_port("--bootstrap", b.strip()) for b in args.bootstrap.split(",")] \
-            if args.bootstrap else list(connect["upstream"])
+            if args.bootstrap else list(connect.upstream)
     except (ConfigError, OSError) as e:
         print(f"txnguard hanging: {e}", file=err)
         return 2
@@ -508,22 +508,30 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
     return asyncio.run(_run(args, bootstrap, scope, out, err, inp, connect))
 
 
-def _connection_settings(args: Any) -> dict[str, Any]:
+class _Connect(NamedTuple):
+    """How the CLI reaches the cluster: a proxy config's upstream, TLS and SASL (--config), or nothing set."""
+
+    upstream: tuple[HostPort, ...] = ()
+    ssl_context: Any = None
+    auth: Any = None
+
+
+def _connection_settings(args: Any) -> _Connect:
     """TLS and SASL of the proxy config given with --config (none without it): the proxy's own principal."""
     if args.config is None:
-        return {"upstream": (), "ssl_context": None, "auth": None}
+        return _Connect()
     from txnguard.proxy.config import load
     from txnguard.proxy.server import upstream_ssl_context  # not at module level: server imports this module
 
     cfg = load(args.config)
-    return {"upstream": cfg.upstream, "ssl_context": upstream_ssl_context(cfg), "auth": cfg.upstream_auth}
+    return _Connect(cfg.upstream, upstream_ssl_context(cfg), cfg.upstream_auth)
 
 
 async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err: Any, inp: Any,
-               connect: dict[str, Any]) -> int:
+               connect: _Connect) -> int:
     import json
 
-    admin = ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect["ssl_context"], auth=connect["auth"])
+    admin = ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect.ssl_context, auth=connect.auth)
     try:
         try:
             result = await scan(admin, scope, args.max_transaction_timeout * 60_000)

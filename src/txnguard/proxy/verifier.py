@@ -44,7 +44,7 @@ from txnguard.codecs.groups import CONSUMER_OFFSETS
 from txnguard.proxy import logs
 from txnguard.proxy.access import AccessMonitor
 from txnguard.proxy.config import HostPort, UpstreamAuth
-from txnguard.proxy.kafka_client import BrokerConnection, BrokerConnections, UpstreamAuthError, UpstreamError
+from txnguard.proxy.kafka_client import BrokerConnections, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.access import MissingAcl, missing_acl, refused
 from txnguard.verification.judge import (
@@ -138,11 +138,6 @@ class Verifier:
     async def close(self) -> None:
         self._connections.close()
 
-    # -- connections -------------------------------------------------------------------------------
-
-    async def _connection(self, address: HostPort) -> BrokerConnection:
-        return await self._connections.get(address)
-
     async def _any_broker(self, payload: Any) -> Any:
         """Ask the first bootstrap broker that answers; the one that answered is tried first next time,
         and one that did not goes last, so a broker that is down costs one timeout, not one per question.
@@ -154,7 +149,7 @@ class Verifier:
         last: Exception | None = None
         for address in list(self.bootstrap):
             try:
-                conn = await asyncio.wait_for(asyncio.shield(self._connection(address)), self.timeout_s)
+                conn = await asyncio.wait_for(asyncio.shield(self._connections.get(address)), self.timeout_s)
                 answer = await conn.request(payload, self.timeout_s)
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 last = e
@@ -213,7 +208,7 @@ class Verifier:
         """
         known = self._verify_only_versions.get(address)
         if known is None:
-            conn = await self._connection(address)
+            conn = await self._connections.get(address)
             resp = await conn.request(ApiVersionsRequest(client_software_name="txnguard",
                                                          client_software_version="verifier"), self.timeout_s)
             known = max((int(k.max_version) for k in resp.api_keys if int(k.api_key) == ADD_PARTITIONS_TO_TXN),
@@ -263,7 +258,7 @@ class Verifier:
                 transactional_id=TransactionalId(txn_id), producer_id=ProducerId(pid), producer_epoch=i16(epoch),
                 verify_only=True, topics=tuple(AddPartitionsToTxnTopic(name=TopicName(t), partitions=tuple(
                     i32(p) for p in ps)) for t, ps in by_topic.items())))
-        conn = await self._connection(address)
+        conn = await self._connections.get(address)
         resp = await conn.request(AddPartitionsToTxnRequest(transactions=tuple(transactions)), self.timeout_s)
         codes: dict[str, dict[TopicPartition, int]] = {
             str(r.transactional_id): {(str(t.name), int(p.partition_index)): int(p.partition_error_code)
@@ -289,7 +284,7 @@ class Verifier:
         self._connections.drop(address)
 
     async def _send_describe(self, address: HostPort, ids: list[str]) -> dict[str, DescribedTransaction]:
-        conn = await self._connection(address)
+        conn = await self._connections.get(address)
         request = DescribeTransactionsRequest(transactional_ids=tuple(TransactionalId(i) for i in ids))
         _, _, frame = await conn.request_raw(request, self.timeout_s)
         # Response header v1: correlation id, then tagged fields (empty: one zero byte).
@@ -311,7 +306,7 @@ class Verifier:
         by_topic: dict[str, list[int]] = {}
         for topic, p in tps:
             by_topic.setdefault(topic, []).append(p)
-        conn = await self._connection(address)
+        conn = await self._connections.get(address)
         topics = tuple(TopicRequest(name=TopicName(t), partition_indexes=tuple(i32(p) for p in ps))
                        for t, ps in by_topic.items())
         resp = await conn.request(DescribeProducersRequest(topics=topics), self.timeout_s)

@@ -242,7 +242,7 @@ class Registry:
             # coordinator moved), and it infers a timeout from its own clock: "ended" is as stale there as
             # "ongoing" is, and past the bound the coordinator decides. A rejection on stale evidence would
             # refuse a legitimate write (INVALID_TXN_STATE) to a client that did nothing wrong.
-            if not self._ended_fresh(rec, now_ms):
+            if not self._within_ttl(rec.ended_ms, now_ms):  # without a TTL (a gateway), ENDED holds until an add
                 return None
             return Verdict(Outcome.LATE_WRITE, Evidence.LOCAL,
                            "EndTxn was sent and no AddPartitionsToTxn followed")
@@ -251,15 +251,13 @@ class Registry:
             return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
         return None
 
-    def _ended_fresh(self, rec: TxnRecord, now_ms: int) -> bool:
-        ttl = self.limits.evidence_ttl_ms
-        if ttl is None:
-            return True  # a gateway sees every AddPartitionsToTxn of its clients: ENDED holds until one
-        return rec.ended_ms is not None and now_ms - rec.ended_ms < ttl
-
     def _fresh(self, rec: TxnRecord, now_ms: int) -> bool:
+        return self._within_ttl(rec.coordinator_seen_ms if rec.coordinator_seen_ms is not None else rec.last_seen_ms,
+                                now_ms)
+
+    def _within_ttl(self, seen_ms: int | None, now_ms: int) -> bool:
+        """Evidence from `seen_ms` still stands: always without a TTL, else strictly within it (0: never)."""
         ttl = self.limits.evidence_ttl_ms
         if ttl is None:
             return True
-        seen = rec.coordinator_seen_ms if rec.coordinator_seen_ms is not None else rec.last_seen_ms
-        return now_ms - seen < ttl  # 0 means never: not even within the same millisecond
+        return seen_ms is not None and now_ms - seen_ms < ttl

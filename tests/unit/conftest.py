@@ -1,0 +1,21 @@
+"""Fixtures the unit tests share."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from txnguard.proxy import logs
+
+
+@pytest.fixture
+def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """The proxy's structlog lines (JSON) written during the test, parsed."""
+    stream = io.StringIO()
+    logs.configure("info", stream)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logs.configure("info")
