@@ -449,3 +449,17 @@ def create_topic(
                 if time.monotonic() > end:
                     raise RawProtocolError(f"topic {name} has no leaders on {address} after {deadline_s}s")
                 time.sleep(0.1)
+    # Metadata names a leader before that broker's replica manager leads the partition (KRaft publishes the
+    # metadata cache first): until then a Produce gets NOT_LEADER_OR_FOLLOWER, which real clients retry and
+    # the raw scenario actors do not. ListOffsets on the leader answers without error once it leads.
+    brokers = {int(b.node_id): (str(b.host), int(b.port)) for b in md.brokers}
+    for part in md.topics[0].partitions:
+        with RawClient(*brokers[int(part.leader_id)]) as leader:
+            while True:
+                try:
+                    leader.list_offsets(name, int(part.partition_index), read_committed=False)
+                    break
+                except RawProtocolError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.05)
