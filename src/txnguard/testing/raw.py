@@ -9,6 +9,7 @@ kio's decoded response.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import itertools
@@ -452,14 +453,17 @@ def create_topic(
     # Metadata names a leader before that broker's replica manager leads the partition (KRaft publishes the
     # metadata cache first): until then a Produce gets NOT_LEADER_OR_FOLLOWER, which real clients retry and
     # the raw scenario actors do not. ListOffsets on the leader answers without error once it leads.
-    brokers = {int(b.node_id): (str(b.host), int(b.port)) for b in md.brokers}
-    for part in md.topics[0].partitions:
-        with RawClient(*brokers[int(part.leader_id)]) as leader:
-            while True:
-                try:
-                    leader.list_offsets(name, int(part.partition_index), read_committed=False)
-                    break
-                except RawProtocolError:
-                    if time.monotonic() > end:
-                        raise
-                    time.sleep(0.05)
+    # Asked through the bootstrap addresses (brokers may advertise a sidecar not running yet): the leader's
+    # answer is the one without an error.
+    waiting = {int(x.partition_index) for x in md.topics[0].partitions}
+    while waiting:
+        for address in bootstrap_servers.split(","):
+            with RawClient(*_split(address)) as c:
+                for partition in list(waiting):
+                    with contextlib.suppress(RawProtocolError):
+                        c.list_offsets(name, partition, read_committed=False)
+                        waiting.discard(partition)
+        if waiting and time.monotonic() > end:
+            raise RawProtocolError(f"topic {name}: no leader answers for partitions {sorted(waiting)}")
+        if waiting:
+            time.sleep(0.05)
