@@ -43,18 +43,19 @@ ROUTED_SCHEMA = pa.schema([*RECORD_SCHEMA, pa.field(ROUTE, pa.string()), pa.fiel
 _PARSE = pj.ParseOptions(explicit_schema=RECORD_SCHEMA, unexpected_field_behavior="ignore")
 
 
-def _joined(text: pa.Array) -> pa.Buffer:
-    """The lines as one newline-separated buffer (what the JSON reader takes), without a Python string each."""
-    ended = pc.binary_join_element_wise(text, "", "\n")  # each line + "\n"
+def _joined(text: pa.Array, terminated: bool) -> pa.Buffer:
+    """The lines as one newline-separated buffer (what the JSON reader takes), without a Python string each.
+    Lines that already end with their newline (`terminated`: read from the file as they are) are that buffer."""
+    ended = text if terminated else pc.binary_join_element_wise(text, "", "\n")  # each line + "\n"
     width = np.int64 if pa.types.is_large_string(ended.type) else np.int32
     offsets = np.frombuffer(ended.buffers()[1], dtype=width, count=len(ended) + 1,
                             offset=ended.offset * width(0).nbytes)
     return ended.buffers()[2][int(offsets[0]):int(offsets[-1])]
 
 
-def _read(text: pa.Array) -> pa.Table | None:
+def _read(text: pa.Array, terminated: bool) -> pa.Table | None:
     """The lines parsed, one row each; None when the reader refuses them or returns another number of rows."""
-    data = _joined(text)
+    data = _joined(text, terminated)
     try:
         table = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(use_threads=False,
                                                                                 block_size=max(len(data), 1) + 1),
@@ -64,32 +65,33 @@ def _read(text: pa.Array) -> pa.Table | None:
     return table if table.num_rows == len(text) else None
 
 
-def _parse(text: pa.Array) -> list[tuple[pa.Table | None, int]]:
+def _parse(text: pa.Array, terminated: bool) -> list[tuple[pa.Table | None, int]]:
     """(table, rows) pieces in order; a None table is one line that does not parse on its own."""
-    table = _read(text)
+    table = _read(text, terminated)
     if table is not None:
         return [(table, len(text))]
     if len(text) == 1:
         return [(None, 1)]
     half = len(text) // 2
-    return _parse(text.slice(0, half)) + _parse(text.slice(half))
+    return _parse(text.slice(0, half), terminated) + _parse(text.slice(half), terminated)
 
 
 _NULL_ROW = pa.table({f.name: pa.nulls(1, f.type) for f in RECORD_SCHEMA}, schema=RECORD_SCHEMA)
 
 
-def parse_lines(text: pa.Array, parseable: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-    """Parse the lines where `parseable`; returns one row per line (all null where not parsed) and `parsed`."""
+def parse_lines(text: pa.Array, parseable: np.ndarray, terminated: bool = False) -> tuple[pa.Table, np.ndarray]:
+    """Parse the lines where `parseable`; returns one row per line (all null where not parsed) and `parsed`.
+    `terminated`: each line still ends with its newline (read from a file as it is)."""
     n = len(text)
     if not parseable.all():
         index = np.flatnonzero(parseable)
-        table, parsed_sub = parse_lines(text.take(pa.array(index)), np.ones(len(index), dtype=bool))
+        table, parsed_sub = parse_lines(text.take(pa.array(index)), np.ones(len(index), dtype=bool), terminated)
         positions = np.cumsum(parseable) - 1
         scatter = pa.array(positions, mask=~parseable)  # a null index gives a null row
         parsed = np.zeros(n, dtype=bool)
         parsed[index] = parsed_sub
         return table.take(scatter), parsed
-    pieces = _parse(text) if n else []
+    pieces = _parse(text, terminated) if n else []
     if len(pieces) == 1 and pieces[0][0] is not None:
         return pieces[0][0], np.ones(n, dtype=bool)
     tables = [t if t is not None else _NULL_ROW for t, _ in pieces]
@@ -135,24 +137,30 @@ def _utf8(value: pa.Array) -> np.ndarray:
     return ok
 
 
-def route_batch(value: pa.Array, source: pa.Array) -> pa.RecordBatch:
-    """One batch of lines (`value`, `source`) -> the routed frame's batch (`ROUTED_SCHEMA`)."""
+def route_batch(value: pa.Array, source: pa.Array, terminated: bool = False) -> pa.RecordBatch:
+    """One batch of lines (`value`, `source`) -> the routed frame's batch (`ROUTED_SCHEMA`).
+
+    `terminated`: each line still ends with its newline (`ranges` reads them from the file as they are: the parse
+    takes the file's bytes with no copy); the tables see them without it, as if Spark's text source had read them.
+    """
     n = len(value)
     chars = pc.cast(pc.utf8_length(value), pa.int32())
+    if terminated:
+        chars = pc.subtract(chars, pa.scalar(1, pa.int32()))
     fits = pc.fill_null(pc.less_equal(chars, R.MAX_RECORD_CHARS), False).to_numpy(zero_copy_only=False)
     utf8 = _utf8(value)
     if not utf8.all():  # the quarantine keeps such a line with U+FFFD where its bytes were not UTF-8
         value = pa.array([None if t is None else t.decode("utf-8", "replace")
                           for t in value.view(pa.binary()).to_pylist()], pa.string())
     fits &= utf8
-    table, parsed = parse_lines(value, fits)
+    table, parsed = parse_lines(value, fits, terminated)
     good = complete(table, parsed)
     routes = pc.if_else(pa.array(_equals(table["schema_version"], 1)), R.DECISION, table["kind"])
     reasons: pa.Array = pa.nulls(n, pa.string())
     if not good.all():
         bad = np.flatnonzero(~good)
         rows = table.take(pa.array(bad)).to_pylist()
-        texts = value.take(pa.array(bad)).to_pylist()
+        texts = [t[:-1] if terminated and t else t for t in value.take(pa.array(bad)).to_pylist()]
         sizes = chars.take(pa.array(bad)).to_pylist()
         found = [R.quarantine_reason(row if parsed[i] else None, text, size)
                  for i, row, text, size in zip(bad, rows, texts, sizes, strict=True)]
@@ -163,6 +171,8 @@ def route_batch(value: pa.Array, source: pa.Array) -> pa.RecordBatch:
     quarantined = pc.is_valid(reasons)
     routes = pc.if_else(quarantined, R.QUARANTINE, routes)
     # Only a quarantined line keeps its text (most of a record's size): the table keeps its first characters.
+    if terminated and pc.any(quarantined).as_py():
+        value = pc.utf8_slice_codeunits(value, 0, -1)  # rare: only a batch with a bad line pays this copy
     kept = pc.if_else(quarantined, value, pa.scalar(None, pa.string()))
     columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
     return pa.RecordBatch.from_arrays([*columns, _chunk(routes), reasons, _chunk(source), chars, _chunk(kept)],

@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from txnguard.pipeline import arrow_aggregates as A
 from txnguard.pipeline import arrow_parse as P
+from txnguard.pipeline import ranges
 from txnguard.pipeline import records as R
 
 TABLE = "table"
@@ -175,6 +177,7 @@ class _Files:
         self.pending: dict[tuple[str, str], list[pa.RecordBatch]] = {}
         self.rows: dict[tuple[str, str], int] = {}
         self.paths: dict[tuple[str, str], str] = {}
+        self.done: list[tuple[str, str]] = []  # files written whole (`add_whole`)
 
     def add(self, name: str, batch: pa.RecordBatch) -> None:
         days = batch["day"]
@@ -185,6 +188,16 @@ class _Files:
             self.rows[key] = self.rows.get(key, 0) + rows.num_rows
             if sum(b.num_rows for b in self.pending[key]) >= FLUSH_ROWS:
                 self._flush(key)
+
+    def add_whole(self, name: str, table: pa.Table) -> None:
+        """A table with no day partition (a partial aggregate): one file, written now."""
+        key = (name, "")
+        folder = os.path.join(self.staging, name)
+        os.makedirs(folder, exist_ok=True)
+        self.paths[key] = os.path.join(folder, f"part-{self.attempt}.snappy.parquet")
+        pq.write_table(table, self.paths[key], compression="snappy")
+        self.rows[key] = table.num_rows
+        self.done.append(key)
 
     def _flush(self, key: tuple[str, str]) -> None:
         batches = self.pending.pop(key, [])
@@ -203,16 +216,20 @@ class _Files:
             self._flush(key)
         for w in self.writers.values():
             w.close()
-        keys = list(self.writers)
+        keys = [*self.writers, *self.done]
         return pa.RecordBatch.from_arrays(
             [pa.array([k[0] for k in keys], pa.string()), pa.array([k[1] for k in keys], pa.string()),
              pa.array([self.paths[k] for k in keys], pa.string()),
              pa.array([self.rows[k] for k in keys], pa.int64())], schema=MANIFEST_SCHEMA)
 
 
-def write_raw(staging: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The batch job's `mapInArrow` function: lines in, every raw table written under `staging/NAME/day=DAY/`
-    (Parquet, only that table's columns), and out one row per file written: table, day, file, rows.
+PARTIAL_PREFIX = "_partial_"  # a manifest row of a task's partial aggregate file: "_partial_" + its kind
+
+
+def _write_routed(staging: str, routed_batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Routed batches -> every raw table and `incidents_prevented` written under `staging/NAME/day=DAY/` (Parquet,
+    only that table's columns), the task's partial aggregates under `staging/_partial_KIND/`, and out one row per
+    file written: table, day, file, rows.
 
     Writing here, not through Spark's writer, skips turning ~60 Arrow columns into Spark rows, the sort by table and
     day that a partitioned write plans, and the union's all-null columns (measured: the partitioned write was ~2/3
@@ -220,20 +237,55 @@ def write_raw(staging: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Re
     lists (`job.ingest`), so a failed or speculative attempt's files are dropped, as Spark's own commit does.
     """
     files = _Files(staging)
-    for routed in P.route_batches(batches):
+    partials = A.Partials()
+    for routed in routed_batches:
         routes = routed[P.ROUTE]
         for name, (route, columns_of) in RAW.items():
             mask = pc.equal(routes, route)
             rows = routed if pc.all(mask).as_py() else routed.filter(mask)
             if rows.num_rows:
                 columns = columns_of(rows)
-                files.add(name, pa.RecordBatch.from_arrays([_chunk(columns[f.name]) for f in SCHEMAS[name]],
-                                                           schema=SCHEMAS[name]))
+                batch = pa.RecordBatch.from_arrays([_chunk(columns[f.name]) for f in SCHEMAS[name]],
+                                                   schema=SCHEMAS[name])
+                files.add(name, batch)
+                if name == "decisions":
+                    table = pa.Table.from_batches([batch])
+                    partials.add_decisions(table)
+                    found = A.incidents(table).combine_chunks()
+                    if found.num_rows:
+                        files.add("incidents_prevented", found.to_batches()[0])
+                elif name == "connections":
+                    partials.add_connections(pa.Table.from_batches([batch]))
+    for kind, table in partials.tables().items():
+        files.add_whole(PARTIAL_PREFIX + kind, table)
     yield files.close()
+
+
+def write_raw(staging: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batch job's `mapInArrow` function over lines from Spark (`value`, `source`): see `_write_routed`."""
+    yield from _write_routed(staging, P.route_batches(batches))
 
 
 def writer(staging: str) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """`write_raw` bound to a staging folder, as a plain function (what `mapInArrow` takes)."""
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return write_raw(staging, batches)
+    return write
+
+
+def _routed_ranges(todo: list[tuple[str, int, int, str]],
+                   batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            path, start, end, source = todo[i]
+            for lines in ranges.line_batches(ranges.read_range(path, start, end)):
+                yield P.route_batch(lines, pa.repeat(pa.scalar(source, pa.string()), len(lines)), terminated=True)
+
+
+def range_writer(staging: str, todo: list[tuple[str, int, int, str]]
+                 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The batch job's `mapInArrow` function over ids into `todo` (byte ranges of local files: path, start, end,
+    source): each task reads its ranges itself (`ranges`), then as `_write_routed`."""
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _write_routed(staging, _routed_ranges(todo, batches))
     return write

@@ -30,7 +30,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from txnguard.pipeline import parse, report, session, tables
+from txnguard.pipeline import arrow_aggregates, arrow_tables, parse, ranges, report, session, tables
+from txnguard.pipeline.schema import from_arrow_schema
 
 RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
     "decisions": tables.decisions, "connections": tables.connections, "quarantine": tables.quarantine,
@@ -99,8 +100,9 @@ def raw_table_schemas(spark: SparkSession) -> dict[str, T.StructType]:
 
 
 def _aggregates(decisions: DataFrame, connections: DataFrame) -> dict[str, DataFrame]:
-    return {"rejections": tables.rejections(decisions),
-            "verification_latency": tables.verification_latency(decisions),
+    buckets = tables.latency_buckets(tables.latency_partials(decisions))
+    return {"rejections": tables.rejections(decisions), "verification_latency_buckets": buckets,
+            "verification_latency": tables.verification_latency(buckets),
             "incidents_prevented": tables.incidents_prevented(decisions),
             "client_inventory": tables.client_inventory(decisions, connections)}
 
@@ -129,8 +131,22 @@ def _write(frame: DataFrame, out: Path, name: str) -> None:
     frame.write.mode("overwrite").partitionBy("day").parquet(str(out / name))
 
 
+PARTIALS = "_partials"  # where the ingest's tasks leave their partial aggregates (`arrow_aggregates`)
+
+
+def _lines_written(spark: SparkSession, source: Source, staging: str) -> DataFrame:
+    """The ingest's Spark job: the manifest of what its tasks wrote. A local JSONL file (or folder) is split into
+    byte ranges the tasks read themselves (`ranges`); anything else is read by Spark (its text source, or Kafka)."""
+    if source.kind == "jsonl":
+        files = ranges.input_files(source.location)
+        if files is not None:
+            return parse.write_ranges(spark, ranges.split(files, spark.sparkContext.defaultParallelism), staging)
+    return parse.write_raw(read_lines(spark, source), staging)
+
+
 def ingest(spark: SparkSession, source: Source, out: Path) -> dict[str, int]:
-    """Every raw table in one pass over the input; returns each table's rows.
+    """Every raw table and `incidents_prevented` in one pass over the input, plus the tasks' partial aggregates
+    (under `out/_partials`); returns each raw table's rows.
 
     Each task parses its lines and writes its rows of every table as Parquet files itself
     (`arrow_tables.write_raw`: only that table's columns, partitioned by day, into a staging folder); the job's
@@ -140,35 +156,70 @@ def ingest(spark: SparkSession, source: Source, out: Path) -> dict[str, int]:
     """
     staging = out / "_ingest"
     shutil.rmtree(staging, ignore_errors=True)
-    manifest = parse.write_raw(read_lines(spark, source), str(staging)).collect()
-    rows = dict.fromkeys(RAW_TABLES, 0)
-    for name in RAW_TABLES:
+    manifest = _lines_written(spark, source, str(staging)).collect()
+    written = [*RAW_TABLES, "incidents_prevented"]
+    rows = dict.fromkeys(written, 0)
+    for name in written:
         shutil.rmtree(out / name, ignore_errors=True)
+    shutil.rmtree(out / PARTIALS, ignore_errors=True)
     for r in manifest:
-        written = Path(r["file"])
-        target = out / r[tables.TABLE] / f"day={r['day']}" / written.name
+        file, name = Path(r["file"]), r[tables.TABLE]
+        if name.startswith(arrow_tables.PARTIAL_PREFIX):
+            target = out / PARTIALS / name[len(arrow_tables.PARTIAL_PREFIX):] / file.name
+        else:
+            target = out / name / f"day={r['day']}" / file.name
+            rows[name] += int(r["rows"])
         target.parent.mkdir(parents=True, exist_ok=True)
-        written.rename(target)
-        rows[r[tables.TABLE]] += int(r["rows"])
-    for name in RAW_TABLES:
+        file.rename(target)
+    for name in written:
         if (out / name).exists():
             (out / name / "_SUCCESS").touch()
+    (out / PARTIALS).mkdir(exist_ok=True)
+    (out / PARTIALS / "_SUCCESS").touch()  # this ingest's partials are all here (an empty input has none)
     shutil.rmtree(staging, ignore_errors=True)
-    return rows
+    return {name: n for name, n in rows.items() if name in RAW_TABLES}
+
+
+def _read_partials(spark: SparkSession, out: Path, kind: str) -> DataFrame:
+    schema = from_arrow_schema(arrow_aggregates.PARTIAL_SCHEMAS[kind])
+    path = out / PARTIALS / kind
+    if not path.exists():
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(str(path))
 
 
 def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
-              summary: Summary | None = None) -> None:
-    """The derived tables from decisions and connections; with `summary`, each table's write is a timed stage."""
-    schemas = raw_table_schemas(spark)
-    d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
-    c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
-    for name, frame in _aggregates(d, c).items():
-        write = partial(_write, frame, out, name)
+              summary: Summary | None = None, from_partials: bool = False) -> None:
+    """The derived tables; with `summary`, each table's write is a timed stage.
+
+    `from_partials`: merge the partial aggregates the ingest's tasks left (a batch run over all of its input: they
+    cover exactly the tables). Otherwise (a --since/--until window, --follow, a rebuild) Spark makes the same partial
+    rows from the decisions and connections tables, and `incidents_prevented` too; the merge is the same code.
+    """
+    def stage(name: str, write: Callable[[], None]) -> None:
         if summary is None:
             write()
         else:
             _timed(summary, name, write)
+
+    if from_partials and (out / PARTIALS / "_SUCCESS").exists():
+        rejection_p = _read_partials(spark, out, "rejections")
+        latency_p = _read_partials(spark, out, "latency")
+        inventory_p = _read_partials(spark, out, "inventory")
+    else:
+        schemas = raw_table_schemas(spark)
+        d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
+        c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
+        rejection_p, latency_p = tables.rejection_partials(d), tables.latency_partials(d)
+        inventory_p = tables.inventory_partials(d, c)
+        stage("incidents_prevented", partial(_write, tables.incidents_prevented(d), out, "incidents_prevented"))
+    stage("rejections", partial(_write, tables.rejections_from(rejection_p), out, "rejections"))
+    stage("verification_latency_buckets",
+          partial(_write, tables.latency_buckets(latency_p), out, "verification_latency_buckets"))
+    buckets = read_table(spark, out, "verification_latency_buckets",
+                         table_schemas(spark)["verification_latency_buckets"])
+    stage("verification_latency", partial(_write, tables.verification_latency(buckets), out, "verification_latency"))
+    stage("client_inventory", partial(_write, tables.inventory_from(inventory_p), out, "client_inventory"))
 
 
 def _raw_counts(d: DataFrame, c: DataFrame, q: DataFrame, hanging: DataFrame, holds: DataFrame) -> dict[str, int]:
@@ -224,10 +275,9 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
     }
     by_hour = [(r["hour"], r["reason"], int(r["n"])) for r in rej.groupBy("hour", "reason")
                .agg(F.sum("count").alias("n")).orderBy("hour").collect()]
-    pct = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], tables.LATENCY_ACCURACY)
-    latency = [(r["evidence"], int(r["n"]), float(r["p"][0]), float(r["p"][1]), float(r["p"][2]), float(r["mx"]))
-               for r in d.groupBy("evidence").agg(F.count("*").alias("n"), pct.alias("p"),
-                                                  F.max("latency_ms").alias("mx")).orderBy("evidence").collect()]
+    buckets = read_table(spark, out, "verification_latency_buckets", schemas["verification_latency_buckets"])
+    latency = [(r["evidence"], int(r["count"]), float(r["p50_ms"]), float(r["p95_ms"]), float(r["p99_ms"]),
+                float(r["max_ms"])) for r in tables.latency_summary(buckets, "evidence").orderBy("evidence").collect()]
     inventory = [r.asDict() for r in inv.groupBy("client_family", "client_software_name", "client_software_version")
                  .agg(F.sum("connections").alias("connections"), F.sum("decisions").alias("decisions"),
                       F.sum("rejections").alias("rejections"),
@@ -269,8 +319,8 @@ def count_rows(spark: SparkSession, out: Path) -> dict[str, int]:
 
 
 def refresh(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None, title: str,
-            summary: Summary, raw_rows: dict[str, int] | None = None) -> Path:
-    aggregate(spark, out, since_ms, until_ms, summary)
+            summary: Summary, raw_rows: dict[str, int] | None = None, from_partials: bool = False) -> Path:
+    aggregate(spark, out, since_ms, until_ms, summary, from_partials)
     data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title, raw_rows))
     return _timed(summary, "report", lambda: report.write(data, out))  # type: ignore[no-any-return]
 
@@ -280,7 +330,8 @@ def run_batch(spark: SparkSession, source: Source, out: Path, since_ms: int | No
     summary = Summary(cpu_probe=cpu_probe)
     out.mkdir(parents=True, exist_ok=True)
     raw_rows = _timed(summary, "ingest", lambda: ingest(spark, source, out))
-    refresh(spark, out, since_ms, until_ms, _title(source), summary, raw_rows)
+    whole = since_ms is None and until_ms is None  # the ingest's partials cover exactly the tables
+    refresh(spark, out, since_ms, until_ms, _title(source), summary, raw_rows, from_partials=whole)
     summary.rows = count_rows(spark, out)
     log.info("report_written", out=str(out), rows=summary.rows, seconds=summary.seconds)
     return summary

@@ -12,22 +12,27 @@ above it, and each line is parsed once per query.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from txnguard.pipeline import arrow_parse, arrow_tables, records
+from txnguard.pipeline import arrow_aggregates, arrow_parse, arrow_tables, incidents, ranges, records
 from txnguard.pipeline.arrow_parse import CHARS, REASON, ROUTE, SOURCE, VALUE
 from txnguard.pipeline.records import CONNECTION, DECISION, END_TXN_HOLD, HANGING, QUARANTINE
 from txnguard.pipeline.schema import all_raw_schema, manifest_schema, routed_schema
 
 __all__ = ["CHARS", "CONNECTION", "DECISION", "END_TXN_HOLD", "HANGING", "QUARANTINE", "REASON", "ROUTE", "SOURCE",
-           "VALUE", "jsonl_lines", "kafka_lines", "raw", "route", "write_raw"]
+           "VALUE", "jsonl_lines", "kafka_lines", "raw", "route", "write_ranges", "write_raw"]
 
 # Shipped with the function rather than imported on the executors (see the module's docstring).
 cloudpickle.register_pickle_by_value(arrow_parse)  # type: ignore[no-untyped-call]
 cloudpickle.register_pickle_by_value(arrow_tables)  # type: ignore[no-untyped-call]
 cloudpickle.register_pickle_by_value(records)  # type: ignore[no-untyped-call]
+cloudpickle.register_pickle_by_value(arrow_aggregates)  # type: ignore[no-untyped-call]
+cloudpickle.register_pickle_by_value(incidents)  # type: ignore[no-untyped-call]
+cloudpickle.register_pickle_by_value(ranges)  # type: ignore[no-untyped-call]
 
 
 def jsonl_lines(spark: SparkSession, path: str) -> DataFrame:
@@ -60,3 +65,15 @@ def write_raw(lines: DataFrame, staging: str) -> DataFrame:
     """`value`, `source` -> every raw table written as Parquet under `staging/NAME/day=DAY/` by the tasks themselves
     (`arrow_tables.write_raw`); the frame lists the files written: `table`, `day`, `file`, `rows`."""
     return lines.select(VALUE, SOURCE).mapInArrow(arrow_tables.writer(staging), manifest_schema())
+
+
+def write_ranges(spark: SparkSession, found: list[ranges.Range], staging: str) -> DataFrame:
+    """`write_raw` for local files read by the tasks themselves (`ranges`): one task per byte range. The
+    `source` column says what Spark's text source said (`_metadata.file_path`: the file's URI).
+
+    The ranges travel with the function; the frame is `spark.range` with one id per partition, so no Python
+    worker turns rows of ranges into Spark rows first (`createDataFrame` of a Python list would)."""
+    # Hadoop's form of a local file's URI (file:/tmp/a.jsonl, not file:///tmp/a.jsonl), as Spark wrote it.
+    todo = [(path, start, end, "file:" + Path(path).as_uri()[len("file://"):]) for path, start, end in found]
+    ids = spark.range(0, len(todo), 1, max(1, len(todo)))
+    return ids.mapInArrow(arrow_tables.range_writer(staging, todo), manifest_schema())

@@ -44,3 +44,6 @@ def all_raw_schema() -> T.StructType:
 def manifest_schema() -> T.StructType:
     """What the batch job's write returns: one row per Parquet file a task wrote (`arrow_tables.write_raw`)."""
     return from_arrow_schema(arrow_tables.MANIFEST_SCHEMA)
+
+
+__all__ = ["all_raw_schema", "from_arrow_schema", "manifest_schema", "record_schema", "routed_schema"]

@@ -7,6 +7,7 @@ recomputed from `decisions` and `connections`, so a streaming run can refresh th
 
 from __future__ import annotations
 
+import math
 from itertools import chain
 
 from pyspark.sql import Column, DataFrame
@@ -17,7 +18,7 @@ from txnguard.pipeline import records as R
 from txnguard.pipeline.incidents import ACTED, ANY_API, BY_DECISION, INCIDENTS, UNCLASSIFIED
 
 QUARANTINE_PREFIX_CHARS = arrow_tables.QUARANTINE_PREFIX_CHARS
-LATENCY_ACCURACY = 10_000  # percentile_approx: relative error 1/10,000
+LATENCY_ACCURACY = 10_000  # percentile_approx (the EndTxn holds' p50): relative error 1/10,000
 TABLE = arrow_tables.TABLE  # the partition column of `parse.raw`'s frame: which table a row belongs to
 RAW = list(arrow_tables.RAW)  # the raw tables, their columns computed with Arrow (`arrow_tables`)
 
@@ -72,8 +73,12 @@ def _failed(decisions_: DataFrame) -> DataFrame:
     return decisions_.where(F.col("outcome") != "pass")
 
 
-def rejections(decisions_: DataFrame) -> DataFrame:
-    """Failed verifications (rejected, or forwarded in monitor mode) by reason, family, topic, id and hour."""
+REJECTION_KEYS = ("day", "hour", "reason", "decision", "client_family", "api", "topic", "transactional_id")
+
+
+def rejection_partials(decisions_: DataFrame) -> DataFrame:
+    """`rejections` before the merge: failed verifications counted per key (the ingest's tasks make the same rows
+    with Arrow, `arrow_aggregates.rejection_partials`; `rejections_from` merges either)."""
     return (
         _failed(decisions_)
         .groupBy(
@@ -85,16 +90,68 @@ def rejections(decisions_: DataFrame) -> DataFrame:
     )
 
 
-def verification_latency(decisions_: DataFrame) -> DataFrame:
-    """VerificationTimeMs percentiles per evidence path and hour."""
-    pct = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], LATENCY_ACCURACY)
-    return (
-        decisions_.groupBy("day", F.date_trunc("hour", "event_time").alias("hour"), "evidence")
-        .agg(F.count(F.lit(1)).alias("count"), pct.alias("p"), F.max("latency_ms").alias("max_ms"),
-             F.avg("latency_ms").alias("mean_ms"))
-        .select("day", "hour", "evidence", "count", F.col("p")[0].alias("p50_ms"), F.col("p")[1].alias("p95_ms"),
-                F.col("p")[2].alias("p99_ms"), "max_ms", "mean_ms")
-    )
+def rejections_from(partials: DataFrame) -> DataFrame:
+    """Failed verifications (rejected, or forwarded in monitor mode) by reason, family, topic, id and hour."""
+    return partials.groupBy(*REJECTION_KEYS).agg(F.sum("count").alias("count"), F.min("first_time").alias("first_time"),
+                                                 F.max("last_time").alias("last_time"))
+
+
+def rejections(decisions_: DataFrame) -> DataFrame:
+    return rejections_from(rejection_partials(decisions_))
+
+
+# VerificationTimeMs percentiles come from a histogram that merges: each latency falls in the bucket
+# ceil(log(v) / log(GAMMA)), whose middle value 2 * GAMMA**i / (GAMMA + 1) is within (GAMMA - 1) / (GAMMA + 1) =
+# 0.5% of every value in it (DDSketch's idea). Tasks and hours merge by adding counts, so the percentiles of any
+# span (an hour, the whole run, a --since window) come from the same table, and no task ever holds every value.
+LATENCY_GAMMA = 1.01
+LATENCY_RELATIVE_ERROR = (LATENCY_GAMMA - 1) / (LATENCY_GAMMA + 1)
+ZERO_BUCKET = -(2**31)  # a latency of 0 (or less: a clock step) has no logarithm
+LATENCY_KEYS = ("day", "hour", "evidence")
+PERCENTILES = (0.5, 0.95, 0.99)
+
+
+def latency_bucket(latency: Column) -> Column:
+    return (F.when(latency > 0, F.ceil(F.log(latency) / math.log(LATENCY_GAMMA)).cast("int"))
+            .when(latency.isNotNull(), F.lit(ZERO_BUCKET)))
+
+
+def bucket_value(bucket: Column) -> Column:
+    """The middle of a bucket: the value a percentile in it reads as."""
+    return (F.when(bucket == ZERO_BUCKET, F.lit(0.0))
+            .otherwise(F.pow(F.lit(LATENCY_GAMMA), bucket) * (2 / (LATENCY_GAMMA + 1))))
+
+
+def latency_partials(decisions_: DataFrame) -> DataFrame:
+    """Decisions per day, hour, evidence path and latency bucket: count, sum and max of the latencies (the ingest's
+    tasks make the same rows with Arrow, `arrow_aggregates.latency_partials`)."""
+    return (decisions_.groupBy("day", F.date_trunc("hour", "event_time").alias("hour"), "evidence",
+                               latency_bucket(F.col("latency_ms")).alias("bucket"))
+            .agg(F.count(F.lit(1)).alias("count"), F.sum("latency_ms").alias("sum_ms"),
+                 F.max("latency_ms").alias("max_ms")))
+
+
+def latency_buckets(partials: DataFrame) -> DataFrame:
+    """The table `verification_latency_buckets`: the partials merged, one row per day, hour, path and bucket."""
+    return partials.groupBy(*LATENCY_KEYS, "bucket").agg(F.sum("count").alias("count"), F.sum("sum_ms").alias("sum_ms"),
+                                                         F.max("max_ms").alias("max_ms"))
+
+
+def latency_summary(buckets: DataFrame, *keys: str) -> DataFrame:
+    """count, p50/p95/p99 (exact percentiles, interpolated, of the bucketed values: within 0.5%), max, mean per key."""
+    bucket = F.col("bucket")
+    pct = F.percentile(bucket_value(bucket), list(PERCENTILES), F.col("count"))
+    timed = F.when(bucket.isNotNull(), F.col("count"))
+    return (buckets.groupBy(*keys)
+            .agg(F.sum("count").alias("count"), pct.alias("p"), F.max("max_ms").alias("max_ms"),
+                 (F.sum("sum_ms") / F.sum(timed)).alias("mean_ms"))
+            .select(*keys, "count", F.col("p")[0].alias("p50_ms"), F.col("p")[1].alias("p95_ms"),
+                    F.col("p")[2].alias("p99_ms"), "max_ms", "mean_ms"))
+
+
+def verification_latency(buckets: DataFrame) -> DataFrame:
+    """VerificationTimeMs percentiles per evidence path and hour, from `verification_latency_buckets`."""
+    return latency_summary(buckets, *LATENCY_KEYS)
 
 
 def _incident_map(field: str) -> Column:
@@ -122,13 +179,13 @@ def incidents_prevented(decisions_: DataFrame) -> DataFrame:
     )
 
 
-def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFrame:
-    """Every client (family, software name and version) seen per day, from its connections and its decisions.
+INVENTORY_KEYS = ("day", "client_family", "client_software_name", "client_software_version")
 
-    Decisions and connections are each aggregated per client and day first (one row per client and day each,
-    sets instead of rows), then merged: no per-decision row of arrays to union, and the sets are built once.
-    """
-    keys = ["day", "client_family", "client_software_name", "client_software_version"]
+
+def inventory_partials(decisions_: DataFrame, connections_: DataFrame) -> DataFrame:
+    """`client_inventory` before the merge: decisions and connections each aggregated per client and day (sets
+    instead of rows). The ingest's tasks make the same rows with Arrow (`arrow_aggregates.inventory_partials`)."""
+    keys = list(INVENTORY_KEYS)
     old_produce = F.exists("produce_versions", lambda v: v <= R.LAST_PRE_TV2_VERSION["produce"])
     old_commit = F.exists("txn_offset_commit_versions", lambda v: v <= R.LAST_PRE_TV2_VERSION["txn_offset_commit"])
     api, version, decision = F.col("api"), F.col("api_version"), F.col("decision")
@@ -155,7 +212,11 @@ def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFram
         F.array_distinct(F.flatten(F.collect_set("produce_versions"))).alias("produce_versions"),
         F.array_distinct(F.flatten(F.collect_set("txn_offset_commit_versions"))).alias("txn_offset_commit_versions"),
     )
+    return from_decisions.unionByName(from_connections)
 
+
+def inventory_from(partials: DataFrame) -> DataFrame:
+    """Every client (family, software name and version) seen per day, from its connections and its decisions."""
     def merged(col: str) -> Column:
         return F.array_distinct(F.flatten(F.collect_list(col)))
 
@@ -163,7 +224,7 @@ def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFram
         return F.slice(F.array_sort(merged(col)), 1, limit)
 
     return (
-        from_decisions.unionByName(from_connections).groupBy(*keys)
+        partials.groupBy(*INVENTORY_KEYS)
         .agg(first_sorted("client_ids").alias("client_ids"),
              first_sorted("transactional_ids").alias("transactional_ids"),
              F.size(merged("transactional_ids")).cast("long").alias("transactional_id_count"),
@@ -175,3 +236,7 @@ def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFram
              F.array_sort(merged("produce_versions")).alias("produce_versions"),
              F.array_sort(merged("txn_offset_commit_versions")).alias("txn_offset_commit_versions"))
     )
+
+
+def client_inventory(decisions_: DataFrame, connections_: DataFrame) -> DataFrame:
+    return inventory_from(inventory_partials(decisions_, connections_))
