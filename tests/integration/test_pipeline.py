@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-from txnguard.pipeline import arrow_aggregates, incidents, job, ranges, session, tables
+from txnguard.pipeline import arrow_aggregates, incidents, job, local_merge, ranges, session, tables
 from txnguard.pipeline.schema import from_arrow_schema
 from txnguard.pipeline.synthetic import Generator
 from txnguard.policies.outcomes import Outcome
@@ -215,18 +215,43 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_the_ingest_tasks_partials_give_the_tables_spark_makes_from_the_raw_tables(spark, jsonl_run, tmp_path):
-    """A batch run merges what its tasks counted with Arrow; a window or --follow has Spark count the tables: the
-    same input gives the same rows either way."""
+    """A batch run merges what its tasks counted with Arrow: in the driver when small (the run here), with Spark
+    when not; a window or --follow has Spark count the tables. The same input gives the same rows every way."""
     _, out, _ = jsonl_run
-    rebuilt = tmp_path / "rebuilt"
-    shutil.copytree(out, rebuilt)
-    shutil.rmtree(rebuilt / job.PARTIALS)
-    job.aggregate(spark, rebuilt, None, None)  # from the decisions and connections tables
+    by_spark, from_tables = tmp_path / "merged-by-spark", tmp_path / "from-tables"
+    shutil.copytree(out, by_spark)
+    job.aggregate(spark, by_spark, None, None, from_partials=True, local_merge_max_bytes=0)
+    shutil.copytree(out, from_tables)
+    shutil.rmtree(from_tables / job.PARTIALS)
+    job.aggregate(spark, from_tables, None, None)  # from the decisions and connections tables
     for name in AGGREGATES:
-        merged, counted = _rows(spark, out, name), _rows(spark, rebuilt, name)
-        assert len(merged) == len(counted) > 0, name
-        different = [(a, b) for a, b in zip(merged, counted, strict=True) if not _same(a, b)]
-        assert different == [], name
+        merged = _rows(spark, out, name)
+        for other in (by_spark, from_tables):
+            counted = _rows(spark, other, name)
+            assert len(merged) == len(counted) > 0, (name, other.name)
+            different = [(a, b) for a, b in zip(merged, counted, strict=True) if not _same(a, b)]
+            assert different == [], (name, other.name)
+
+
+def test_the_report_figures_from_the_driver_equal_sparks_queries(spark, jsonl_run):
+    """The driver merged the aggregates, so the report's queries ran on them in memory (`local_merge`); Spark's
+    queries over the written tables give the same figures."""
+    _, out, summary = jsonl_run
+    raw_rows = {name: summary.rows[name] for name in job.RAW_TABLES}
+    merged = {name: local_merge.read_table(str(out / name))
+              for name in ("rejections", "verification_latency_buckets", "client_inventory")}
+    here = job.collect_report(spark, out, None, None, "t", raw_rows, merged)
+    by_spark = job.collect_report(spark, out, None, None, "t", raw_rows)
+    assert here.totals == by_spark.totals and here.totals["decisions"] > 0
+    assert sorted(here.rejections_by_hour) == sorted(by_spark.rejections_by_hour)  # Spark orders by hour only
+    assert here.top_transactional_ids == by_spark.top_transactional_ids
+    assert here.inventory == by_spark.inventory
+    assert sorted(here.incidents) == sorted(by_spark.incidents)
+    assert sorted(here.quarantine) == sorted(by_spark.quarantine)
+    assert here.end_txn_holds == by_spark.end_txn_holds and len(here.end_txn_holds) == 1
+    assert [r[:2] for r in here.latency_by_evidence] == [r[:2] for r in by_spark.latency_by_evidence]
+    for mine, theirs in zip(here.latency_by_evidence, by_spark.latency_by_evidence, strict=True):
+        assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(mine[2:], theirs[2:], strict=True))
 
 
 def test_the_arrow_partials_have_the_schemas_of_their_spark_twins(spark):

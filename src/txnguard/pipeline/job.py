@@ -27,13 +27,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import structlog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from txnguard.pipeline import arrow_aggregates, arrow_tables, parse, ranges, report, session, tables
+from txnguard.pipeline import arrow_aggregates, arrow_tables, local_merge, parse, ranges, report, session, tables
 from txnguard.pipeline.schema import from_arrow_schema
 
 RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
@@ -81,7 +82,11 @@ def _kafka_reader(spark: SparkSession, source: Source, streaming: bool) -> Any:
     r = (reader.format("kafka").option("kafka.bootstrap.servers", source.location)
          .option("subscribe", source.topic).option("startingOffsets", "earliest")
          .option("failOnDataLoss", "false"))
-    return r if streaming else r.option("endingOffsets", "latest")
+    if streaming:
+        return r
+    # More tasks than topic partitions (Spark splits their offset ranges): both cores busy with a 1-partition topic,
+    # and each task's memory bounded by its share of the records, not by a whole partition's.
+    return r.option("endingOffsets", "latest").option("minPartitions", str(spark.sparkContext.defaultParallelism * 4))
 
 
 def read_lines(spark: SparkSession, source: Source) -> DataFrame:
@@ -191,16 +196,12 @@ def _read_partials(spark: SparkSession, out: Path, kind: str) -> DataFrame:
     return spark.read.schema(schema).parquet(str(path))
 
 
-def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
-              summary: Summary | None = None, from_partials: bool = False) -> None:
-    """The derived tables; with `summary`, each table's write is a timed stage.
-
-    `from_partials`: merge the partial aggregates the ingest's tasks left (a batch run over all of its input: they
-    cover exactly the tables). Otherwise (a --since/--until window, --follow, a rebuild) Spark makes the same partial
-    rows from the decisions and connections tables, and `incidents_prevented` too; the merge is the same code.
-    """
+def _merged_by_spark(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
+                     partials_ready: bool) -> dict[str, Callable[[], None]]:
+    """The aggregates merged by Spark: from the ingest's partials, or (a window, --follow, a rebuild) from partial
+    rows Spark makes from the decisions and connections tables, with `incidents_prevented` too."""
     work: dict[str, Callable[[], None]] = {}
-    if from_partials and (out / PARTIALS / "_SUCCESS").exists():
+    if partials_ready:
         rejection_p = _read_partials(spark, out, "rejections")
         latency_p = _read_partials(spark, out, "latency")
         inventory_p = _read_partials(spark, out, "inventory")
@@ -221,6 +222,65 @@ def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: in
     work["rejections"] = partial(_write, tables.rejections_from(rejection_p), out, "rejections")
     work["verification_latency"] = latency
     work["client_inventory"] = partial(_write, tables.inventory_from(inventory_p), out, "client_inventory")
+    return work
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*.parquet"))
+
+
+def _merge_locally(out: Path, summary: Summary | None) -> dict[str, pa.Table]:
+    """The aggregates from the partials, merged in the driver with Arrow (`local_merge`) and written; the merged
+    tables, which the report's queries then read in memory."""
+    def read(kind: str) -> pa.Table:
+        return local_merge.read(str(out / PARTIALS / kind), kind)
+
+    merged: dict[str, pa.Table] = {}
+
+    def rejections() -> None:
+        merged["rejections"] = local_merge.rejections(read("rejections"))
+        local_merge.write(merged["rejections"], str(out / "rejections"))
+
+    def latency() -> None:
+        buckets = merged["verification_latency_buckets"] = local_merge.latency_buckets(read("latency"))
+        local_merge.write(buckets, str(out / "verification_latency_buckets"))
+        local_merge.write(local_merge.latency_summary(buckets, list(tables.LATENCY_KEYS)),
+                          str(out / "verification_latency"))
+
+    def inventory() -> None:
+        merged["client_inventory"] = local_merge.client_inventory(read("inventory"))
+        local_merge.write(merged["client_inventory"], str(out / "client_inventory"))
+
+    for name, write in (("rejections", rejections), ("verification_latency", latency),
+                        ("client_inventory", inventory)):
+        if summary is None:
+            write()
+        else:
+            _timed(summary, name, write)
+    return merged
+
+
+# Partial files up to this size are merged in the driver (`local_merge`: ~0.5 s a table) rather than by a Spark job
+# each (~5 s a table here, nearly all of it fixed: planning, code generation, the JIT). 10M synthetic records leave
+# ~40 MB of partials; a fleet's month may leave more, and then Spark merges them.
+LOCAL_MERGE_MAX_BYTES = 512 * 1024 * 1024
+
+
+def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
+              summary: Summary | None = None, from_partials: bool = False,
+              local_merge_max_bytes: int = LOCAL_MERGE_MAX_BYTES) -> dict[str, pa.Table] | None:
+    """The derived tables; with `summary`, each table's write is a timed stage. Returns the merged tables when the
+    driver merged them (the report's queries then run on them in memory), else None.
+
+    `from_partials`: merge the partial aggregates the ingest's tasks left (a batch run over all of its input: they
+    cover exactly the tables): in the driver when they are small (`local_merge_max_bytes`), else with Spark.
+    Otherwise (a --since/--until window, --follow, a rebuild) Spark makes the same partial rows from the decisions
+    and connections tables, and `incidents_prevented` too; the merge is the same code.
+    """
+    partials_ready = from_partials and (out / PARTIALS / "_SUCCESS").exists()
+    if partials_ready and _bytes_under(out / PARTIALS) <= local_merge_max_bytes:
+        return _merge_locally(out, summary)
+    work = _merged_by_spark(spark, out, since_ms, until_ms, partials_ready)
     # One after the other: side by side (`_concurrently`) measured slower here (10M records: 14.8 s against 11.9 s),
     # as their time is the JVM's CPU (compiling, merging), not waiting.
     for name, write in work.items():
@@ -228,6 +288,7 @@ def aggregate(spark: SparkSession, out: Path, since_ms: int | None, until_ms: in
             write()
         else:
             _timed(summary, name, write)
+    return None
 
 
 def _raw_counts(d: DataFrame, c: DataFrame, q: DataFrame, hanging: DataFrame, holds: DataFrame) -> dict[str, int]:
@@ -244,9 +305,18 @@ def _raw_counts(d: DataFrame, c: DataFrame, q: DataFrame, hanging: DataFrame, ho
 
 
 def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
-                   title: str, raw_rows: dict[str, int] | None = None) -> report.ReportData:
+                   title: str, raw_rows: dict[str, int] | None = None,
+                   merged: dict[str, pa.Table] | None = None) -> report.ReportData:
     """The report's figures from the tables. `raw_rows`: each raw table's rows as the ingest wrote them (used for
-    the totals when no --since/--until narrows them; else the tables are counted)."""
+    the totals when no --since/--until narrows them; else the tables are counted). `merged`: the aggregates the
+    driver merged itself (`aggregate`): then the queries run on them and the small raw tables with Arrow
+    (`local_merge.report_queries`), the same figures without a Spark job (a test compares the two)."""
+    if merged is not None and raw_rows is not None and since_ms is None and until_ms is None:
+        got = local_merge.report_queries(
+            merged["rejections"], merged["verification_latency_buckets"], merged["client_inventory"],
+            local_merge.read_table(str(out / "incidents_prevented")), local_merge.read_table(str(out / "quarantine")),
+            local_merge.read_table(str(out / "end_txn_holds")), report.TOP_IDS)
+        return _report_data(title, {**got, "counts": raw_rows})
     schemas = table_schemas(spark)
     d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
     c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
@@ -258,7 +328,7 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
     inc = read_table(spark, out, "incidents_prevented", schemas["incidents_prevented"])
     inv = read_table(spark, out, "client_inventory", schemas["client_inventory"])
 
-    held = F.percentile_approx("held_ms", [0.5], tables.LATENCY_ACCURACY)
+    held = F.percentile("held_ms", [0.5])  # exact, interpolated: what `local_merge` computes too
     buckets = read_table(spark, out, "verification_latency_buckets", schemas["verification_latency_buckets"])
     whole = raw_rows is not None and since_ms is None and until_ms is None
     queries: dict[str, Callable[[], Any]] = {
@@ -299,7 +369,10 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
         "quarantine": lambda: [(r["reason_kind"], int(r["n"])) for r in
                                q.groupBy("reason_kind").agg(F.count("*").alias("n")).orderBy(F.desc("n")).collect()],
     }
-    got = _concurrently(queries)
+    return _report_data(title, _concurrently(queries))
+
+
+def _report_data(title: str, got: dict[str, Any]) -> report.ReportData:
     counts, failed, end_txn_holds = got["counts"], got["failed"], got["end_txn_holds"]
     decision_counts = {**failed, "forwarded": counts["decisions"] - sum(failed.values())}
     totals = {
@@ -353,8 +426,8 @@ def count_rows(spark: SparkSession, out: Path) -> dict[str, int]:
 
 def refresh(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None, title: str,
             summary: Summary, raw_rows: dict[str, int] | None = None, from_partials: bool = False) -> Path:
-    aggregate(spark, out, since_ms, until_ms, summary, from_partials)
-    data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title, raw_rows))
+    merged = aggregate(spark, out, since_ms, until_ms, summary, from_partials)
+    data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title, raw_rows, merged))
     return _timed(summary, "report", lambda: report.write(data, out))  # type: ignore[no-any-return]
 
 

@@ -18,7 +18,6 @@ from txnguard.pipeline import records as R
 from txnguard.pipeline.incidents import ACTED, ANY_API, BY_DECISION, INCIDENTS, UNCLASSIFIED
 
 QUARANTINE_PREFIX_CHARS = arrow_tables.QUARANTINE_PREFIX_CHARS
-LATENCY_ACCURACY = 10_000  # percentile_approx (the EndTxn holds' p50): relative error 1/10,000
 TABLE = arrow_tables.TABLE  # the partition column of `parse.raw`'s frame: which table a row belongs to
 RAW = list(arrow_tables.RAW)  # the raw tables, their columns computed with Arrow (`arrow_tables`)
 
