@@ -168,6 +168,15 @@ MANIFEST_SCHEMA = pa.schema([pa.field(TABLE, pa.string()), pa.field("day", pa.st
 FLUSH_ROWS = 65_536  # rows of one table and day buffered before they become a row group
 
 
+# Min/max statistics only for the time columns: a reader skips row groups outside --since/--until with them (Spark's
+# Parquet filter push-down); on every column they cost 16% of the write's CPU (0.16 us a decision row).
+_STATISTICS = ("event_time", "time_ms", "connected_time", "ingested_at")
+
+
+def _statistics(schema: pa.Schema) -> list[str]:
+    return [name for name in _STATISTICS if name in schema.names]
+
+
 class _Files:
     """One task's open Parquet files, one per table and day, named for this attempt only."""
 
@@ -196,7 +205,7 @@ class _Files:
         folder = os.path.join(self.staging, name)
         os.makedirs(folder, exist_ok=True)
         self.paths[key] = os.path.join(folder, f"part-{self.attempt}.snappy.parquet")
-        pq.write_table(table, self.paths[key], compression="snappy")
+        pq.write_table(table, self.paths[key], compression="snappy", write_statistics=_statistics(table.schema))
         self.rows[key] = table.num_rows
         self.done.append(key)
 
@@ -209,7 +218,8 @@ class _Files:
             folder = os.path.join(self.staging, name, f"day={day}")
             os.makedirs(folder, exist_ok=True)
             self.paths[key] = os.path.join(folder, f"part-{self.attempt}.snappy.parquet")
-            self.writers[key] = pq.ParquetWriter(self.paths[key], batches[0].schema, compression="snappy")
+            self.writers[key] = pq.ParquetWriter(self.paths[key], batches[0].schema, compression="snappy",
+                                                 write_statistics=_statistics(batches[0].schema))
         self.writers[key].write_table(pa.Table.from_batches(batches))
 
     def close(self) -> pa.RecordBatch:

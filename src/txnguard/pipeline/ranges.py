@@ -24,7 +24,9 @@ import pyarrow as pa
 MAX_RANGE_BYTES = 64 * 1024 * 1024
 MIN_RANGE_BYTES = 4 * 1024 * 1024
 TASKS_PER_CORE = 8  # small enough ranges that the last task does not run alone on a core for long
-BATCH_BYTES = 4 * 1024 * 1024  # lines handed to the JSON reader at once
+# Lines handed to the JSON reader at once: each batch also costs ~30 Arrow calls of fixed cost (routing, columns,
+# files); 16 MiB batches measured 6% less CPU per record than 4 MiB (9.8 against 10.5 us, one 35 MB range).
+BATCH_BYTES = 16 * 1024 * 1024
 
 Range = tuple[str, int, int]
 
