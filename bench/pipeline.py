@@ -7,10 +7,10 @@ For each source it writes N synthetic records (`txnguard.pipeline.synthetic`: a 
 families, outcomes and latencies; ~2% connection records, v1 and v2 decisions) to a JSONL file, or
 produces them with confluent-kafka to a topic of a 1-node Kafka 3.5.2 started for the run, then runs the
 batch job in this process and prints, as figures (nothing is asserted):
-* events/s end to end (the sum of the stages) and per stage (ingest: read, parse, route and write the four
-  raw tables decisions/connections/quarantine/hanging_transactions/end_txn_holds in one pass; then each derived table:
-  rejections, verification_latency, incidents_prevented, client_inventory; collect: the report's queries;
-  report: plots and page);
+* events/s end to end (the sum of the stages) and per stage (ingest: read, parse, route and write the raw
+  tables decisions/connections/quarantine/hanging_transactions/end_txn_holds and incidents_prevented in one pass,
+  with the tasks' partial aggregates; then each derived table merged: rejections, verification_latency (with its
+  buckets), client_inventory; collect: the report's queries; report: plots and page);
 * the SparkSession start (not in the end-to-end rate: a long-running job pays it once);
 * CPU seconds per stage of the whole job: the Spark JVM (on local[*] the driver and executors are that one
   process), the Python workers under it (the Arrow parse runs there) and this driver process; and events per
