@@ -54,8 +54,16 @@ INCIDENT_COLUMNS = ["day", "event_time", "proxy_id", "transactional_id", "produc
 PARTIAL_SCHEMAS = {"rejections": REJECTION_SCHEMA, "latency": LATENCY_SCHEMA, "inventory": INVENTORY_SCHEMA}
 
 
-def _hour(event_time: pa.Array) -> pa.Array:
-    return pc.floor_temporal(event_time, unit="hour")
+_HOUR_MS = 3_600_000
+
+
+def _hour(time_ms: pa.Array) -> pa.Array:
+    """date_trunc('hour', event_time) in UTC, from the integer milliseconds: `floor_temporal` on a zoned timestamp
+    cost 0.43 us a row, this 0.01."""
+    q = pc.divide(time_ms, _HOUR_MS)  # integer division truncates toward zero: one less below the epoch
+    q = pc.if_else(pc.and_(pc.less(time_ms, 0), pc.not_equal(pc.multiply(q, _HOUR_MS), time_ms)),
+                   pc.subtract(q, 1), q)
+    return pc.cast(pc.multiply(q, _HOUR_MS * 1000), _TS)
 
 
 def _failed(d: pa.Table) -> pa.Table:
@@ -71,7 +79,7 @@ def rejection_partials(d: pa.Table) -> pa.Table:
     topic (or group:ID), transactional id."""
     failed = _failed(d)
     keyed = pa.table({
-        "day": failed["day"], "hour": _hour(failed["event_time"]), "reason": failed["outcome"],
+        "day": failed["day"], "hour": _hour(failed["time_ms"]), "reason": failed["outcome"],
         "decision": failed["decision"], "client_family": failed["client_family"], "api": failed["api"],
         "topic": pc.coalesce(failed["topic"], pc.binary_join_element_wise("group:", failed["group_id"], "")),
         "transactional_id": failed["transactional_id"], "event_time": failed["event_time"]})
@@ -91,7 +99,7 @@ def latency_bucket(latency: pa.Array) -> pa.Array:
 
 def latency_partials(d: pa.Table) -> pa.Table:
     """`tables.latency_partials`: decisions per day, hour, evidence path and latency bucket."""
-    keyed = pa.table({"day": d["day"], "hour": _hour(d["event_time"]), "evidence": d["evidence"],
+    keyed = pa.table({"day": d["day"], "hour": _hour(d["time_ms"]), "evidence": d["evidence"],
                       "bucket": latency_bucket(d["latency_ms"]), "latency_ms": d["latency_ms"]})
     grouped = keyed.group_by(["day", "hour", "evidence", "bucket"], use_threads=False).aggregate(
         [([], "count_all"), ("latency_ms", "sum"), ("latency_ms", "max")])
@@ -222,8 +230,8 @@ def incidents(d: pa.Table) -> pa.Table:
 
 
 # The decision columns the partials read: a task keeps only these of its rows until its end.
-_DECISION_COLUMNS = sorted({"day", "event_time", "outcome", "decision", "client_family", "api", "topic", "group_id",
-                            "transactional_id", "evidence", "latency_ms", "client_software_name",
+_DECISION_COLUMNS = sorted({"day", "event_time", "time_ms", "outcome", "decision", "client_family", "api", "topic",
+                            "group_id", "transactional_id", "evidence", "latency_ms", "client_software_name",
                             "client_software_version", "client_id", "listener", "proxy_id", "api_version"})
 
 
