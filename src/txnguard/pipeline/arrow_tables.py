@@ -17,6 +17,7 @@ import os
 import uuid
 import zipimport
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -138,6 +139,33 @@ def _schema(name: str) -> pa.Schema:
 SCHEMAS: dict[str, pa.Schema] = {name: _schema(name) for name in RAW}
 
 
+class _Reads:
+    """A routed batch that notes which columns a table's function reads."""
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self.batch = batch
+        self.names: set[str] = set()
+
+    def __getitem__(self, name: str) -> pa.Array:
+        self.names.add(name)
+        return self.batch[name]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.batch.num_rows)
+
+
+def _inputs(name: str) -> list[str]:
+    """The routed columns a table's columns come from: a table's rows are filtered out of these only (the routed
+    batch has every kind's fields; copying all of them for the decisions' 98% of rows cost twice the time)."""
+    reads = _Reads(pa.RecordBatch.from_pylist([], schema=P.ROUTED_SCHEMA))
+    RAW[name][1](cast(pa.RecordBatch, reads))
+    return [n for n in P.ROUTED_SCHEMA.names if n in reads.names]
+
+
+INPUTS: dict[str, list[str]] = {name: _inputs(name) for name in RAW}
+
+
 def _union() -> pa.Schema:
     fields: dict[str, pa.Field] = {TABLE: pa.field(TABLE, pa.string())}
     for schema in SCHEMAS.values():
@@ -192,6 +220,14 @@ def _statistics(schema: pa.Schema) -> list[str]:
     return [name for name in _STATISTICS if name in schema.names]
 
 
+def _dictionary(schema: pa.Schema) -> list[str]:
+    """Dictionary encoding for the columns with few distinct values (strings, small ints, flags), not for the
+    64-bit numbers and times (ids, offsets, milliseconds, latencies: nearly one value a row). Measured on a 35 MB
+    range's decisions: 0.74 -> 0.62 us a row to write, and 42 -> 38 bytes a row on disk."""
+    wide = (pa.types.is_int64, pa.types.is_floating, pa.types.is_timestamp)
+    return [f.name for f in schema if not any(is_(f.type) for is_ in wide)]
+
+
 class _Files:
     """One task's open Parquet files, one per table and day, named for this attempt only."""
 
@@ -220,7 +256,8 @@ class _Files:
         folder = os.path.join(self.staging, name)
         os.makedirs(folder, exist_ok=True)
         self.paths[key] = os.path.join(folder, f"part-{self.attempt}.snappy.parquet")
-        pq.write_table(table, self.paths[key], compression="snappy", write_statistics=_statistics(table.schema))
+        pq.write_table(table, self.paths[key], compression="snappy", write_statistics=_statistics(table.schema),
+                       use_dictionary=_dictionary(table.schema))
         self.rows[key] = table.num_rows
         self.done.append(key)
 
@@ -233,8 +270,10 @@ class _Files:
             folder = os.path.join(self.staging, name, f"day={day}")
             os.makedirs(folder, exist_ok=True)
             self.paths[key] = os.path.join(folder, f"part-{self.attempt}.snappy.parquet")
-            self.writers[key] = pq.ParquetWriter(self.paths[key], batches[0].schema, compression="snappy",
-                                                 write_statistics=_statistics(batches[0].schema))
+            schema = batches[0].schema
+            self.writers[key] = pq.ParquetWriter(self.paths[key], schema, compression="snappy",
+                                                 write_statistics=_statistics(schema),
+                                                 use_dictionary=_dictionary(schema))
         self.writers[key].write_table(pa.Table.from_batches(batches))
 
     def close(self) -> pa.RecordBatch:
@@ -296,7 +335,8 @@ def _write_routed(staging: str, routed_batches: Iterable[pa.RecordBatch]) -> Ite
         routes = routed[P.ROUTE]
         for name, (route, columns_of) in RAW.items():
             mask = pc.equal(routes, route)
-            rows = routed if pc.all(mask).as_py() else routed.filter(mask)
+            inputs = routed.select(INPUTS[name])
+            rows = inputs if pc.all(mask).as_py() else inputs.filter(mask)
             if rows.num_rows:
                 columns = columns_of(rows)
                 batch = pa.RecordBatch.from_arrays([_chunk(columns[f.name]) for f in SCHEMAS[name]],
