@@ -14,6 +14,14 @@ and the broker), then measures, each side alternately so slow drift cancels:
 5. Saturation: ProducerPerformance with --throughput -1 (as fast as the producer can) and
    ConsumerPerformance reading back what it wrote, at 1 KiB and 16 KiB records, with the
    proxy's CPU per MiB carried and the machine's busy share. `--only saturation` runs this alone.
+   A third arm (unless --no-floor), the bare relay (bench/bare_relay.py: a uvloop byte pipe,
+   no Kafka framing), measures the floor any user-space relay pays on this machine, so a
+   ratio below the targets reads against what no relay at all could reach.
+
+The cluster uses the harness's sidecar layout: the broker's PLAINTEXT listener advertises the
+bare relay's port (a byte pipe cannot rewrite Metadata), and its BROKER listener advertises
+itself. The direct arm and the proxy's upstream use the BROKER listener, so direct clients
+stay direct and the proxy rewrites the broker's own address, as in any gateway deployment.
 
 It prints figures and compares them with the targets as information: nothing here
 asserts on timing. The summary is also written to bench/results/ as JSON.
@@ -80,6 +88,8 @@ MIB = 1024 * 1024                   # ProducerPerformance's "MB" is a MiB; we us
 HOST = "127.0.0.1"
 RESULTS = Path(__file__).resolve().parent / "results"
 SIDES = ("direct", "proxy")
+FLOOR_SIDES = ("direct", "relay", "proxy")   # saturation with the bare relay: direct / bare relay / txnguard
+RELAY_SCRIPT = Path(__file__).resolve().parent / "bare_relay.py"
 
 # The issue's targets. Printed next to the figures; never asserted.
 TARGET_THROUGHPUT_RATIO = 0.95
@@ -116,6 +126,11 @@ class Settings:
     parts: tuple[str, ...] = DEFAULT_PARTS
     profile_cmd: str | None = None  # attached to the proxy around each proxied saturation run of round 0
     compare_rev: str | None = None  # "ab": a second proxy of this git revision, alternating with the first
+    floor: bool = True              # saturation: a bare relay arm beside direct and proxy
+
+    @property
+    def sat_sides(self) -> tuple[str, ...]:
+        return FLOOR_SIDES if self.floor else SIDES
 
     @property
     def records(self) -> int:
@@ -262,6 +277,46 @@ def wait_ready(admin: str, broker_port: int, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"proxy not ready within {timeout_s:.0f}s (admin {admin}, broker listener {broker_port})")
 
 
+def direct_bootstrap(cluster: kafka.Cluster) -> str:
+    """The BROKER listeners: they advertise themselves (PLAINTEXT advertises the bare relay)."""
+    return ",".join(f"{n.host}:{n.broker_port}" for n in cluster.nodes)
+
+
+class RelayProcess:
+    """bench/bare_relay.py as a child process; on SIGUSR1 it prints its byte counts on the pipe we read."""
+
+    def __init__(self, listen: int, upstream: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(RELAY_SCRIPT), "--listen", f"{HOST}:{listen}",
+                                      "--upstream", upstream], stdout=subprocess.PIPE, text=True)
+        first = self._line()
+        if not first.startswith("listening"):
+            self.stop()
+            raise RuntimeError(f"bare relay did not start: {first!r}")
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def counts(self) -> tuple[int, int]:
+        """(bytes client to upstream, bytes upstream to client) since it started."""
+        self.proc.send_signal(signal.SIGUSR1)
+        line = self._line()
+        if not line.startswith("relayed "):
+            raise RuntimeError(f"bare relay answered {line!r} (exit {self.proc.poll()})")
+        up, down, _ = (int(x) for x in line.split()[1:])
+        return up, down
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+        return self.proc.returncode
+
+
 @dataclass
 class Bench:
     cluster: kafka.Cluster
@@ -269,14 +324,33 @@ class Bench:
     listen: int
     admin: str
     stamp: str = ""
+    relay: RelayProcess | None = None
 
     @property
     def pid(self) -> int:
         assert self.proxy.proc is not None
         return self.proxy.proc.pid
 
+    def pid_of(self, side: str) -> int:
+        """The process whose CPU a run of `side` is charged: the bare relay's for its arm, else the proxy's."""
+        if side == "relay":
+            assert self.relay is not None
+            return self.relay.proc.pid
+        return self.pid
+
+    @property
+    def direct_bootstrap(self) -> str:
+        return direct_bootstrap(self.cluster)
+
     def bootstrap(self, side: str) -> str:
-        return self.cluster.bootstrap_servers if side == "direct" else f"{HOST}:{self.listen}"
+        if side == "direct":
+            return self.direct_bootstrap
+        if side == "relay":
+            return self.cluster.sidecar_bootstrap
+        return f"{HOST}:{self.listen}"
+
+    def relay_counts(self) -> tuple[int, int]:
+        return self.relay.counts() if self.relay is not None else (0, 0)
 
     def topic(self, kind: str, side: str) -> str:
         # Topics are created on the broker directly, so topic creation never counts against the proxy.
@@ -596,7 +670,7 @@ def parse_consumer_performance(stdout: str) -> dict[str, float] | None:
 
 
 def end_offset(b: Bench, topic: str) -> int:
-    _, host, port = raw.leader_of(b.cluster.bootstrap_servers, topic, 0)
+    _, host, port = raw.leader_of(b.direct_bootstrap, topic, 0)
     with raw.RawClient(host, port) as c:
         return int(c.list_offsets(topic, 0, read_committed=False))
 
@@ -610,6 +684,12 @@ def _through_proxy(b: Bench, before: dict[str, float]) -> tuple[float, float]:
 
     return ((metric_sum(after, "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")) / MIB,
             requests(after) - requests(before))
+
+
+def _relayed(b: Bench, before: tuple[int, int]) -> dict[str, float]:
+    """MiB the bare relay carried each way since `before` (0 without one)."""
+    up, down = b.relay_counts()
+    return {"relay_to_upstream_mib": (up - before[0]) / MIB, "relay_to_client_mib": (down - before[1]) / MIB}
 
 
 def _per_request(cpu: dict[str, float], requests: float) -> dict[str, float]:
@@ -650,11 +730,12 @@ def profiled(b: Bench, template: str | None, name: str) -> Iterator[None]:
 def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: str | None = None) -> dict[str, Any]:
     """ProducerPerformance --throughput -1: the producer (Kafka's defaults, acks=all) is the only limit."""
     topic = b.topic(f"sat{size}", side)
-    before = scrape_metrics(b.admin)
-    with profiled(b, profile_cmd, f"profile-{size}-produce-{b.stamp}"), cpu_meter(b.pid) as cpu:
+    before, relay_before = scrape_metrics(b.admin), b.relay_counts()
+    with profiled(b, profile_cmd, f"profile-{size}-produce-{b.stamp}"), cpu_meter(b.pid_of(side)) as cpu:
         r = java_producer_performance(b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=size,
                                       throughput=-1, timeout_s=120 + records * size / MIB)  # >= 1 MiB/s
     via, requests = _through_proxy(b, before)
+    relayed = _relayed(b, relay_before)
     payload = r.records * size / MIB
     written = end_offset(b, topic)
     problems = []
@@ -663,7 +744,8 @@ def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: s
                         f"the log ends at offset {written}")
     return {**asdict(r), **cpu, **_per_request(cpu, requests), "side": side, "topic": topic, "record_size": size,
             "payload_mib": payload,
-            "end_offset": written, "proxy_frame_mib": via, "problems": problems,
+            "end_offset": written, "proxy_frame_mib": via, "problems": problems, **relayed,
+            "relay_payload_mib": relayed["relay_to_upstream_mib"],
             "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
 
 
@@ -672,11 +754,12 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
     """ConsumerPerformance over `topic` from the beginning (its own new group), up to `records` records."""
     args = ["--bootstrap-server", b.bootstrap(side), "--topic", topic, "--messages", str(records),
             "--timeout", str(SAT_CONSUMER_TIMEOUT_MS), "--group", f"bench-{uuid.uuid4().hex[:10]}"]
-    before = scrape_metrics(b.admin)
-    with profiled(b, profile_cmd, f"profile-{size}-consume-{b.stamp}"), cpu_meter(b.pid) as cpu:
+    before, relay_before = scrape_metrics(b.admin), b.relay_counts()
+    with profiled(b, profile_cmd, f"profile-{size}-consume-{b.stamp}"), cpu_meter(b.pid_of(side)) as cpu:
         run = run_tool(consumer_perf_command(args),
                        timeout_s=60 + 2 * SAT_CONSUMER_TIMEOUT_MS / 1000 + records * size / MIB)
     via, requests = _through_proxy(b, before)
+    relayed = _relayed(b, relay_before)
     stats = parse_consumer_performance(run.stdout)
     if stats is None:
         raise RuntimeError(f"ConsumerPerformance printed no result:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
@@ -696,18 +779,28 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
             "consumed_records": consumed_msgs, "consumed_mib": consumed_mib,
             "mb_per_sec": stats["MB.sec"], "fetch_mb_per_sec": stats["fetch.MB.sec"],
             "fetch_records_per_sec": stats["fetch.nMsg.sec"], "rebalance_ms": stats["rebalance.time.ms"],
-            "fetch_ms": stats["fetch.time.ms"], "proxy_frame_mib": via, "problems": problems,
+            "fetch_ms": stats["fetch.time.ms"], "proxy_frame_mib": via, "problems": problems, **relayed,
+            "relay_payload_mib": relayed["relay_to_client_mib"],
             "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
 
 
 def _route_problems(run: dict[str, Any], payload_mib: float) -> list[str]:
-    """Did the run really go where its side says? The proxy's byte counters tell."""
+    """Did the run really go where its side says? The proxy's and the bare relay's byte counters tell."""
     via, side = run["proxy_frame_mib"], run["side"]
+    out = []
     if side == "proxy" and via < 0.95 * payload_mib:
-        return [f"{side} run carried only {via:.1f} of {payload_mib:.1f} MiB through the proxy"]
-    if side == "direct" and via > 0.01 * payload_mib + 1:
-        return [f"{side} run sent {via:.1f} MiB through the proxy"]
-    return []
+        out.append(f"{side} run carried only {via:.1f} of {payload_mib:.1f} MiB through the proxy")
+    if side != "proxy" and via > 0.01 * payload_mib + 1:
+        out.append(f"{side} run sent {via:.1f} MiB through the proxy")
+    # The payload's own direction (to the broker when producing, to the client when consuming) carries
+    # the records plus their framing: never less than the payload.
+    relayed = run.get("relay_payload_mib", 0.0)
+    both = run.get("relay_to_upstream_mib", 0.0) + run.get("relay_to_client_mib", 0.0)
+    if side == "relay" and relayed < payload_mib:
+        out.append(f"{side} run: the bare relay carried only {relayed:.1f} of {payload_mib:.1f} MiB")
+    if side != "relay" and both > 0.01 * payload_mib + 1:
+        out.append(f"{side} run sent {both:.1f} MiB through the bare relay")
+    return out
 
 
 def _sat_line(kind: str, label: str, run: dict[str, Any]) -> str:
@@ -716,17 +809,24 @@ def _sat_line(kind: str, label: str, run: dict[str, Any]) -> str:
     else:
         rate = (f"{run['fetch_records_per_sec']:9.0f} rec/s {run['fetch_mb_per_sec']:7.2f} MB/s "
                 f"(fetch; {run['consumed_mib']:.1f} MiB read, join {run['rebalance_ms']:.0f} ms)")
-    return (f"  {label} {kind:7} {run['side']:6}: {rate}  proxy CPU {run['proxy_cpu_s']:.2f} s "
-            f"[sys {run['proxy_sys_s']:.2f}] "
-            f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_frame_mib']:.0f} MiB framed, "
-            f"{run['proxy_requests']:.0f} requests, {run['proxy_cpu_us_per_request']:.0f} us each)  "
+    if run["side"] == "relay":
+        carried = (f"relay CPU {run['proxy_cpu_s']:.2f} s [sys {run['proxy_sys_s']:.2f}] "
+                   f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['relay_to_upstream_mib']:.0f} MiB up / "
+                   f"{run['relay_to_client_mib']:.0f} MiB down relayed, {run['proxy_frame_mib']:.0f} MiB framed)")
+    else:
+        carried = (f"proxy CPU {run['proxy_cpu_s']:.2f} s [sys {run['proxy_sys_s']:.2f}] "
+                   f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_frame_mib']:.0f} MiB framed, "
+                   f"{run['proxy_requests']:.0f} requests, {run['proxy_cpu_us_per_request']:.0f} us each)")
+    return (f"  {label} {kind:7} {run['side']:6}: {rate}  {carried}  "
             f"wall {run['wall_s']:.1f} s  host busy {run['host_busy_pct']:.0f}%"
             + ("  PROBLEM" if run["problems"] else ""))
 
 
 def sat_pair(b: Bench, size: int, records: int, order: tuple[str, ...], label: str,
              profile_cmd: str | None = None) -> list[dict[str, Any]]:
-    """Produce on each side in `order`, then consume each side's topic in the same order."""
+    """Produce on each side in `order`, then consume each side's topic in the same order.
+
+    The profiler, if any, attaches to the proxy's runs only."""
     runs = []
     produced: dict[str, dict[str, Any]] = {}
     for side in order:
@@ -753,11 +853,14 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
     warm = max(500, int(records * SAT_WARMUP_SHARE))
     say(f"\n  -- {size} B records: {records} per run ({records * size / MIB:.0f} MiB), warm-up {warm} per side, "
         f"{s.rounds} rounds --")
+    sides = s.sat_sides
     # Untimed: JIT of the broker, the page cache, the proxy's first connections and caches.
-    sat_pair(b, size, warm, SIDES, "warm-up")
+    sat_pair(b, size, warm, sides, "warm-up")
     runs = []
     for i in range(s.rounds):
-        order = SIDES if i % 2 == 0 else tuple(reversed(SIDES))  # which side goes first alternates
+        # Which side goes first rotates (with two sides: alternates); with three sides and three rounds each
+        # side takes each place once.
+        order = sides[i % len(sides):] + sides[:i % len(sides)]
         profile_cmd = s.profile_cmd if i == 0 else None  # a profiler costs CPU: its round's figures are not clean
         runs += [{**r, "round": i} for r in sat_pair(b, size, records, order, f"round {i}", profile_cmd)]
     keys = {"produce": ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p99_ms", "proxy_cpu_s",
@@ -767,14 +870,19 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
                         "proxy_cpu_ms_per_mib", "wall_s", "fetch_ms", "rebalance_ms", "host_busy_pct",
                         "proxy_frame_mib", "proxy_user_s", "proxy_sys_s", "proxy_requests",
                         "proxy_cpu_us_per_request")}
-    med = {kind: {side: {k: _median(runs, kind, side, k) for k in ks} for side in SIDES} for kind, ks in keys.items()}
+    med = {kind: {side: {k: _median(runs, kind, side, k) for k in ks} for side in sides} for kind, ks in keys.items()}
     # Each round's own proxied/direct ratio, so a reader sees the spread behind the ratio of medians.
     paired: dict[str, list[float]] = {}
+    paired_floor: dict[str, dict[str, list[float]]] = {}
     for kind, key in (("produce", "mb_per_sec"), ("consume", "fetch_mb_per_sec")):
         paired[kind] = []
+        paired_floor[kind] = {"relay/direct": [], "proxy/relay": []}
         for i in range(s.rounds):
             by_side = {r["side"]: r[key] for r in runs if r["kind"] == kind and r["round"] == i}
             paired[kind].append(by_side["proxy"] / by_side["direct"])
+            if "relay" in by_side:
+                paired_floor[kind]["relay/direct"].append(by_side["relay"] / by_side["direct"])
+                paired_floor[kind]["proxy/relay"].append(by_side["proxy"] / by_side["relay"])
     warnings = [p for r in runs for p in r["problems"]]
     for kind in ("produce", "consume"):
         busy = statistics.median(r["host_busy_pct"] for r in runs if r["kind"] == kind)
@@ -783,14 +891,18 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
                             "other than CPU limited the runs, so they may not measure the most either side can carry")
     for w in warnings:
         say(f"  WARNING: {w}")
-    return {"record_size": size, "records": records, "warmup_records": warm, "runs": runs, "median": med,
-            "paired_ratios": paired, "warnings": warnings}
+    out = {"record_size": size, "records": records, "warmup_records": warm, "runs": runs, "median": med,
+           "paired_ratios": paired, "warnings": warnings}
+    if "relay" in sides:
+        out["paired_ratios_floor"] = paired_floor
+    return out
 
 
 def saturation_phase(b: Bench, s: Settings) -> dict[str, Any]:
     say(f"\n[5/5] saturation: ProducerPerformance --throughput -1 (acks=all, Kafka's producer defaults), then "
         f"ConsumerPerformance over what it wrote; {s.sat_mib:g} MiB per run, record sizes "
-        f"{', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds, direct and proxied alternating")
+        f"{', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds, "
+        + ("direct, bare relay and proxied in rotation" if s.floor else "direct and proxied alternating"))
     sizes = [saturation_size(b, s, size) for size in s.record_sizes]
     return {"sizes": sizes, "warnings": [w for x in sizes for w in x["warnings"]]}
 
@@ -839,7 +951,42 @@ def saturation_rows(sat: dict[str, Any]) -> list[Row]:
                 p["proxy"]["avg_latency_ms"], p["proxy"]["avg_latency_ms"] - p["direct"]["avg_latency_ms"], "diff",
                 "", None),
         ]
+        if "relay" in p:
+            rows += floor_rows(n, p, c)
     return rows
+
+
+def _gap_share(direct: float, relay: float, proxy: float) -> float | None:
+    """Of the throughput txnguard loses against direct, the share it loses against the bare relay (%)."""
+    return 100 * (relay - proxy) / (direct - proxy) if direct > proxy else None
+
+
+def floor_rows(n: str, p: dict[str, dict[str, float]], c: dict[str, dict[str, float]]) -> list[Row]:
+    """The bare relay beside direct and txnguard: "X | Y" rows put X in the direct column, Y in the proxy one."""
+    pd, pr, pp = (p[side]["mb_per_sec"] for side in FLOOR_SIDES)
+    cd, cr, cp = (c[side]["fetch_mb_per_sec"] for side in FLOOR_SIDES)
+    prc, ppc = p["relay"]["proxy_cpu_ms_per_mib"], p["proxy"]["proxy_cpu_ms_per_mib"]
+    crc, cpc = c["relay"]["proxy_cpu_ms_per_mib"], c["proxy"]["proxy_cpu_ms_per_mib"]
+    return [
+        Row(f"{n}: produce at saturation (MB/s), direct | bare relay", pd, pr, pr / pd, "ratio",
+            f"ratio >= {TARGET_SAT_RATIO}", pr / pd >= TARGET_SAT_RATIO),
+        Row(f"{n}: consume at saturation (fetch MB/s), direct | bare relay", cd, cr, cr / cd, "ratio",
+            f"ratio >= {TARGET_SAT_RATIO}", cr / cd >= TARGET_SAT_RATIO),
+        Row(f"{n}: produce at saturation (MB/s), bare relay | txnguard", pr, pp, pp / pr, "ratio", "", None),
+        Row(f"{n}: consume at saturation (fetch MB/s), bare relay | txnguard", cr, cp, cp / cr, "ratio", "", None),
+        Row(f"{n}: txnguard's own share of its produce gap (%)", None, _gap_share(pd, pr, pp), None, "", "", None),
+        Row(f"{n}: txnguard's own share of its consume gap (%)", None, _gap_share(cd, cr, cp), None, "", "", None),
+        Row(f"{n}: bare relay CPU per MiB produced (ms)", None, prc, None, "",
+            f"<= {TARGET_SAT_PRODUCE_MS_PER_MIB:g} ms/MiB", prc <= TARGET_SAT_PRODUCE_MS_PER_MIB),
+        Row(f"{n}: bare relay CPU per MiB consumed (ms)", None, crc, None, "",
+            f"<= {TARGET_SAT_CONSUME_MS_PER_MIB:g} ms/MiB", crc <= TARGET_SAT_CONSUME_MS_PER_MIB),
+        Row(f"{n}: CPU per MiB produced (ms), bare relay | txnguard", prc, ppc, ppc - prc, "diff", "", None),
+        Row(f"{n}: CPU per MiB consumed (ms), bare relay | txnguard", crc, cpc, cpc - crc, "diff", "", None),
+        Row(f"{n}: kernel share of bare relay CPU, produce (%)", None,
+            100 * p["relay"]["proxy_sys_s"] / max(p["relay"]["proxy_cpu_s"], 1e-9), None, "", "", None),
+        Row(f"{n}: machine busy, bare relay: produce | consume (%)", p["relay"]["host_busy_pct"],
+            c["relay"]["host_busy_pct"], None, "", "", None),
+    ]
 
 
 def saturation_notes(sat: dict[str, Any]) -> list[str]:
@@ -848,6 +995,13 @@ def saturation_notes(sat: dict[str, Any]) -> list[str]:
         pr = ", ".join(f"x{r:.3f}" for r in x["paired_ratios"]["produce"])
         cr = ", ".join(f"x{r:.3f}" for r in x["paired_ratios"]["consume"])
         out.append(f"{_size_name(x['record_size'])}: per-round proxied/direct: produce {pr}; consume {cr}")
+        if "paired_ratios_floor" in x:
+            f = {kind: {k: ", ".join(f"x{r:.3f}" for r in v) for k, v in x["paired_ratios_floor"][kind].items()}
+                 for kind in ("produce", "consume")}
+            out.append(f"{_size_name(x['record_size'])}: per-round bare relay/direct: produce "
+                       f"{f['produce']['relay/direct']}; consume {f['consume']['relay/direct']}; "
+                       f"proxied/bare relay: produce {f['produce']['proxy/relay']}; "
+                       f"consume {f['consume']['proxy/relay']}")
     return out
 
 
@@ -866,7 +1020,7 @@ def ab_phase(b: Bench, s: Settings) -> dict[str, Any]:
         env, source = proxy_source(s.compare_rev, Path(d))
         listen, admin_port = proxy_ports()
         admin = f"{HOST}:{admin_port}"
-        other = ProxyProcess(["--upstream", b.cluster.bootstrap_servers, "--listen", f"{HOST}:{listen}",
+        other = ProxyProcess(["--upstream", b.direct_bootstrap, "--listen", f"{HOST}:{listen}",
                               "--admin", admin, "--mode", "gateway"], Path(d) / "compare.log", env=env)
         sides = {"this": b, "compare": Bench(b.cluster, other, listen, admin, b.stamp)}
         say(f"\n[ab] this proxy vs {source['source']} ({source['commit'][:12]}): ProducerPerformance --throughput -1, "
@@ -1074,24 +1228,29 @@ def proxy_source(rev: str | None, tmp: Path) -> tuple[dict[str, str], dict[str, 
     return env, {"source": f"git archive {rev}", "commit": commit, "head": head}
 
 
-def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None) -> Bench:
-    say(f"starting Kafka {KAFKA_VERSION} (1 node) in {tmp} ...")
-    cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka")
+def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, relay: bool = False) -> Bench:
+    say(f"starting Kafka {KAFKA_VERSION} (1 node, sidecar layout) in {tmp} ...")
+    cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka", sidecars=True)
     listen, admin_port = proxy_ports()
     admin = f"{HOST}:{admin_port}"
-    proxy = ProxyProcess(["--upstream", cluster.bootstrap_servers, "--listen", f"{HOST}:{listen}",
+    proxy = ProxyProcess(["--upstream", direct_bootstrap(cluster), "--listen", f"{HOST}:{listen}",
                           "--admin", admin, "--mode", "gateway"], proxy_log, env=proxy_env)
     b = Bench(cluster, proxy, listen, admin)
+    node = cluster.nodes[0]
     try:
-        proxy.start(wait_port=(HOST, listen))
+        b.proxy.start(wait_port=(HOST, listen))
         wait_ready(admin, listen + 2)
+        if relay:
+            assert node.sidecar_port is not None
+            b.relay = RelayProcess(node.sidecar_port, node.address)
     except BaseException:
-        # The caller only learns of the cluster (through its folder), not of this process.
-        if proxy.proc is not None and proxy.proc.poll() is None:
-            proxy.terminate(timeout=10)
+        # The caller only learns of the cluster (through its folder), not of these processes.
+        if b.proxy.proc is not None and b.proxy.proc.poll() is None:
+            b.proxy.terminate(timeout=10)
         raise
-    say(f"broker {cluster.bootstrap_servers}; proxy pid {b.pid} on {HOST}:{listen} (broker 1 via {listen + 2}), "
-        f"admin {admin}")
+    say(f"broker: direct {b.direct_bootstrap} (BROKER listener), PLAINTEXT {node.address} advertised as "
+        f"{HOST}:{node.sidecar_port}; proxy pid {b.pid} on {HOST}:{listen} (broker 1 via {listen + 2}), admin {admin}"
+        + (f"; bare relay pid {b.relay.proc.pid} on {HOST}:{node.sidecar_port} -> {node.address}" if b.relay else ""))
     return b
 
 
@@ -1099,6 +1258,8 @@ def stop(b: Bench | None, cluster_dir: Path) -> None:
     if b is not None and b.proxy.proc is not None and b.proxy.proc.poll() is None:
         code = b.proxy.terminate(timeout=30)
         say(f"proxy stopped (exit {code})")
+    if b is not None and b.relay is not None:
+        say(f"bare relay stopped (exit {b.relay.stop()})")
     cluster = b.cluster if b is not None else None
     if cluster is None and (cluster_dir / "cluster.json").exists():
         cluster = kafka.Cluster.load(cluster_dir)  # kafka.up failed after writing its folder
@@ -1188,6 +1349,9 @@ def main() -> int:
                              "2 with --quick)")
     parser.add_argument("--sat-mib", type=float, default=None,
                         help=f"saturation payload per run in MiB (default {SAT_MIB}; 50 with --quick)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="saturation without the bare relay arm (bench/bare_relay.py): direct and proxied only, "
+                             "a third less time")
     parser.add_argument("--proxy-rev", default=None,
                         help="run the proxy of this git revision (git archive into the temporary folder) instead "
                              "of the working tree's src/")
@@ -1208,7 +1372,7 @@ def main() -> int:
         base, rate=args.rate, parts=parts, record_sizes=tuple(int(x) for x in args.records.split(",") if x.strip()),
         rounds=args.rounds if args.rounds is not None else base.rounds,
         sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
-        compare_rev=args.compare_rev,
+        compare_rev=args.compare_rev, floor=not args.no_floor,
     )
     if ("ab" in parts) != (args.compare_rev is not None):
         parser.error("--only ab and --compare-rev go together")
@@ -1235,7 +1399,7 @@ def main() -> int:
     try:
         proxy_env, result["proxy_source"] = proxy_source(args.proxy_rev, tmp)
         say(f"proxy code: {result['proxy_source']}")
-        b = start(tmp, proxy_log, proxy_env)
+        b = start(tmp, proxy_log, proxy_env, relay=s.floor and "saturation" in s.parts)
         b.stamp = stamp
         result.update(measure(b, s))
         result["warnings"] = early + result["warnings"]
