@@ -81,12 +81,21 @@ class ClientSide(Pipe):
         super().__init__(counts, to_upstream=True)
         self.upstream = upstream
         self.connecting: asyncio.Task[None] | None = None
+        self.early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Nothing is read until the upstream connection exists: nowhere to write it yet.
         self._setup(transport).pause_reading()
         self.counts.connections += 1
         self.connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            # Pausing in connection_made does not hold back a read the transport already made
+            # (txnguard's session keeps these too): it leaves first once upstream is connected.
+            self.early.append(data)
+            return
+        super().data_received(data)
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -100,16 +109,20 @@ class ClientSide(Pipe):
 class UpstreamSide(Pipe):
     def __init__(self, client: ClientSide) -> None:
         super().__init__(client.counts, to_upstream=False)
+        self.client = client
         self.peer = client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._setup(transport)
-        client = self.peer
-        assert client is not None and client.transport is not None
+        upstream, client = self._setup(transport), self.client
+        assert client.transport is not None
         if client.transport.is_closing():   # the client left while we connected
-            transport.close()
+            upstream.close()
             return
         client.peer = self
+        if client.early:
+            early, client.early = b"".join(client.early), []
+            upstream.write(early)
+            self.counts.to_upstream += len(early)
         client.transport.resume_reading()
 
 

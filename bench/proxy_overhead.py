@@ -283,11 +283,16 @@ def direct_bootstrap(cluster: kafka.Cluster) -> str:
 
 
 class RelayProcess:
-    """bench/bare_relay.py as a child process; on SIGUSR1 it prints its byte counts on the pipe we read."""
+    """bench/bare_relay.py as a child process; on SIGUSR1 it prints its byte counts on the pipe we read.
 
-    def __init__(self, listen: int, upstream: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(RELAY_SCRIPT), "--listen", f"{HOST}:{listen}",
-                                      "--upstream", upstream], stdout=subprocess.PIPE, text=True)
+    Its stderr (asyncio's report of anything that went wrong in a callback) goes to `log`.
+    """
+
+    def __init__(self, listen: int, upstream: str, log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen([sys.executable, str(RELAY_SCRIPT), "--listen", f"{HOST}:{listen}",
+                                          "--upstream", upstream], stdout=subprocess.PIPE, stderr=err, text=True)
         first = self._line()
         if not first.startswith("listening"):
             self.stop()
@@ -297,14 +302,14 @@ class RelayProcess:
         assert self.proc.stdout is not None
         return self.proc.stdout.readline().strip()
 
-    def counts(self) -> tuple[int, int]:
-        """(bytes client to upstream, bytes upstream to client) since it started."""
+    def counts(self) -> tuple[int, int, int]:
+        """(bytes client to upstream, bytes upstream to client, bytes of stderr) since it started."""
         self.proc.send_signal(signal.SIGUSR1)
         line = self._line()
         if not line.startswith("relayed "):
             raise RuntimeError(f"bare relay answered {line!r} (exit {self.proc.poll()})")
         up, down, _ = (int(x) for x in line.split()[1:])
-        return up, down
+        return up, down, self.log.stat().st_size
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
@@ -349,8 +354,8 @@ class Bench:
             return self.cluster.sidecar_bootstrap
         return f"{HOST}:{self.listen}"
 
-    def relay_counts(self) -> tuple[int, int]:
-        return self.relay.counts() if self.relay is not None else (0, 0)
+    def relay_counts(self) -> tuple[int, int, int]:
+        return self.relay.counts() if self.relay is not None else (0, 0, 0)
 
     def topic(self, kind: str, side: str) -> str:
         # Topics are created on the broker directly, so topic creation never counts against the proxy.
@@ -686,10 +691,17 @@ def _through_proxy(b: Bench, before: dict[str, float]) -> tuple[float, float]:
             requests(after) - requests(before))
 
 
-def _relayed(b: Bench, before: tuple[int, int]) -> dict[str, float]:
-    """MiB the bare relay carried each way since `before` (0 without one)."""
-    up, down = b.relay_counts()
-    return {"relay_to_upstream_mib": (up - before[0]) / MIB, "relay_to_client_mib": (down - before[1]) / MIB}
+def _relayed(b: Bench, before: tuple[int, int, int]) -> dict[str, Any]:
+    """MiB the bare relay carried each way since `before` (0 without one), and what it wrote to stderr."""
+    up, down, err = b.relay_counts()
+    errors = ""
+    if err > before[2]:
+        assert b.relay is not None
+        with open(b.relay.log, "rb") as f:
+            f.seek(before[2])
+            errors = f.read(err - before[2]).decode(errors="replace")
+    return {"relay_to_upstream_mib": (up - before[0]) / MIB, "relay_to_client_mib": (down - before[1]) / MIB,
+            "relay_errors": errors}
 
 
 def _per_request(cpu: dict[str, float], requests: float) -> dict[str, float]:
@@ -794,6 +806,9 @@ def _route_problems(run: dict[str, Any], payload_mib: float) -> list[str]:
         out.append(f"{side} run sent {via:.1f} MiB through the proxy")
     # The payload's own direction (to the broker when producing, to the client when consuming) carries
     # the records plus their framing: never less than the payload.
+    if run.get("relay_errors"):
+        lines = run["relay_errors"].strip().splitlines()
+        out.append(f"{side} run: the bare relay wrote {len(lines)} lines to stderr, the last: {lines[-1][:200]}")
     relayed = run.get("relay_payload_mib", 0.0)
     both = run.get("relay_to_upstream_mib", 0.0) + run.get("relay_to_client_mib", 0.0)
     if side == "relay" and relayed < payload_mib:
@@ -1245,7 +1260,7 @@ def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, r
         wait_ready(admin, listen + 2)
         if relay:
             assert node.sidecar_port is not None
-            b.relay = RelayProcess(node.sidecar_port, node.address)
+            b.relay = RelayProcess(node.sidecar_port, node.address, tmp / "relay.log")
     except BaseException:
         # The caller only learns of the cluster (through its folder), not of these processes.
         if b.proxy.proc is not None and b.proxy.proc.poll() is None:
