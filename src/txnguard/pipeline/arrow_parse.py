@@ -41,6 +41,12 @@ ROUTED_SCHEMA = pa.schema([*RECORD_SCHEMA, pa.field(ROUTE, pa.string()), pa.fiel
                            pa.field(SOURCE, pa.string()), pa.field(CHARS, pa.int32()), pa.field(VALUE, pa.string())])
 # Unknown fields are ignored, as from_json ignored them: a newer proxy may add one.
 _PARSE = pj.ParseOptions(explicit_schema=RECORD_SCHEMA, unexpected_field_behavior="ignore")
+# Nearly every line is a decision. Parsed with a decision's fields only (26 of the 44), the reader costs 17% less a
+# line (3.7 against 4.5 us); the few lines of other kinds are parsed again with every field. A decision's line is
+# read as a decision: a field only other kinds have is an unknown field to it, ignored whatever its value.
+_DECISION_NAMES = {name for name, _, _ in R.DECISION_V1} | {name for name, _, _ in R.V2_COMMON}
+DECISION_SCHEMA = pa.schema([f for f in RECORD_SCHEMA if f.name in _DECISION_NAMES])
+_PARSE_DECISION = pj.ParseOptions(explicit_schema=DECISION_SCHEMA, unexpected_field_behavior="ignore")
 
 
 def _joined(text: pa.Array, terminated: bool) -> pa.Buffer:
@@ -53,13 +59,13 @@ def _joined(text: pa.Array, terminated: bool) -> pa.Buffer:
     return ended.buffers()[2][int(offsets[0]):int(offsets[-1])]
 
 
-def _read(text: pa.Array, terminated: bool) -> pa.Table | None:
+def _read(text: pa.Array, terminated: bool, options: pj.ParseOptions = _PARSE) -> pa.Table | None:
     """The lines parsed, one row each; None when the reader refuses them or returns another number of rows."""
     data = _joined(text, terminated)
     try:
         table = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(use_threads=False,
                                                                                 block_size=max(len(data), 1) + 1),
-                             parse_options=_PARSE)
+                             parse_options=options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
     return table if table.num_rows == len(text) else None
@@ -91,6 +97,38 @@ def parse_lines(text: pa.Array, parseable: np.ndarray, terminated: bool = False)
         parsed = np.zeros(n, dtype=bool)
         parsed[index] = parsed_sub
         return table.take(scatter), parsed
+    decisions = _read(text, terminated, _PARSE_DECISION) if n else None
+    if decisions is not None:
+        return _decisions_first(text, decisions, terminated)
+    return _parse_all_fields(text, terminated)
+
+
+def _decisions_first(text: pa.Array, decisions: pa.Table, terminated: bool) -> tuple[pa.Table, np.ndarray]:
+    """Every line parsed as a decision: the rows that are one keep that parse (widened to every field, null); the
+    others (other kinds, unsupported versions) are parsed again with every field, as they were before."""
+    n = len(text)
+    is_decision = _equals(decisions["schema_version"], 1) | (
+        _equals(decisions["schema_version"], 2) & _equals(decisions["kind"], R.DECISION))
+    if is_decision.all():
+        widened = pa.table([decisions[f.name] if f.name in _DECISION_NAMES else pa.nulls(n, f.type)
+                            for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
+        return widened, np.ones(n, dtype=bool)
+    widened = decisions
+    others = np.flatnonzero(~is_decision)
+    full, parsed_others = _parse_all_fields(text.take(pa.array(others)), terminated)
+    mask = pa.array(~is_decision)
+    scatter = pa.array(np.cumsum(~is_decision) - 1, mask=is_decision)  # row k of `full` where the k-th other line is
+    # Each column with the other lines' rows put in place: a decision's column keeps its values and gets the few
+    # others' (no copy of the whole table through a take); a column decisions do not have is the others' only.
+    columns = [pc.replace_with_mask(_chunk(widened[f.name]), mask, _chunk(full[f.name])) if f.name in _DECISION_NAMES
+               else _chunk(full[f.name]).take(scatter) for f in RECORD_SCHEMA]
+    parsed = np.ones(n, dtype=bool)
+    parsed[others] = parsed_others
+    return pa.table(columns, schema=RECORD_SCHEMA), parsed
+
+
+def _parse_all_fields(text: pa.Array, terminated: bool) -> tuple[pa.Table, np.ndarray]:
+    n = len(text)
     pieces = _parse(text, terminated) if n else []
     if len(pieces) == 1 and pieces[0][0] is not None:
         return pieces[0][0], np.ones(n, dtype=bool)
