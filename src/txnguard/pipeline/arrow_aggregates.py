@@ -23,9 +23,12 @@ import pyarrow.compute as pc
 from txnguard.pipeline import records as R
 from txnguard.pipeline.incidents import ACTED, classify
 
-# The same constants as `tables` (which imports pyspark, so they are repeated here and checked equal by a test).
+# The latency histogram (`tables` explains it) and the report's percentiles, for this module, its Spark twins in
+# `tables` and the driver's merge in `local_merge` alike.
 LATENCY_GAMMA = 1.01
-ZERO_BUCKET = -(2**31)
+ZERO_BUCKET = -(2**31)  # a latency of 0 (or less: a clock step) has no logarithm
+PERCENTILES = (0.5, 0.95, 0.99)
+INVENTORY_FIRST = 100  # the client inventory keeps the first 100 sorted ids of each list
 
 _TS = pa.timestamp("us", tz="UTC")
 _STRINGS = pa.list_(pa.string())
@@ -38,7 +41,7 @@ REJECTION_SCHEMA = pa.schema([
 LATENCY_SCHEMA = pa.schema([
     ("day", pa.date32()), ("hour", _TS), ("evidence", pa.string()), ("bucket", pa.int32()), ("count", pa.int64()),
     ("sum_ms", pa.float64()), ("max_ms", pa.float64())])
-INVENTORY_KEYS = ["day", "client_family", "client_software_name", "client_software_version"]
+INVENTORY_KEYS = ("day", "client_family", "client_software_name", "client_software_version")
 INVENTORY_SCHEMA = pa.schema([
     ("day", pa.date32()), ("client_family", pa.string()), ("client_software_name", pa.string()),
     ("client_software_version", pa.string()), ("client_ids", _STRINGS), ("transactional_ids", _STRINGS),
@@ -128,7 +131,7 @@ def inventory_from_decisions(d: pa.Table) -> pa.Table:
         "pre_tv2": _pre_tv2(api, version),
         "produce_version": pc.if_else(pc.equal(api, "produce"), pc.cast(version, pa.int32()), no_int),
         "commit_version": pc.if_else(pc.equal(api, "txn_offset_commit"), pc.cast(version, pa.int32()), no_int)})
-    g = keyed.group_by(INVENTORY_KEYS, use_threads=False).aggregate([
+    g = keyed.group_by(list(INVENTORY_KEYS), use_threads=False).aggregate([
         _distinct("client_id"), _distinct("transactional_id"), _distinct("listener"), _distinct("proxy_id"),
         ("event_time", "min"), ("event_time", "max"), ([], "count_all"), ("rejected", "sum"), ("unenforced", "sum"),
         ("pre_tv2", "any"), _distinct("produce_version"), _distinct("commit_version")])
@@ -249,6 +252,7 @@ class Partials:
         self.decisions: list[pa.Table] = []
         self.kept = 0
         self.connections: list[pa.Table] = []  # connections' columns (all of them: few rows)
+        self.kept_connections = 0
         self.counted: dict[str, list[pa.Table]] = {"rejections": [], "latency": [], "inventory": []}
 
     def add_decisions(self, d: pa.Table) -> None:
@@ -259,13 +263,14 @@ class Partials:
 
     def add_connections(self, c: pa.Table) -> None:
         self.connections.append(c)
-        if sum(t.num_rows for t in self.connections) >= KEEP_ROWS:
+        self.kept_connections += c.num_rows
+        if self.kept_connections >= KEEP_ROWS:
             self._count_connections()
 
     def _count_connections(self) -> None:
         if self.connections:
             self.counted["inventory"].append(inventory_from_connections(pa.concat_tables(self.connections)))
-            self.connections = []
+            self.connections, self.kept_connections = [], 0
 
     def _count(self) -> None:
         if not self.decisions:

@@ -113,14 +113,14 @@ def _decisions_first(text: pa.Array, decisions: pa.Table, terminated: bool) -> t
         widened = pa.table([decisions[f.name] if f.name in _DECISION_NAMES else pa.nulls(n, f.type)
                             for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
         return widened, np.ones(n, dtype=bool)
-    widened = decisions
     others = np.flatnonzero(~is_decision)
     full, parsed_others = _parse_all_fields(text.take(pa.array(others)), terminated)
     mask = pa.array(~is_decision)
     scatter = pa.array(np.cumsum(~is_decision) - 1, mask=is_decision)  # row k of `full` where the k-th other line is
     # Each column with the other lines' rows put in place: a decision's column keeps its values and gets the few
     # others' (no copy of the whole table through a take); a column decisions do not have is the others' only.
-    columns = [pc.replace_with_mask(_chunk(widened[f.name]), mask, _chunk(full[f.name])) if f.name in _DECISION_NAMES
+    columns = [pc.replace_with_mask(_chunk(decisions[f.name]), mask, _chunk(full[f.name]))
+               if f.name in _DECISION_NAMES
                else _chunk(full[f.name]).take(scatter) for f in RECORD_SCHEMA]
     parsed = np.ones(n, dtype=bool)
     parsed[others] = parsed_others

@@ -24,10 +24,6 @@ import pyarrow.dataset as ds
 
 from txnguard.pipeline import arrow_aggregates as A
 
-PERCENTILES = (0.5, 0.95, 0.99)  # as `tables.PERCENTILES`
-_TS = pa.timestamp("us", tz="UTC")
-INVENTORY_FIRST = 100  # as `tables.inventory_from`: the first 100 sorted ids of each list
-
 
 def read(folder: str, kind: str) -> pa.Table:
     schema = A.PARTIAL_SCHEMAS[kind]
@@ -45,7 +41,7 @@ def rejections(partials: pa.Table) -> pa.Table:
 
 def latency_buckets(partials: pa.Table) -> pa.Table:
     """`tables.latency_buckets`."""
-    keys = ["day", "hour", "evidence", "bucket"]
+    keys = list(A.LATENCY_SCHEMA.names[:4])
     g = partials.group_by(keys).aggregate([("count", "sum"), ("sum_ms", "sum"), ("max_ms", "max")])
     return g.rename_columns([*keys, "count", "sum_ms", "max_ms"])
 
@@ -93,7 +89,7 @@ def latency_summary(buckets: pa.Table, keys: list[str]) -> pa.Table:
         for k in keys:
             columns[k].append(key_rows[start][k])
         columns["count"].append(int(count[start:end].sum()))
-        for name, p in zip(("p50_ms", "p95_ms", "p99_ms"), PERCENTILES, strict=True):
+        for name, p in zip(("p50_ms", "p95_ms", "p99_ms"), A.PERCENTILES, strict=True):
             columns[name].append(_percentile(values, c, p))
         maxima = max_ms[start:end][~np.isnan(max_ms[start:end].astype(np.float64))]
         columns["max_ms"].append(float(maxima.max()) if len(maxima) else None)
@@ -135,7 +131,7 @@ def client_inventory(partials: pa.Table) -> pa.Table:
         for g, vs in zip(distinct["g"].to_pylist(), distinct["v_distinct"].to_pylist(), strict=True):
             found[g] = sorted(v for v in vs if v is not None)  # collect_set leaves nulls out
         sets[column] = found
-    first = {c: [v[:INVENTORY_FIRST] for v in sets[c]] for c in ("client_ids", "transactional_ids", "listeners",
+    first = {c: [v[:A.INVENTORY_FIRST] for v in sets[c]] for c in ("client_ids", "transactional_ids", "listeners",
                                                                    "proxy_ids")}
     strings, ints32 = pa.list_(pa.string()), pa.list_(pa.int32())
     return pa.table({

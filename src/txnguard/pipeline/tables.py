@@ -13,7 +13,7 @@ from itertools import chain
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from txnguard.pipeline import arrow_tables
+from txnguard.pipeline import arrow_aggregates, arrow_tables
 from txnguard.pipeline import records as R
 from txnguard.pipeline.incidents import ACTED, ANY_API, BY_DECISION, INCIDENTS, UNCLASSIFIED
 
@@ -103,11 +103,11 @@ def rejections(decisions_: DataFrame) -> DataFrame:
 # ceil(log(v) / log(GAMMA)), whose middle value 2 * GAMMA**i / (GAMMA + 1) is within (GAMMA - 1) / (GAMMA + 1) =
 # 0.5% of every value in it (DDSketch's idea). Tasks and hours merge by adding counts, so the percentiles of any
 # span (an hour, the whole run, a --since window) come from the same table, and no task ever holds every value.
-LATENCY_GAMMA = 1.01
+# One definition for the Arrow side and this one.
+LATENCY_GAMMA, ZERO_BUCKET = arrow_aggregates.LATENCY_GAMMA, arrow_aggregates.ZERO_BUCKET
 LATENCY_RELATIVE_ERROR = (LATENCY_GAMMA - 1) / (LATENCY_GAMMA + 1)
-ZERO_BUCKET = -(2**31)  # a latency of 0 (or less: a clock step) has no logarithm
 LATENCY_KEYS = ("day", "hour", "evidence")
-PERCENTILES = (0.5, 0.95, 0.99)
+PERCENTILES = arrow_aggregates.PERCENTILES
 
 
 def latency_bucket(latency: Column) -> Column:
@@ -178,7 +178,7 @@ def incidents_prevented(decisions_: DataFrame) -> DataFrame:
     )
 
 
-INVENTORY_KEYS = ("day", "client_family", "client_software_name", "client_software_version")
+INVENTORY_KEYS = arrow_aggregates.INVENTORY_KEYS
 
 
 def inventory_partials(decisions_: DataFrame, connections_: DataFrame) -> DataFrame:
@@ -219,7 +219,7 @@ def inventory_from(partials: DataFrame) -> DataFrame:
     def merged(col: str) -> Column:
         return F.array_distinct(F.flatten(F.collect_list(col)))
 
-    def first_sorted(col: str, limit: int = 100) -> Column:
+    def first_sorted(col: str, limit: int = arrow_aggregates.INVENTORY_FIRST) -> Column:
         return F.slice(F.array_sort(merged(col)), 1, limit)
 
     return (
