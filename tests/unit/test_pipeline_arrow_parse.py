@@ -90,3 +90,13 @@ def test_decisions_are_read_with_a_decisions_fields_and_every_other_kind_with_al
     assert rows[5]["used_transactions"] is None and rows[5]["transactional_id"] == decision["transactional_id"]
     assert {k: rows[6][k] for k in connection} == connection  # every field of the other kind, typed, in its place
     assert rows[7]["quarantine_reason"] == "malformed_json"
+
+
+def test_a_line_that_is_a_bare_null_is_malformed_even_first_in_its_batch():
+    """pyarrow's JSON reader dies (SIGSEGV) on a block that starts with a bare null and reads one after an object
+    as a row of nulls; such a line never reaches a reader. Found by tests/property/test_pipeline_fast_parse.py."""
+    nulls = ["null", " null", "null}", "nullx", "\ufeffnull"]
+    for first in nulls:
+        rows = _route([first, *GOOD[:3], "null"])
+        assert [r["quarantine_reason"] for r in rows] == ["malformed_json", None, None, None, "malformed_json"]
+        assert rows[0]["value"] == first and rows[0]["schema_version"] is None

@@ -14,11 +14,19 @@ Every line ends up in exactly one place, with the same reasons, in the same orde
 * a line longer than `records.MAX_RECORD_CHARS` (or a null Kafka value) is never handed to the parser;
 * the quarantine reason is worked out in plain Python, row by row, only for the rows a vectorised check did not
   find complete (`records.quarantine_reason`): a few per batch.
+
+polars' NDJSON reader (simd-json) reads a batch as decisions first: 2.3 us a line, +0.5 to hand it to Arrow, against
+pyarrow's 3.7-4.1 (one 16 MiB batch of the benchmark's records). pyarrow stays the reference: wherever the two can
+disagree, pyarrow's answer is the one kept (`_read_fast`), so which lines parse and why a line is quarantined are
+what they were. One difference is left on purpose: a line that repeats a declared key (the proxy's writer,
+`json.dumps` of a dict, cannot write one) is a decision with the key's first value where pyarrow refused it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +55,119 @@ _PARSE = pj.ParseOptions(explicit_schema=RECORD_SCHEMA, unexpected_field_behavio
 _DECISION_NAMES = {name for name, _, _ in R.DECISION_V1} | {name for name, _, _ in R.V2_COMMON}
 DECISION_SCHEMA = pa.schema([f for f in RECORD_SCHEMA if f.name in _DECISION_NAMES])
 _PARSE_DECISION = pj.ParseOptions(explicit_schema=DECISION_SCHEMA, unexpected_field_behavior="ignore")
+
+
+# -- the fast reader: polars, checked against what pyarrow would say -------------------------------------------------
+
+_POLARS: dict[str, Any] = {}  # polars and the decision schema in its types, made at the first batch of a process
+_POLARS_TYPES = {pa.int32(): "Int32", pa.int64(): "Int64", pa.float64(): "Float64", pa.bool_(): "Boolean",
+                 pa.string(): "String"}
+_STRING_FIELDS = [f.name for f in DECISION_SCHEMA if f.type == pa.string()]
+# polars keeps a number, boolean, object or array found where a string is declared as its JSON text (pyarrow refuses
+# the line). Such a text has one of these shapes; a real string of that shape ("1.9" as a client version) only costs
+# its line a second parse by pyarrow. Numbers are as polars prints them (integers, Rust's shortest float form).
+_AS_TEXT = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|[\[{].*)$"
+_FIRST_BYTES = np.zeros(256, dtype=bool)
+_FIRST_BYTES[list(b"-0123456789[{tf")] = True
+
+
+def _polars() -> tuple[Any, Any]:
+    if not _POLARS:
+        # One thread: a Spark task is one core's work, and polars' own pool would compete with the other tasks.
+        os.environ.setdefault("POLARS_MAX_THREADS", "1")
+        import polars as pl
+
+        _POLARS["pl"] = pl
+        _POLARS["schema"] = pl.Schema({f.name: getattr(pl, _POLARS_TYPES[f.type]) for f in DECISION_SCHEMA})
+    return _POLARS["pl"], _POLARS["schema"]
+
+
+def _first_bytes(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's first byte and its length in bytes (0 for a null or empty value), read from the string
+    array's buffers with numpy: no copy, no call per row."""
+    n = len(column)
+    values = column.buffers()[2]
+    if column.null_count == n or values is None or values.size == 0:  # every value null or empty
+        return np.zeros(n, dtype=np.uint8), np.zeros(n, dtype=np.int64)
+    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+    offsets = np.frombuffer(column.buffers()[1], dtype=width, count=n + 1, offset=column.offset * width(0).nbytes)
+    data = np.frombuffer(values, dtype=np.uint8)
+    lengths = np.diff(offsets).astype(np.int64)
+    first = data[np.minimum(offsets[:-1], len(data) - 1)]
+    if column.null_count:
+        lengths[~pc.is_valid(column).to_numpy(zero_copy_only=False)] = 0
+    return np.where(lengths > 0, first, 0).astype(np.uint8), lengths
+
+
+# A line whose first value is a bare null ("null", " null", "null}"...): pyarrow's reader dies on it (SIGSEGV in
+# pyarrow 22 and 26 when the block starts with it; after an object it reads it as a row of nulls). Such a line is
+# not an object, so not a record: it is never handed to a reader (malformed_json, as "5" or "[1]" are).
+_NULL_FIRST_BYTES = np.zeros(256, dtype=bool)
+_NULL_FIRST_BYTES[list(b"n \t\r\xef")] = True  # n, JSON whitespace, a UTF-8 byte-order mark's first byte
+
+
+def _bare_nulls(text: pa.Array) -> np.ndarray:
+    first, lengths = _first_bytes(text)
+    found = np.zeros(len(text), dtype=bool)
+    for i in np.flatnonzero(_NULL_FIRST_BYTES[first] & (lengths > 0)):  # a record line starts with "{": none
+        line = text[int(i)].as_py()
+        found[i] = line.lstrip("\ufeff \t\r\n").startswith("n")
+    return found
+
+
+def _maybe_text(column: pa.Array) -> np.ndarray:
+    """The rows of a string column whose value may be another JSON type kept as its text (see `_AS_TEXT`): the
+    first byte is looked at for every row (numpy, no copy), the regex runs only where it could match."""
+    n = len(column)
+    first, lengths = _first_bytes(column)
+    candidates = (lengths > 0) & _FIRST_BYTES[first]
+    # "t..."/"f..." is only "true"/"false": 4 and 5 bytes (transactional ids often start with a t).
+    candidates &= ~(((first == ord("t")) & (lengths != 4)) | ((first == ord("f")) & (lengths != 5)))
+    found = np.zeros(n, dtype=bool)
+    if candidates.any():
+        index = np.flatnonzero(candidates)
+        match = pc.match_substring_regex(column.take(pa.array(index)), _AS_TEXT)
+        found[index] = pc.fill_null(match, False).to_numpy(zero_copy_only=False)
+    return found
+
+
+def _read_fast(text: pa.Array, terminated: bool) -> tuple[pa.Table, np.ndarray] | None:
+    """The lines read as decisions by polars, and the rows whose values pyarrow might not have given (to be parsed
+    again by pyarrow); None when polars refuses the batch or returns another number of rows (pyarrow reads it).
+
+    Measured against pyarrow on hand-made lines of every kind of damage (`tests/property/test_pipeline_fast_parse.py`
+    compares the two on generated ones), polars differs in three ways besides refusing more (NaN, Infinity, a
+    byte-order mark: the batch goes to pyarrow):
+    * a number, boolean, object or array where a string is declared is kept as its JSON text: such rows are found
+      by their shape (`_maybe_text`);
+    * a lone UTF-16 surrogate escape ("\\ud800") becomes U+0000: a line with any "\\ud" escape is parsed again;
+    * a repeated key keeps its first value (left as it is: see the module's docstring).
+    """
+    pl, schema = _polars()
+    raw = _joined(text, terminated).to_pybytes()
+    try:
+        frame = pl.read_ndjson(raw, schema=schema)
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException):  # a line it refuses (or a panic in its
+        return None  # Rust code, a BaseException): pyarrow reads the batch, as if polars had not been there
+    if frame.height != len(text):
+        return None
+    table = frame.to_arrow().cast(DECISION_SCHEMA)
+    again = np.zeros(len(text), dtype=bool)
+    for name in _STRING_FIELDS:
+        again |= _maybe_text(_chunk(table[name]))
+    if _surrogate_escape(raw):
+        again |= pc.match_substring(text, "\\ud", ignore_case=True).to_numpy(zero_copy_only=False)
+    return table, again
+
+
+def _surrogate_escape(raw: bytes) -> bool:
+    """Whether `raw` has a "\\ud"/"\\uD" escape (a UTF-16 surrogate). A backslash is looked for first (memchr):
+    `b"\\ud" in raw` costs 0.4 us a line, more than the rest of the check."""
+    if raw.find(b"\\") < 0:
+        return False
+    u = np.frombuffer(raw, dtype=np.uint8)
+    at = np.flatnonzero(u[:-2] == ord("\\"))
+    return bool(((u[at + 1] == ord("u")) & ((u[at + 2] | 0x20) == ord("d"))).any())
 
 
 def _joined(text: pa.Array, terminated: bool) -> pa.Buffer:
@@ -89,6 +210,7 @@ def parse_lines(text: pa.Array, parseable: np.ndarray, terminated: bool = False)
     """Parse the lines where `parseable`; returns one row per line (all null where not parsed) and `parsed`.
     `terminated`: each line still ends with its newline (read from a file as it is)."""
     n = len(text)
+    parseable = parseable & ~_bare_nulls(text)
     if not parseable.all():
         index = np.flatnonzero(parseable)
         table, parsed_sub = parse_lines(text.take(pa.array(index)), np.ones(len(index), dtype=bool), terminated)
@@ -97,33 +219,54 @@ def parse_lines(text: pa.Array, parseable: np.ndarray, terminated: bool = False)
         parsed = np.zeros(n, dtype=bool)
         parsed[index] = parsed_sub
         return table.take(scatter), parsed
-    decisions = _read(text, terminated, _PARSE_DECISION) if n else None
+    fast = _read_fast(text, terminated) if n else None
+    if fast is not None:
+        return _decisions_first(text, fast[0], terminated, again=fast[1])
+    return _parse_pyarrow(text, terminated)
+
+
+def _parse_pyarrow(text: pa.Array, terminated: bool) -> tuple[pa.Table, np.ndarray]:
+    """pyarrow alone: the lines as decisions first, then as before."""
+    decisions = _read(text, terminated, _PARSE_DECISION) if len(text) else None
     if decisions is not None:
         return _decisions_first(text, decisions, terminated)
     return _parse_all_fields(text, terminated)
 
 
-def _decisions_first(text: pa.Array, decisions: pa.Table, terminated: bool) -> tuple[pa.Table, np.ndarray]:
+def _decisions_first(text: pa.Array, decisions: pa.Table, terminated: bool,
+                     again: np.ndarray | None = None) -> tuple[pa.Table, np.ndarray]:
     """Every line parsed as a decision: the rows that are one keep that parse (widened to every field, null); the
-    others (other kinds, unsupported versions) are parsed again with every field, as they were before."""
+    others (other kinds, unsupported versions, and the rows in `again`) are parsed again by pyarrow with every
+    field, as they were before."""
     n = len(text)
     is_decision = _equals(decisions["schema_version"], 1) | (
         _equals(decisions["schema_version"], 2) & _equals(decisions["kind"], R.DECISION))
+    if again is not None:
+        is_decision &= ~again
     if is_decision.all():
         widened = pa.table([decisions[f.name] if f.name in _DECISION_NAMES else pa.nulls(n, f.type)
                             for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
         return widened, np.ones(n, dtype=bool)
     others = np.flatnonzero(~is_decision)
-    full, parsed_others = _parse_all_fields(text.take(pa.array(others)), terminated)
-    mask = pa.array(~is_decision)
+    # Lines polars may have read otherwise than pyarrow are read by pyarrow exactly as if polars had not been there.
+    reparse = _parse_pyarrow if again is not None and again.any() else _parse_all_fields
+    full, parsed_others = reparse(text.take(pa.array(others)), terminated)
     scatter = pa.array(np.cumsum(~is_decision) - 1, mask=is_decision)  # row k of `full` where the k-th other line is
+    parsed = np.ones(n, dtype=bool)
+    parsed[others] = parsed_others
+    if parsed_others.all() and (again is None or not again.any()):
+        # The first parse read the other lines' decision fields as the second did (same text, same types; for
+        # polars, `_read_fast` found nothing pyarrow would read otherwise): only the fields decisions do not have
+        # come from the second (0.2 us a line less than putting every column's few rows in place).
+        columns = [_chunk(decisions[f.name]) if f.name in _DECISION_NAMES else _chunk(full[f.name]).take(scatter)
+                   for f in RECORD_SCHEMA]
+        return pa.table(columns, schema=RECORD_SCHEMA), parsed
+    mask = pa.array(~is_decision)
     # Each column with the other lines' rows put in place: a decision's column keeps its values and gets the few
     # others' (no copy of the whole table through a take); a column decisions do not have is the others' only.
     columns = [pc.replace_with_mask(_chunk(decisions[f.name]), mask, _chunk(full[f.name]))
                if f.name in _DECISION_NAMES
                else _chunk(full[f.name]).take(scatter) for f in RECORD_SCHEMA]
-    parsed = np.ones(n, dtype=bool)
-    parsed[others] = parsed_others
     return pa.table(columns, schema=RECORD_SCHEMA), parsed
 
 
@@ -212,13 +355,16 @@ def route_batch(value: pa.Array, source: pa.Array, terminated: bool = False) -> 
     if terminated and pc.any(quarantined).as_py():
         value = pc.utf8_slice_codeunits(value, 0, -1)  # rare: only a batch with a bad line pays this copy
     kept = pc.if_else(quarantined, value, pa.scalar(None, pa.string()))
-    columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
+    columns = [_chunk(c) for c in table.columns]
     return pa.RecordBatch.from_arrays([*columns, _chunk(routes), reasons, _chunk(source), chars, _chunk(kept)],
                                       schema=ROUTED_SCHEMA)
 
 
 def _chunk(a: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+    """One array; a single chunk as it is (`combine_chunks` copies even that one)."""
+    if isinstance(a, pa.ChunkedArray):
+        return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+    return a
 
 
 def route_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -200,8 +200,7 @@ def raw_batches(routed: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays(arrays, schema=ALL_RAW_SCHEMA)
 
 
-def _chunk(a: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+_chunk = P._chunk
 
 
 def all_raw_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
