@@ -130,3 +130,21 @@ def test_a_repeated_key_keeps_its_first_value_where_pyarrow_alone_refused_the_li
     _, alone_parsed = _parse([line], False, monkeypatch)
     assert fast_parsed == [True] and json.loads(fast_rows)[0]["api"] == "first"
     assert alone_parsed == [False]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["schema_version", "kind", "api", "time_ms", "x", "produce_versions", "end_txns_in_doubt"]),
+        inner, max_size=4),
+    max_leaves=8)
+ANY_LINE = st.one_of(JSON_VALUES.map(json.dumps), JSON_VALUES.map(lambda v: json.dumps(v)[:7]), st.text(max_size=30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(ANY_LINE, min_size=1, max_size=6))
+def test_any_lines_are_each_routed_somewhere_and_never_crash_the_worker(lines: list[str]) -> None:
+    # A crash here is a dead Python worker and the Spark job with it (a bare null did that: test_pipeline_arrow_parse).
+    rows = arrow_parse.route_batch(pa.array(lines, pa.string()), pa.array(["f"] * len(lines))).to_pylist()
+    assert len(rows) == len(lines)
+    assert all((r["route"] == "quarantine") == (r["quarantine_reason"] is not None) for r in rows)
