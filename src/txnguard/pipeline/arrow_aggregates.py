@@ -224,11 +224,20 @@ def inventory_from_connections(c: pa.Table) -> pa.Table:
 def incidents(d: pa.Table) -> pa.Table:
     """`tables.incidents_prevented`'s rows: each failed decision with what it would have done."""
     failed = _failed(d)
-    keys = zip(failed["outcome"].to_pylist(), failed["api"].to_pylist(), failed["decision"].to_pylist(), strict=True)
-    found = [classify(outcome, api, decision) for outcome, api, decision in keys]
+    # Classified once per distinct (outcome, api, decision), not once per row: a few kinds, many rows.
+    keys = pa.table({"outcome": failed["outcome"], "api": failed["api"], "decision": failed["decision"]})
+    distinct = keys.group_by(["outcome", "api", "decision"], use_threads=False).aggregate([])
+    found = [classify(o, a, dec) for o, a, dec in zip(distinct["outcome"].to_pylist(), distinct["api"].to_pylist(),
+                                                       distinct["decision"].to_pylist(), strict=True)]
+    kinds = distinct.append_column("incident", pa.array([i.name for i in found], pa.string())).append_column(
+        "consequence", pa.array([i.consequence for i in found], pa.string())).append_column(
+        "_kind", pa.array(range(len(found)), pa.int32()))
+    # Each row's kind, in the rows' order (a join does not keep it): its row number joined, then sorted back.
+    numbered = keys.append_column("_row", pa.array(range(keys.num_rows), pa.int64()))
+    which = numbered.join(kinds.select(["outcome", "api", "decision", "_kind"]), ["outcome", "api", "decision"],
+                          join_type="left outer", use_threads=False).sort_by("_row")["_kind"]
     return pa.table({**{c: failed[c] for c in INCIDENT_COLUMNS},
-                     "incident": pa.array([i.name for i in found], pa.string()),
-                     "consequence": pa.array([i.consequence for i in found], pa.string()),
+                     "incident": kinds["incident"].take(which), "consequence": kinds["consequence"].take(which),
                      "prevented": pc.is_in(failed["decision"], pa.array(list(ACTED)))})
 
 

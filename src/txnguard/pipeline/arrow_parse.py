@@ -283,7 +283,8 @@ def _parse_all_fields(text: pa.Array, terminated: bool) -> tuple[pa.Table, np.nd
 def _all_valid(table: pa.Table, names: list[str]) -> np.ndarray:
     ok = np.ones(table.num_rows, dtype=bool)
     for name in names:
-        ok &= pc.is_valid(table[name]).to_numpy(zero_copy_only=False)
+        if table[name].null_count:  # a required field is seldom missing: no pass over a column without nulls
+            ok &= pc.is_valid(table[name]).to_numpy(zero_copy_only=False)
     return ok
 
 
@@ -294,9 +295,11 @@ def _equals(column: pa.ChunkedArray, value: object) -> np.ndarray:
 def complete(table: pa.Table, parsed: np.ndarray) -> np.ndarray:
     """Rows that are a supported record with every required field: no quarantine reason (vectorised)."""
     v1, v2 = _equals(table["schema_version"], 1), _equals(table["schema_version"], 2)
-    ok = v1 & _all_valid(table, R.required(1, R.DECISION))
+    ok = v1 & _all_valid(table, R.required(1, R.DECISION)) if v1.any() else v1
     for kind in R.KINDS:
-        ok |= v2 & _equals(table["kind"], kind) & _all_valid(table, R.required(2, kind))
+        of_kind = v2 & _equals(table["kind"], kind)
+        if of_kind.any():  # most batches have no line of most kinds
+            ok |= of_kind & _all_valid(table, R.required(2, kind))
     found: np.ndarray = parsed & ok
     return found
 
@@ -318,6 +321,29 @@ def _utf8(value: pa.Array) -> np.ndarray:
     return ok
 
 
+def _ascii_only(value: pa.Array) -> bool:
+    """Whether every line is ASCII: one numpy pass over the lines' bytes (0.05 us a line), where counting the
+    characters and checking the UTF-8 cost 0.18."""
+    data = value.buffers()[2]
+    if data is None or len(value) == 0:
+        return True
+    width = np.int64 if pa.types.is_large_string(value.type) else np.int32
+    offsets = np.frombuffer(value.buffers()[1], dtype=width, count=len(value) + 1,
+                            offset=value.offset * width(0).nbytes)
+    text = np.frombuffer(data, dtype=np.uint8)[int(offsets[0]):int(offsets[-1])]
+    return bool(text.size == 0 or text.max() < 0x80)
+
+
+def _byte_lengths(value: pa.Array) -> pa.Array:
+    """Each line's length in bytes as int32 (null where the line is null), from the offsets."""
+    width = np.int64 if pa.types.is_large_string(value.type) else np.int32
+    offsets = np.frombuffer(value.buffers()[1], dtype=width, count=len(value) + 1,
+                            offset=value.offset * width(0).nbytes)
+    lengths = np.diff(offsets).astype(np.int32)
+    return pa.array(lengths, pa.int32(), mask=None if value.null_count == 0
+                    else ~pc.is_valid(value).to_numpy(zero_copy_only=False))
+
+
 def route_batch(value: pa.Array, source: pa.Array, terminated: bool = False) -> pa.RecordBatch:
     """One batch of lines (`value`, `source`) -> the routed frame's batch (`ROUTED_SCHEMA`).
 
@@ -325,11 +351,13 @@ def route_batch(value: pa.Array, source: pa.Array, terminated: bool = False) -> 
     takes the file's bytes with no copy); the tables see them without it, as if Spark's text source had read them.
     """
     n = len(value)
-    chars = pc.cast(pc.utf8_length(value), pa.int32())
+    ascii_only = _ascii_only(value)
+    # A line's length in characters: in ASCII its length in bytes (the offsets' differences, no pass over the text).
+    chars = _byte_lengths(value) if ascii_only else pc.cast(pc.utf8_length(value), pa.int32())
     if terminated:
         chars = pc.subtract(chars, pa.scalar(1, pa.int32()))
     fits = pc.fill_null(pc.less_equal(chars, R.MAX_RECORD_CHARS), False).to_numpy(zero_copy_only=False)
-    utf8 = _utf8(value)
+    utf8 = np.ones(n, dtype=bool) if ascii_only else _utf8(value)  # ASCII is UTF-8
     if not utf8.all():  # the quarantine keeps such a line with U+FFFD where its bytes were not UTF-8
         value = pa.array([None if t is None else t.decode("utf-8", "replace")
                           for t in value.view(pa.binary()).to_pylist()], pa.string())
