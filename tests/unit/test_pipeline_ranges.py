@@ -52,9 +52,23 @@ def test_a_folder_is_its_data_files_and_anything_not_local_goes_to_spark(tmp_pat
     assert ranges.input_files("hdfs://namenode/audit") is None
 
 
-def test_ranges_cover_every_byte_once_at_about_eight_per_core(tmp_path):
+@pytest.mark.parametrize("trailing_newline", [True, False])
+@pytest.mark.parametrize(("cut", "batch_bytes"), [(1, 1), (7, 3), (64, 10), (1000, 64), (10**6, 100)])
+def test_a_range_read_a_batch_at_a_time_gives_its_lines_once(tmp_path, cut, batch_bytes, trailing_newline):
+    rng = random.Random(cut)
+    lines = [("é" * rng.randrange(0, 40)).encode() for _ in range(500)]
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if trailing_newline else b""))
+    size = path.stat().st_size
+    got = [line.encode()[:-1] for start in range(0, size, cut)
+           for batch in ranges.range_batches(str(path), start, min(size, start + cut), batch_bytes)
+           for line in batch.to_pylist()]
+    assert got == lines
+
+
+def test_ranges_cover_every_byte_once_large_first_small_last(tmp_path):
     files = []
-    for name, size in (("a", 10 * ranges.MIN_RANGE_BYTES + 3), ("b", 5), ("c", 0)):
+    for name, size in (("a", 30 * ranges.MIN_RANGE_BYTES + 3), ("b", 5), ("c", 0)):
         path = tmp_path / name
         with path.open("wb") as f:
             f.truncate(size)
@@ -65,4 +79,8 @@ def test_ranges_cover_every_byte_once_at_about_eight_per_core(tmp_path):
         covered = sum(e - s for s, e in spans)
         assert covered == (tmp_path / f.rsplit("/", 1)[1]).stat().st_size
         assert all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
-    assert max(e - s for _, s, e in found) <= ranges.MAX_RANGE_BYTES
+    sizes = [e - s for _, s, e in found]
+    assert max(sizes) <= ranges.MAX_RANGE_BYTES
+    # Guided: each range is what was left / (2 x cores), so they shrink (down to the floor) and the tail is small.
+    assert sizes[0] == (30 * ranges.MIN_RANGE_BYTES + 3 + 5) // 4 and sizes == sorted(sizes, reverse=True)
+    assert all(size == ranges.MIN_RANGE_BYTES for size in sizes[-4:-2])

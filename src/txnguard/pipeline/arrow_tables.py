@@ -376,7 +376,7 @@ def _routed_ranges(todo: list[tuple[str, int, int, str]],
     for batch in batches:
         for i in batch.column(0).to_pylist():
             path, start, end, source = todo[i]
-            for lines in ranges.line_batches(ranges.read_range(path, start, end)):
+            for lines in ranges.range_batches(path, start, end):
                 yield P.route_batch(lines, pa.repeat(pa.scalar(source, pa.string()), len(lines)), terminated=True)
 
 
