@@ -100,3 +100,21 @@ def test_a_line_that_is_a_bare_null_is_malformed_even_first_in_its_batch():
         rows = _route([first, *GOOD[:3], "null"])
         assert [r["quarantine_reason"] for r in rows] == ["malformed_json", None, None, None, "malformed_json"]
         assert rows[0]["value"] == first and rows[0]["schema_version"] is None
+
+
+def test_polars_reads_with_one_thread_in_a_fresh_worker_process():
+    """A Spark task is one core's work: polars' own thread pool (one thread a core by default) would compete with
+    the other tasks. The parse sets POLARS_MAX_THREADS before polars is first imported (a fresh process here,
+    as a Python worker is)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import pyarrow as pa; from txnguard.pipeline import arrow_parse as P; import sys; "
+            "assert 'polars' not in sys.modules; "
+            "P.route_batch(pa.array(sys.argv[1:], pa.string()), pa.array(['f'] * (len(sys.argv) - 1))); "
+            "import polars; print(polars.thread_pool_size())")
+    env = {k: v for k, v in os.environ.items() if k != "POLARS_MAX_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code, *GOOD[:3]], env=env, capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "1"

@@ -59,7 +59,6 @@ _PARSE_DECISION = pj.ParseOptions(explicit_schema=DECISION_SCHEMA, unexpected_fi
 
 # -- the fast reader: polars, checked against what pyarrow would say -------------------------------------------------
 
-_POLARS: dict[str, Any] = {}  # polars and the decision schema in its types, made at the first batch of a process
 _POLARS_TYPES = {pa.int32(): "Int32", pa.int64(): "Int64", pa.float64(): "Float64", pa.bool_(): "Boolean",
                  pa.string(): "String"}
 _STRING_FIELDS = [f.name for f in DECISION_SCHEMA if f.type == pa.string()]
@@ -72,14 +71,13 @@ _FIRST_BYTES[list(b"-0123456789[{tf")] = True
 
 
 def _polars() -> tuple[Any, Any]:
-    if not _POLARS:
-        # One thread: a Spark task is one core's work, and polars' own pool would compete with the other tasks.
-        os.environ.setdefault("POLARS_MAX_THREADS", "1")
-        import polars as pl
+    """polars, imported here and not at the top: this module travels to Spark's workers by value, and polars must
+    see POLARS_MAX_THREADS before its import. One thread: a Spark task is one core's work, and polars' own pool
+    would compete with the other tasks. Nothing is kept in a module global (it would travel with the module)."""
+    os.environ.setdefault("POLARS_MAX_THREADS", "1")
+    import polars as pl
 
-        _POLARS["pl"] = pl
-        _POLARS["schema"] = pl.Schema({f.name: getattr(pl, _POLARS_TYPES[f.type]) for f in DECISION_SCHEMA})
-    return _POLARS["pl"], _POLARS["schema"]
+    return pl, pl.Schema({f.name: getattr(pl, _POLARS_TYPES[f.type]) for f in DECISION_SCHEMA})
 
 
 def _first_bytes(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
