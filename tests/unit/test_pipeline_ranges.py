@@ -84,3 +84,12 @@ def test_ranges_cover_every_byte_once_large_first_small_last(tmp_path):
     # Guided: each range is what was left / (2 x cores), so they shrink (down to the floor) and the tail is small.
     assert sizes[0] == (30 * ranges.MIN_RANGE_BYTES + 3 + 5) // 4 and sizes == sorted(sizes, reverse=True)
     assert all(size == ranges.MIN_RANGE_BYTES for size in sizes[-4:-2])
+
+
+def test_a_range_is_never_larger_than_the_cap(tmp_path):
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as f:
+        f.truncate(3 * ranges.MAX_RANGE_BYTES)  # sparse: no bytes written
+    sizes = [e - s for _, s, e in ranges.split([str(path)], parallelism=1)]
+    assert sizes[0] == ranges.MAX_RANGE_BYTES < 3 * ranges.MAX_RANGE_BYTES // 2  # what is left / 2 would be more
+    assert sum(sizes) == 3 * ranges.MAX_RANGE_BYTES and sizes == sorted(sizes, reverse=True)

@@ -229,15 +229,15 @@ def incidents(d: pa.Table) -> pa.Table:
     distinct = keys.group_by(["outcome", "api", "decision"], use_threads=False).aggregate([])
     found = [classify(o, a, dec) for o, a, dec in zip(distinct["outcome"].to_pylist(), distinct["api"].to_pylist(),
                                                        distinct["decision"].to_pylist(), strict=True)]
-    kinds = distinct.append_column("incident", pa.array([i.name for i in found], pa.string())).append_column(
-        "consequence", pa.array([i.consequence for i in found], pa.string())).append_column(
-        "_kind", pa.array(range(len(found)), pa.int32()))
-    # Each row's kind, in the rows' order (a join does not keep it): its row number joined, then sorted back.
+    incident = pa.array([i.name for i in found], pa.string())
+    consequence = pa.array([i.consequence for i in found], pa.string())
+    # Each row's class, in the rows' order (a join does not keep it): its row number joined, then sorted back. The
+    # keys are never null (a decision has its api and decision; a failed one its outcome), so every row matches.
+    kind = distinct.append_column("_kind", pa.array(range(len(found)), pa.int32()))
     numbered = keys.append_column("_row", pa.array(range(keys.num_rows), pa.int64()))
-    which = numbered.join(kinds.select(["outcome", "api", "decision", "_kind"]), ["outcome", "api", "decision"],
-                          join_type="left outer", use_threads=False).sort_by("_row")["_kind"]
+    which = numbered.join(kind, ["outcome", "api", "decision"], use_threads=False).sort_by("_row")["_kind"]
     return pa.table({**{c: failed[c] for c in INCIDENT_COLUMNS},
-                     "incident": kinds["incident"].take(which), "consequence": kinds["consequence"].take(which),
+                     "incident": incident.take(which), "consequence": consequence.take(which),
                      "prevented": pc.is_in(failed["decision"], pa.array(list(ACTED)))})
 
 

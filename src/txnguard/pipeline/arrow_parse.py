@@ -15,7 +15,7 @@ Every line ends up in exactly one place, with the same reasons, in the same orde
 * the quarantine reason is worked out in plain Python, row by row, only for the rows a vectorised check did not
   find complete (`records.quarantine_reason`): a few per batch.
 
-polars' NDJSON reader (simd-json) reads a batch as decisions first: 2.3 us a line, +0.5 to hand it to Arrow, against
+polars' NDJSON reader (simd-json) reads a batch as decisions first: 2.3 us a line, +0.4-0.5 to hand it to Arrow, against
 pyarrow's 3.7-4.1 (one 16 MiB batch of the benchmark's records). pyarrow stays the reference: wherever the two can
 disagree, pyarrow's answer is the one kept (`_read_fast`), so which lines parse and why a line is quarantined are
 what they were. One difference is left on purpose: a line that repeats a declared key (the proxy's writer,
@@ -80,6 +80,13 @@ def _polars() -> tuple[Any, Any]:
     return pl, pl.Schema({f.name: getattr(pl, _POLARS_TYPES[f.type]) for f in DECISION_SCHEMA})
 
 
+def _offsets(column: pa.Array) -> np.ndarray:
+    """A string array's n + 1 offsets into its data buffer, as numpy sees them (no copy)."""
+    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+    return np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1,
+                         offset=column.offset * width(0).nbytes)
+
+
 def _first_bytes(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Each value's first byte and its length in bytes (0 for a null or empty value), read from the string
     array's buffers with numpy: no copy, no call per row."""
@@ -87,8 +94,7 @@ def _first_bytes(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     values = column.buffers()[2]
     if column.null_count == n or values is None or values.size == 0:  # every value null or empty
         return np.zeros(n, dtype=np.uint8), np.zeros(n, dtype=np.int64)
-    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
-    offsets = np.frombuffer(column.buffers()[1], dtype=width, count=n + 1, offset=column.offset * width(0).nbytes)
+    offsets = _offsets(column)
     data = np.frombuffer(values, dtype=np.uint8)
     lengths = np.diff(offsets).astype(np.int64)
     first = data[np.minimum(offsets[:-1], len(data) - 1)]
@@ -172,9 +178,7 @@ def _joined(text: pa.Array, terminated: bool) -> pa.Buffer:
     """The lines as one newline-separated buffer (what the JSON reader takes), without a Python string each.
     Lines that already end with their newline (`terminated`: read from the file as they are) are that buffer."""
     ended = text if terminated else pc.binary_join_element_wise(text, "", "\n")  # each line + "\n"
-    width = np.int64 if pa.types.is_large_string(ended.type) else np.int32
-    offsets = np.frombuffer(ended.buffers()[1], dtype=width, count=len(ended) + 1,
-                            offset=ended.offset * width(0).nbytes)
+    offsets = _offsets(ended)
     return ended.buffers()[2][int(offsets[0]):int(offsets[-1])]
 
 
@@ -241,18 +245,19 @@ def _decisions_first(text: pa.Array, decisions: pa.Table, terminated: bool,
         _equals(decisions["schema_version"], 2) & _equals(decisions["kind"], R.DECISION))
     if again is not None:
         is_decision &= ~again
+    recheck = again is not None and bool(again.any())  # lines polars may have read otherwise than pyarrow
     if is_decision.all():
         widened = pa.table([decisions[f.name] if f.name in _DECISION_NAMES else pa.nulls(n, f.type)
                             for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
         return widened, np.ones(n, dtype=bool)
     others = np.flatnonzero(~is_decision)
     # Lines polars may have read otherwise than pyarrow are read by pyarrow exactly as if polars had not been there.
-    reparse = _parse_pyarrow if again is not None and again.any() else _parse_all_fields
+    reparse = _parse_pyarrow if recheck else _parse_all_fields
     full, parsed_others = reparse(text.take(pa.array(others)), terminated)
     scatter = pa.array(np.cumsum(~is_decision) - 1, mask=is_decision)  # row k of `full` where the k-th other line is
     parsed = np.ones(n, dtype=bool)
     parsed[others] = parsed_others
-    if parsed_others.all() and (again is None or not again.any()):
+    if parsed_others.all() and not recheck:
         # The first parse read the other lines' decision fields as the second did (same text, same types; for
         # polars, `_read_fast` found nothing pyarrow would read otherwise): only the fields decisions do not have
         # come from the second (0.2 us a line less than putting every column's few rows in place).
@@ -325,19 +330,14 @@ def _ascii_only(value: pa.Array) -> bool:
     data = value.buffers()[2]
     if data is None or len(value) == 0:
         return True
-    width = np.int64 if pa.types.is_large_string(value.type) else np.int32
-    offsets = np.frombuffer(value.buffers()[1], dtype=width, count=len(value) + 1,
-                            offset=value.offset * width(0).nbytes)
+    offsets = _offsets(value)
     text = np.frombuffer(data, dtype=np.uint8)[int(offsets[0]):int(offsets[-1])]
     return bool(text.size == 0 or text.max() < 0x80)
 
 
 def _byte_lengths(value: pa.Array) -> pa.Array:
     """Each line's length in bytes as int32 (null where the line is null), from the offsets."""
-    width = np.int64 if pa.types.is_large_string(value.type) else np.int32
-    offsets = np.frombuffer(value.buffers()[1], dtype=width, count=len(value) + 1,
-                            offset=value.offset * width(0).nbytes)
-    lengths = np.diff(offsets).astype(np.int32)
+    lengths = np.diff(_offsets(value)).astype(np.int32)
     return pa.array(lengths, pa.int32(), mask=None if value.null_count == 0
                     else ~pc.is_valid(value).to_numpy(zero_copy_only=False))
 

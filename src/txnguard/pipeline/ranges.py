@@ -23,9 +23,10 @@ import pyarrow as pa
 
 # Ranges shrink as the input is handed out ("guided" scheduling): each is the bytes still unassigned divided by
 # GUIDED_SHARE times the cores, between MIN_ and MAX_RANGE_BYTES. Spark starts a stage's tasks in partition order,
-# so the large ranges run first and the last ones are small: the cores finish together, with few tasks. Each task
-# costs ~0.08 s between two ranges (Spark's task launch, the Python worker's round trip, its files): 85 equal
-# ranges of 64 MiB for 10M records (5.7 GB) spent ~3.4 s of a 44 s ingest there; the guided split makes ~24.
+# so the large ranges run first and the last ones are small: the cores finish together, with few tasks. A worker
+# was measured idle 0.06-0.14 s between two tasks (not broken down: Spark's task launch, the worker's round trip);
+# with 85 equal ranges of 64 MiB for 10M records (5.7 GB) that is ~3.4 s of a 44 s ingest (42 tasks a core x
+# 0.08 s, an estimate); the guided split makes 25.
 GUIDED_SHARE = 2
 MAX_RANGE_BYTES = 1024 * 1024 * 1024
 MIN_RANGE_BYTES = 4 * 1024 * 1024
