@@ -13,7 +13,7 @@ on (its defaults), on three Kafka 3.5.2 nodes:
   with the group metadata, commit every 500 records, abort and rewind on an abortable error. Its
   group is one whose coordinator is not the killed broker: librdkafka 2.16 itself hangs forever in
   send_offsets_to_transaction when the group coordinator leaves the Metadata (#5511/#5456), which
-  the last test here shows directly against the brokers.
+  bench/librdkafka_5511.py reports directly against the brokers (a client race: not a test).
 
     seed 20,000 ──▶ input (p0, p1)
     copier(s) ──consume──▶ proxy ──▶ brokers        copier ──Produce/TxnOffsetCommit/EndTxn──▶ proxy ──▶ brokers
@@ -211,67 +211,3 @@ def test_s6_confluent_kafka_loop_exactly_once_through_a_broker_crash(
 
     assert result.copied == RECORDS
     _assert_exactly_once(cluster, proxy, copy, clients.copy_of)
-
-
-def test_librdkafka_send_offsets_hangs_when_its_group_coordinator_leaves_the_metadata(
-    cluster: Cluster, unique_name: NameFactory, restarts_killed_nodes: None,
-) -> None:
-    """Why the confluent-kafka S6 loop keeps its group coordinator alive: a client bug, direct, no proxy.
-
-        client ─txn 1: send_offsets_to_transaction─▶ group coordinator X          (cached by librdkafka)
-                             ══ SIGKILL X; ~9 s later X is out of the Metadata ══
-        client ─Metadata─▶ (without X: librdkafka decommissions X's broker thread)
-        client ─txn 2: send_offsets_to_transaction(timeout 10 s)─▶ … never returns (still blocked at 30 s)
-
-    librdkafka #5511/#5456, open in 2.16.0. When this test fails, the bundled librdkafka returns
-    (ok or an error): the S6 loop's choice of group can go, and this test with it.
-    """
-    import json
-    import subprocess
-    import sys
-
-    import confluent_kafka
-
-    source = fresh_topic(cluster, unique_name("in"), partitions=3, replication_factor=3)
-    sink = fresh_topic(cluster, unique_name("out"), partitions=3, replication_factor=3)
-    for p in range(3):
-        clients.ConfluentKafkaClient().produce(cluster.bootstrap_servers, source, [b"v"] * 10, partition=p)
-    group = unique_name("group")
-    victim = cluster.group_coordinator(group)
-    txn_id = next(t for t in (unique_name("txn") for _ in range(50)) if cluster.transaction_coordinator(t) != victim)
-    coordinator = cluster.node(cluster.transaction_coordinator(txn_id))
-    child = subprocess.Popen(
-        [sys.executable, "-m", "txnguard.testing.client_bugs", "--bootstrap", cluster.bootstrap_servers,
-         "--group", group, "--transactional-id", txn_id, "--source", source, "--sink", sink,
-         "--coordinator", f"{coordinator.host}:{coordinator.port}"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline().strip() == "READY", "the first transaction did not complete"
-        cluster.kill_node(victim)
-        deadline = time.monotonic() + 60
-        while victim in _brokers_in_metadata(cluster, victim):
-            assert time.monotonic() < deadline, f"node {victim} never left the Metadata"
-            time.sleep(0.2)
-        child.stdin.write("GO\n")
-        child.stdin.flush()
-        result = json.loads(child.stdout.readline())
-    finally:
-        child.kill()
-        child.wait(10)
-    print(f"\nlibrdkafka {confluent_kafka.libversion()[0]}: {result}")
-    assert result["returned"] is False, (
-        f"librdkafka {confluent_kafka.libversion()[0]} now returns from send_offsets_to_transaction "
-        f"({result}): #5511 is fixed, drop the S6 loop's group choice")
-
-
-def _brokers_in_metadata(cluster: Cluster, dead: int) -> set[int]:
-    for n in cluster.nodes:
-        if n.id == dead:
-            continue
-        try:
-            with raw.RawClient(n.host, n.port, timeout=5) as c:
-                return {int(b.node_id) for b in c.metadata([]).brokers}
-        except OSError:
-            continue
-    return {dead}
