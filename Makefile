@@ -5,10 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
+.PHONY: setup setup-steps debs run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
 	container-tools image prometheus helm kube-schemas sarama
 
-setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas sarama
+# The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
+# second `make setup` does nothing. Debian's packages come in one apt step (one `apt-get update`, not four).
+setup:
+	@$(MAKE) --no-print-directory -j4 setup-steps
+setup-steps: $(STAMP) jars debs spark-jars helm kube-schemas sarama
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -21,43 +25,37 @@ $(STAMP): requirements.lock pyproject.toml
 jars: $(STAMP)
 	$(BIN)/txnguard kafka fetch > /dev/null
 
-# kcat (librdkafka's CLI) from Debian, one of the real clients the tests drive.
-kcat:
-	@command -v kcat > /dev/null || { \
+# Debian's packages, in one apt step that installs only what is missing:
+# - kcat (librdkafka's CLI), one of the real clients the tests drive;
+# - Chromium: the pipeline test renders report.html in a real browser;
+# - Prometheus and promtool: dashboards and alerts are evaluated on a real Prometheus in the tests;
+# - podman/buildah/mmdebstrap: the image is built on a Debian base made from Debian's packages (with the
+#   packages' recommends: podman needs them to run a container).
+LEAN_DEBS := kcat:kcat chromium:chromium prometheus:prometheus promtool:prometheus
+FULL_DEBS := podman:podman buildah:buildah mmdebstrap:mmdebstrap
+debs:
+	@lean=$$(for p in $(LEAN_DEBS); do command -v $${p%%:*} > /dev/null || echo $${p#*:}; done | sort -u); \
+	full=$$(for p in $(FULL_DEBS); do command -v $${p%%:*} > /dev/null || echo $${p#*:}; done | sort -u); \
+	[ -z "$$lean$$full" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
+	  $$SUDO apt-get update -qq && \
+	  { [ -z "$$lean" ] || $$SUDO apt-get install -y -qq --no-install-recommends $$lean; } && \
+	  { [ -z "$$full" ] || $$SUDO apt-get install -y -qq $$full; }; }
+kcat chromium container-tools prometheus: debs
 
 # Spark's Kafka source (spark-sql-kafka-0-10, matching the pinned pyspark) into the same jar cache,
 # so the pipeline and its tests run offline.
 spark-jars: $(STAMP)
 	$(BIN)/python -m txnguard.pipeline.connector > /dev/null
 
-# Chromium from Debian: the pipeline test renders report.html in a real browser.
-chromium:
-	@command -v chromium > /dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
-
 # The operator's path (issue 12). Tools live outside the repository: Debian's packages, ~/.cache/txnguard.
 TOOLS := $(HOME)/.cache/txnguard
 HELM := $(TOOLS)/bin/helm
 KUBE_VALIDATE := $(TOOLS)/kubeval/bin/kubernetes-validate
 
-# podman/buildah/mmdebstrap from Debian: the image is built on a Debian base made from Debian's packages.
-container-tools:
-	@command -v podman > /dev/null && command -v buildah > /dev/null && command -v mmdebstrap > /dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq podman buildah mmdebstrap; }
-
 # The container image (cached by what it is built from; prints its reference). See deploy/container/.
 image: container-tools
 	deploy/container/build-image.sh
-
-# Prometheus and promtool from Debian: dashboards and alerts are evaluated on a real Prometheus in the tests.
-prometheus:
-	@command -v prometheus > /dev/null && command -v promtool > /dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
 # helm, built from the Go module proxy.
 helm: $(HELM)
