@@ -107,7 +107,7 @@ _MEANINGS = {
     "admin": "the admin HTTP listener: /metrics, /livez, /readyz",
     "tls": "terminate TLS from clients at the proxy's listeners (section below)",
     "upstream_tls": "originate TLS or mTLS to the brokers (section below)",
-    "api_max_versions": "cap any API key's version offered to clients: {api key: max version}",
+    "api_max_versions": "cap the versions offered to clients: a mapping of API key to its highest version",
     "metadata_refresh_s": "how often the proxy refreshes its own cluster metadata",
     "ready_max_metadata_age_s": "/readyz fails when the last successful own Metadata request is older than this",
     "tls.certfile": "the listener's certificate (PEM); must be a readable file",
