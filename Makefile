@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-steps debs run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
+.PHONY: setup setup-steps debs run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium docs \
 	container-tools image prometheus helm kube-schemas sarama
 
 # The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
@@ -76,12 +76,12 @@ $(KUBE_VALIDATE):
 	$(TOOLS)/kubeval/bin/pip install -q --disable-pip-version-check kubernetes-validate==1.37.0
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 fmt: $(STAMP)
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff check --fix src tests bench docs
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit tests/property -q
@@ -92,8 +92,13 @@ test-integration: setup
 test: setup lint image
 	$(BIN)/pytest tests -q -p no:cacheprovider --durations=25
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning, a broken link or anchor
+# included. `make test` builds it too (tests/unit/test_docs.py). Offline: nothing is fetched at build time.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 run: setup
 	$(BIN)/txnguard dev --version 3.5.2 --dir .run/kafka --listen 127.0.0.1:19092 --admin 127.0.0.1:19000
 
 clean:
-	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache site

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The minimum ACLs of txnguard's own principal (README "Least privilege and ACLs"), as kafka-acls.sh commands.
+# The minimum ACLs of txnguard's own principal (docs/deployment/security.md), as kafka-acls.sh commands.
 # Usage: deploy/least-privilege-acls.sh [principal] [transactional-id prefix] [topic prefix]   (prints; pipe to sh)
 # Add --bootstrap-server and --command-config for your admin client to each line, or set them in KAFKA_OPTS.
 P=${1:-User:txnguard}; TXN=${2:-*}; TOPIC=${3:-*}

@@ -11,7 +11,7 @@ brokers scan for timed-out transactions every second), then commit:
 
 The control: a second producer (straight to the broker, where the proxy cannot see it)
 initialises the same transactional id after the timeout and commits; the first one's commit
-through the proxy, option on, still ends in its fatal fence. README "Coordinator-side timeouts"
+through the proxy, option on, still ends in its fatal fence. docs/concepts/timeout-recovery.md
 has the table for every family, from these runners (txnguard.testing.stalls).
 """
 

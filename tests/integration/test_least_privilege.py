@@ -6,7 +6,7 @@ that no ACL allows.
                                                      DescribeProducers
     User:txnguard has DESCRIBE on the transactional id and DESCRIBE on the topic, nothing else.
 
-Each right taken away gives the documented behaviour (README "Least privilege and ACLs"): the check fails
+Each right taken away gives the documented behaviour (docs/deployment/security.md): the check fails
 closed with an error the client retries, a warning naming the ACL, a metric, and /readyz saying why;
 once the ACL is granted again, the client's retry passes and /readyz is ready again.
 """

@@ -4,7 +4,8 @@ The default is the broker's own mapping (Kafka 3.7-3.9, KIP-890 "Old Clients"):
 Produce gets INVALID_TXN_STATE for a partition not in the transaction and
 NOT_ENOUGH_REPLICAS ("does not trigger a metadata refresh") when the
 coordinator cannot answer; TxnOffsetCommit gets COORDINATOR_NOT_AVAILABLE for
-the latter. Families override single cells; see ../shared/notes/client-error-handling.md.
+the latter. Families override single cells where a client would otherwise react badly (each override
+says why, from that client's own error handling); docs/troubleshooting.md lists what each family sees.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def policy_from_config(raw: Mapping[str, Any] | None) -> Policy:
         - {family: kafka-python, client_id: "billing-*"}
       errors:                            # per family, per api, per outcome -> error code
         kafka-python: {produce: {not_in_transaction: 120}}
-      timeout_recovery: false            # KIP-588 for old clients (gateway only; README)
+      timeout_recovery: false            # KIP-588 for old clients (gateway only; docs/concepts/timeout-recovery.md)
     """
     raw = raw or {}
     known = {"mode", "rules", "families", "errors", "timeout_recovery"}

@@ -244,7 +244,7 @@ def _confluent_copy(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 class ConfluentChild:
     """clients.confluent_exactly_once_copy in a child process, so that a loop blocked in librdkafka
     (send_offsets_to_transaction past its timeout after a re-bootstrap: librdkafka #5511/#5456's
-    decommissioned broker thread, see the README's bounce section) is reported as hung and killed."""
+    decommissioned broker thread, see docs/testing/faults-and-bounces.md) is reported as hung and killed."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -348,7 +348,8 @@ def run_bounce(cluster: Cluster, copier: str, tmp: Path, *, mode: str = "gateway
     output's leader keeps its sidecar, which must verify the first write of every transaction with the
     coordinator, whose only address (the advertised sidecar) is gone until the restart.
     `rdkafka_config` adds to the confluent-kafka producer's settings ({"debug": "eos,protocol,broker"}: its
-    log on stderr; {"metadata.recovery.strategy": "none"}: no re-bootstrap, the README's workaround)."""
+    log on stderr; {"metadata.recovery.strategy": "none"}: no re-bootstrap, the documented workaround:
+    docs/testing/faults-and-bounces.md)."""
     u = uuid.uuid4().hex[:8]
     group = f"group-{u}"
     source = fresh_topic(cluster, f"bounce-in-{u}", replication_factor=3)

@@ -6,7 +6,7 @@
 
 Toxiproxy's TCP faults, plus what only a Kafka-aware relay can do: hold the one EndTxn(COMMIT)
 of a transaction past the client's request timeout and release it while the next transaction is
-open (KAFKA-17754; ../shared/notes/reliability-anchors.md J3, §3.2). Loopback only, bounded, and
+open (KAFKA-17754, the scenario the tests call J3; docs/concepts.md explains it). Loopback only, bounded, and
 deterministic: faults apply in the order frames arrive, and a fault with a probability draws
 from its own seeded generator.
 

@@ -261,8 +261,8 @@ def _cell(stall: Stall) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The README's KIP-588 table: every family, direct / through the gateway without and with
-    policy.timeout_recovery, `send` and `commit` after a stall past the transaction timeout.
+    """The KIP-588 table of docs/concepts/timeout-recovery.md: every family, direct / through the gateway without
+    and with policy.timeout_recovery, `send` and `commit` after a stall past the transaction timeout.
 
         python -m txnguard.testing.stalls --bootstrap 127.0.0.1:9092 --topic t [--families java-3.5.2,...]
 

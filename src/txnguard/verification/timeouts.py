@@ -6,7 +6,7 @@ E -> E+1, lastProducerEpoch -1, then PrepareAbort and CompleteAbort). The produc
 still at E then meets PRODUCER_FENCED / INVALID_PRODUCER_EPOCH everywhere, and its
 KIP-360 bump (InitProducerId with pid X and epoch E) is refused too: the coordinator
 accepts an expected epoch only if it is the current one (E+1) or lastProducerEpoch.
-KIP-588's TRANSACTION_TIMED_OUT was never shipped (notes: kip890-in-apache-kafka §8.1).
+KIP-588's TRANSACTION_TIMED_OUT was never shipped (no such error code in Apache Kafka up to 4.2).
 
 The proxy can do what KIP-588 wanted: answer the old client's EndTxn so that it asks
 for a bump, and send that bump with the coordinator's epoch E+1 instead of E. The
@@ -33,7 +33,7 @@ time (DescribeTransactions TransactionStartTimeMs, the coordinator's clock) must
 be later than when this proxy saw it start (`START_SKEW_MS` allowed between clocks).
 
 Which answer makes which client recover is per family (the table below, from the
-clients' sources and from runs on Kafka 3.5.2; README "Coordinator-side timeouts").
+clients' sources and from runs on Kafka 3.5.2; docs/concepts/timeout-recovery.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A pure checker over a J1-lite history (no IO, no clock): feed it the operations, get the anomalies.
 
-What it checks, after Jepsen's Kafka queue checker (jepsen.tests.kafka) and the J1 recipe
-(../shared/notes/reliability-anchors.md):
+What it checks, after Jepsen's Kafka queue checker (jepsen.tests.kafka): J1 is Jepsen's queue workload run
+under rotating faults, scaled down (docs/testing/jepsen-lite.md):
 
     aborted-read         a value of a transaction that failed (was aborted) was read at read_committed
     lost-write           a value of a committed (ok) transaction was never read although a reader read a
