@@ -37,7 +37,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.json_schema import JsonSchemaValue
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
@@ -230,6 +230,7 @@ class UpstreamAuth(_Section):
     username: str
     """The proxy's own principal, User:<username>."""
     mechanism: SaslMechanism = SaslMechanism.SCRAM_SHA_512
+    """The SASL mechanism the brokers' listener offers."""
     password: Annotated[SecretStr, Field(min_length=1)] | None = None
     """Never shown: not in a repr, a log line or `check-config --show` (TXNGUARD_UPSTREAM_AUTH__PASSWORD
     gives it as written)."""
@@ -351,7 +352,7 @@ class Audit(_Section):
     """Give up on a record after this (counted failed)."""
     flush_timeout_s: PositiveFloat = 5.0
     """Bounded wait for queued records on stop."""
-    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    producer: dict[str, str | int | float | bool] = {}
     """More librdkafka settings (security.protocol, sasl.*, ssl.*, ...); secrets among them are masked by
     `check-config --show`."""
 
@@ -372,17 +373,24 @@ class ModeRuleSection(_Section):
     """Matches a transactional id and/or a topic (globs); the first matching rule wins."""
 
     mode: PolicyMode
+    """The mode for what matches."""
     transactional_id: NonEmptyStr | None = None
+    """Glob on the transactional id (unset: any)."""
     topic: NonEmptyStr | None = None
+    """Glob on the topic (unset: any)."""
 
 
 class FamilyRuleSection(_Section):
     """Names the client family of connections that match (in front of the shipped rules)."""
 
     family: NonEmptyStr
+    """The family's name (kafka-python, librdkafka, java, ...: the keys of policy.errors)."""
     software_name: NonEmptyStr | None = None
+    """Glob on the client's KIP-511 software name."""
     client_id: NonEmptyStr | None = None
+    """Glob on the client id."""
     listener: NonEmptyStr | None = None
+    """Glob on the listener's name."""
 
 
 class PolicySection(_Section):
@@ -393,7 +401,7 @@ class PolicySection(_Section):
     """enforce: refuse; monitor: decide, log, count and audit, but forward; off: do not verify."""
     rules: tuple[ModeRuleSection, ...] = ()
     families: tuple[FamilyRuleSection, ...] = ()
-    errors: dict[str, dict[ErrorApi, dict[RefusedOutcome, Annotated[int, Strict()]]]] = Field(default_factory=dict)
+    errors: dict[str, dict[ErrorApi, dict[RefusedOutcome, Annotated[int, Strict()]]]] = {}
     """Per family, per request, per outcome: the Kafka error code the client gets."""
     timeout_recovery: Bool = False
     """KIP-588 for old clients (gateway only): a transaction the coordinator timed out is answered so that
@@ -432,18 +440,19 @@ class ProxyConfig(_Section):
     """The host name clients can resolve to this proxy (default: listen's host)."""
     broker_port_base: Port | None = None
     """Gateway: broker N is reachable at advertised_host:broker_port_base+N (default: listen's port + 1)."""
-    broker_ports: Annotated[dict[int, Port], Field(json_schema_extra=_INT_KEYS)] = Field(default_factory=dict)
+    broker_ports: Annotated[dict[int, Port], Field(json_schema_extra=_INT_KEYS)] = {}
     """Explicit broker node id -> listener port."""
     admin: Address | None = None
     """host:port of the admin HTTP endpoint (/metrics, /livez, /readyz)."""
     client_auth: ClientAuth = ClientAuth.NONE
     tls: ServerTls | None = None
+    """TLS on the proxy's listeners (unset: plaintext)."""
     upstream_tls: Annotated[UpstreamTls | None, OrBoolean()] = None
     """TLS to the brokers: true for the system's CAs, or the settings below."""
     upstream_auth: UpstreamAuth | None = None
+    """SASL for the proxy's own connections to an ACL cluster (unset: none)."""
     unknown_api_keys: UnknownApiKeys = UnknownApiKeys.PASS
-    api_max_versions: Annotated[dict[int, NonNegativeInt], Field(json_schema_extra=_INT_KEYS)] = \
-        Field(default_factory=dict)
+    api_max_versions: Annotated[dict[int, NonNegativeInt], Field(json_schema_extra=_INT_KEYS)] = {}
     """Operator caps: API key -> highest version advertised to clients."""
     hide_transaction_version_2: Bool = False
     """ApiVersions shows clients transaction.version <= 1 (and TV1 API versions): Kafka 4.x clients fall back
@@ -454,6 +463,7 @@ class ProxyConfig(_Section):
     ready_max_metadata_age_s: PositiveFloat = 30.0
     """/readyz fails while the proxy's last successful Metadata is older than this."""
     log_level: LogLevel = LogLevel.INFO
+    """structlog's level: JSON lines on stderr."""
     verification: Verification = Verification()
     audit_path: NonEmptyStr | None = None
     """JSON lines; "-" for stdout (the same as audit.path)."""
@@ -514,11 +524,25 @@ SECRET_SETTING = re.compile(r"password|secret|token|credential|\.pem$", re.IGNOR
 # -- error messages from the schema ----------------------------------------------------------------------------
 
 
+class _SchemaGenerator(GenerateJsonSchema):
+    def encode_default(self, dft: Any) -> Any:
+        return str(dft) if isinstance(dft, HostPort) else super().encode_default(dft)
+
+
+def _one_line(node: Any) -> Any:
+    """Docstrings' line breaks out of descriptions (editors show them as one paragraph)."""
+    if isinstance(node, dict):
+        return {k: " ".join(v.split()) if k == "description" and isinstance(v, str) else _one_line(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_one_line(v) for v in node]
+    return node
+
+
 def schema() -> dict[str, Any]:
     """The configuration's JSON Schema (draft 2020-12), as `txnguard config-schema` prints it."""
-    out = ProxyConfig.model_json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "https://txnguard.invalid/schema/txnguard.schema.json", **out}
+    out = ProxyConfig.model_json_schema(schema_generator=_SchemaGenerator)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_one_line(out)}
 
 
 _SCHEMA: dict[str, Any] = {}
@@ -573,6 +597,8 @@ def wants(node: dict[str, Any]) -> str:
     if len(options) > 1:
         return " or ".join(wants(o) for o in options)
     node = options[0]
+    if node.get("pattern") == _INT_KEYS["propertyNames"]["pattern"]:
+        return "a non-negative integer"
     if "enum" in node:
         return f"one of {', '.join(str(v) for v in node['enum'])}"
     kind = node.get("type")
