@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from txnguard import cli
 from txnguard.policies.outcomes import Outcome
@@ -33,7 +34,8 @@ def _as_json(raw):
 
 
 def _schema_errors(raw) -> list[str]:
-    errors = _validator().iter_errors(_as_json(raw))
+    # best_match goes into a union (`policy: null` or a section) for the error an editor would show.
+    errors = [best_match([e]) for e in _validator().iter_errors(_as_json(raw))]
     return [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors]
 
 
@@ -76,6 +78,8 @@ AGREEMENT = [
     ("upstream: [a:1, '[::1]:9092']", True),
     ("upstream: a:1,b:2\nmode: gateway", True),
     ("upstream: a:1\nupstream_tls: true", True),
+    ("upstream: a:1\nupstream_tls: false", True),
+    ("upstream: a:1\npolicy:\nhealth:\n", True),  # sections whose lines are all commented out
     ("upstream: a:1\nbroker_ports: {2: 31000}", True),
     ("upstream: a:1\npolicy: {mode: monitor, rules: [{topic: 'audit.*', mode: off}]}", True),
     ("upstream: a:1\npolicy: {errors: {kafka-python: {produce: {not_in_transaction: 120}}}}", True),
@@ -122,7 +126,9 @@ def test_the_schema_and_the_loader_agree(text, valid):
         ("upstream: a:1\npolicy: {errors: {java: {fetch: {late_write: 1}}}}",
          "policy.errors.java.fetch: 'fetch' is not one of produce, txn_offset_commit"),
         ("upstream: a:1\npolicy: {rules: [{topic: x}]}", "policy.rules[0].mode: required"),
-        ("upstream: a:1\nverification: {hold_share: 1.5}", "verification.hold_share: 1.5 is not a number from 0 to 1"),
+        ("upstream: a:1\nverification: {hold_share: 1.5}", "verification.hold_share: 1.5 is not a share between 0 and "
+         "1 of the request's timeout (0: no hold; more than 1 would answer after the client gave up)"),
+        ("upstream: a:1\nadvertised_host: ''", "advertised_host: '' is not a host name"),
         ("upstream: a:1\nlimits: {low_water_bytes: 9, high_water_bytes: 8}",
          "limits.low_water_bytes: 9 is above limits.high_water_bytes"),
         ("upstream: a:1\nhealth: {concurrent_transactions_budget_ms: -1}",

@@ -189,6 +189,12 @@ Addresses = Annotated[tuple[HostPort, ...], PlainValidator(_host_ports),
 _INT_KEYS: dict[str, Any] = {"propertyNames": {"pattern": "^[0-9]+$"}}
 
 
+def _wants(words: str) -> Any:
+    """What a setting's value should be, in words, where the type's own words would say less (the schema
+    carries it as `x-wants`; JSON Schema validators ignore keywords they do not know)."""
+    return Field(json_schema_extra={"x-wants": words})
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -313,7 +319,8 @@ class Verification(_Section):
     """Transactional ids remembered at most."""
     registry_idle_expiry_s: PositiveFloat = 900.0
     """Forget a transactional id not seen for this long."""
-    hold_share: Share = 0.8
+    hold_share: Annotated[Share, _wants("a share between 0 and 1 of the request's timeout (0: no hold; more than 1 "
+                                        "would answer after the client gave up)")] = 0.8
     """While the coordinator does not answer (frozen, failing over, loading), hold the check and ask again,
     as the broker holds a Produce, for this share of the request's own timeout (Produce TimeoutMs;
     TxnOffsetCommit: the id's last Produce TimeoutMs, else client_request_timeout_ms), at most hold_max_ms.
@@ -412,13 +419,21 @@ class PolicySection(_Section):
         return dict(self.model_dump(mode="json", exclude_unset=True))
 
 
-class OrBoolean:
-    """Marks a section that `true` switches on with its defaults and `false` off (in the schema too)."""
+@dataclass(frozen=True)
+class Or:
+    """A schema alternative the model takes before validation: `upstream_tls: true` (on, with defaults),
+    `policy:` with nothing under it (null: the defaults)."""
+
+    kind: str
 
     def __get_pydantic_json_schema__(self, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         inner = handler(core)
-        options = inner.pop("anyOf", [dict(inner)])
-        return {**{k: v for k, v in inner.items() if k == "description"}, "anyOf": [*options, {"type": "boolean"}]}
+        options = inner.pop("anyOf", None) or [{k: v for k, v in inner.items() if k != "description"}]
+        kept = {k: v for k, v in inner.items() if k in ("description", "default") and "anyOf" not in inner}
+        return {**kept, "anyOf": [*options, {"type": self.kind}]}
+
+
+_SECTIONS = ("limits", "verification", "audit", "policy", "health")
 
 
 def _tls_switch(value: Any) -> Any:
@@ -436,7 +451,7 @@ class ProxyConfig(_Section):
     """The bootstrap listener clients connect to."""
     upstream: Addresses = ()
     """Required: the bootstrap host:port list of the real cluster (sidecar: exactly one, its own broker)."""
-    advertised_host: NonEmptyStr | None = None
+    advertised_host: Annotated[NonEmptyStr | None, _wants("a host name")] = None
     """The host name clients can resolve to this proxy (default: listen's host)."""
     broker_port_base: Port | None = None
     """Gateway: broker N is reachable at advertised_host:broker_port_base+N (default: listen's port + 1)."""
@@ -447,7 +462,7 @@ class ProxyConfig(_Section):
     client_auth: ClientAuth = ClientAuth.NONE
     tls: ServerTls | None = None
     """TLS on the proxy's listeners (unset: plaintext)."""
-    upstream_tls: Annotated[UpstreamTls | None, OrBoolean()] = None
+    upstream_tls: Annotated[UpstreamTls | None, Or("boolean")] = None
     """TLS to the brokers: true for the system's CAs, or the settings below."""
     upstream_auth: UpstreamAuth | None = None
     """SASL for the proxy's own connections to an ACL cluster (unset: none)."""
@@ -457,19 +472,19 @@ class ProxyConfig(_Section):
     hide_transaction_version_2: Bool = False
     """ApiVersions shows clients transaction.version <= 1 (and TV1 API versions): Kafka 4.x clients fall back
     to KIP-890 part 1, which the proxy verifies."""
-    limits: Limits = Limits()
+    limits: Annotated[Limits, Or("null")] = Limits()
     metadata_refresh_s: PositiveFloat = 10.0
     """How often the proxy refreshes its own view of the cluster."""
     ready_max_metadata_age_s: PositiveFloat = 30.0
     """/readyz fails while the proxy's last successful Metadata is older than this."""
     log_level: LogLevel = LogLevel.INFO
     """structlog's level: JSON lines on stderr."""
-    verification: Verification = Verification()
+    verification: Annotated[Verification, Or("null")] = Verification()
     audit_path: NonEmptyStr | None = None
     """JSON lines; "-" for stdout (the same as audit.path)."""
-    audit: Audit = Audit()
-    policy: PolicySection = PolicySection()
-    health: Health = Health()
+    audit: Annotated[Audit, Or("null")] = Audit()
+    policy: Annotated[PolicySection, Or("null")] = PolicySection()
+    health: Annotated[Health, Or("null")] = Health()
 
     @field_validator("upstream_tls", mode="before")
     @classmethod
@@ -478,10 +493,12 @@ class ProxyConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _audit_path_alias(cls, data: Any) -> Any:
-        """audit_path and audit.path are one setting: both end up equal, and a conflict is refused."""
+    def _as_given(cls, data: Any) -> Any:
+        """A section given empty (`policy:` with everything under it commented out) takes its defaults.
+        audit_path and audit.path are one setting: both end up equal, and a conflict is refused."""
         if not isinstance(data, Mapping):
             return data
+        data = {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}  # `policy:` alone: defaults
         alias, section = data.get("audit_path"), data.get("audit")
         path = section.get("path") if isinstance(section, Mapping) else None
         if alias is not None and path is not None and alias != path:
@@ -593,6 +610,8 @@ def _number(node: dict[str, Any], noun: str) -> str:
 
 def wants(node: dict[str, Any]) -> str:
     """What a value of this schema is, in words: 'a positive integer', 'one of gateway, sidecar', ..."""
+    if "x-wants" in node:
+        return str(node["x-wants"])
     options = _branches(node)
     if len(options) > 1:
         return " or ".join(wants(o) for o in options)
