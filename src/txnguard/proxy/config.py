@@ -119,9 +119,6 @@ class RefusedOutcome(enum.StrEnum):
     INVALID_RECORD = Outcome.INVALID_RECORD.value
 
 
-SASL_MECHANISMS = tuple(m.value for m in SaslMechanism)
-COORDINATOR_EVIDENCE = tuple(e.value for e in CoordinatorEvidence)
-
 # -- value types: constraints as data ---------------------------------------------------------------------------
 
 
