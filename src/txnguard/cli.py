@@ -1,7 +1,9 @@
 """`txnguard` command line.
 
 * `txnguard run --config FILE [--upstream ...] [--listen ...] [--mode ...] [--admin ...]`: the proxy.
-* `txnguard check-config FILE`: validate a configuration and print it resolved.
+* `txnguard check-config [FILE] [--show] [flags]`: validate a configuration; `--show` prints every setting's
+  effective value and where it came from (file, environment, flag, default), secrets masked.
+* `txnguard config-schema [--markdown | --write]`: the configuration's JSON Schema, or its Markdown reference.
 * `txnguard hanging --bootstrap HOST:PORT|--config FILE [--topic T [--partition P]] [--broker-id N] [--abort ...]`: find
   hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging.py).
 * `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
@@ -25,30 +27,68 @@ HARNESS_COMMANDS = {
 }
 
 
+def _setting_flags(parser: argparse.ArgumentParser) -> None:
+    """The settings a flag can give (over the file and the TXNGUARD_* environment)."""
+    parser.add_argument("--upstream", help="bootstrap host:port[,host:port...] of the real cluster")
+    parser.add_argument("--listen", help="host:port of the bootstrap listener")
+    parser.add_argument("--mode", choices=("gateway", "sidecar"))
+    parser.add_argument("--admin", help="host:port of the admin HTTP endpoint (/metrics, /livez, /readyz)")
+    parser.add_argument("--advertised-host", help="host name clients should use for the proxy's listeners")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+
+
 def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run the proxy")
     run.add_argument("--config", help="YAML configuration file")
-    run.add_argument("--upstream", help="bootstrap host:port[,host:port...] of the real cluster")
-    run.add_argument("--listen", help="host:port of the bootstrap listener")
-    run.add_argument("--mode", choices=("gateway", "sidecar"))
-    run.add_argument("--admin", help="host:port of the admin HTTP endpoint (/metrics, /livez, /readyz)")
-    run.add_argument("--advertised-host", help="host name clients should use for the proxy's listeners")
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    _setting_flags(run)
     check = sub.add_parser("check-config", help="validate a configuration file")
-    check.add_argument("config")
+    check.add_argument("config", nargs="?", help="YAML configuration file (none: environment and flags only)")
+    check.add_argument("--show", action="store_true",
+                       help="print the effective configuration and where each value came from (secrets masked)")
+    _setting_flags(check)
+    schema = sub.add_parser("config-schema", help="print the configuration's JSON Schema")
+    schema.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
+    schema.add_argument("--write", action="store_true",
+                        help="rewrite the shipped copies (deploy/schema/, the Helm chart's values.schema.json)")
     from txnguard.proxy import hanging
 
     hanging.add_parser(sub)
 
 
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {"upstream": args.upstream, "listen": args.listen, "mode": args.mode, "admin": args.admin,
+            "advertised_host": args.advertised_host, "log_level": args.log_level}
+
+
 def _proxy_config(args: argparse.Namespace) -> Any:
     from txnguard.proxy import config
 
-    overrides = {
-        "upstream": args.upstream, "listen": args.listen, "mode": args.mode, "admin": args.admin,
-        "advertised_host": args.advertised_host, "log_level": args.log_level,
-    }
-    return config.load(args.config, overrides)
+    return config.load(args.config, _flags(args))
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from txnguard.proxy import config, config_reference
+
+    loaded = config.load_with_origins(args.config, _flags(args))
+    cfg = loaded.config
+    print(f"{args.config or 'environment and flags'}: ok ({cfg.mode} mode, listen {cfg.listen}, "
+          f"upstream {','.join(str(u) for u in cfg.upstream)})")
+    if args.show:
+        print(config_reference.effective_text(loaded), end="")
+    return 0
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    from txnguard.proxy import config_reference
+
+    if args.write:
+        for path in config_reference.write():
+            print(f"wrote {path}")
+    elif args.markdown:
+        print(config_reference.markdown(), end="")
+    else:
+        print(config_reference.schema_text(), end="")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,12 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return hanging.run_cli(args)
         if args.command == "check-config":
-            from txnguard.proxy import config
-
-            cfg = config.load(args.config)
-            print(f"{args.config}: ok ({cfg.mode} mode, listen {cfg.listen}, "
-                  f"upstream {','.join(str(u) for u in cfg.upstream)})")
-            return 0
+            return _check_config(args)
+        if args.command == "config-schema":
+            return _config_schema(args)
         if args.command == "run":
             from txnguard.proxy.main import run
 

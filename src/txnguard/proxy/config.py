@@ -1,20 +1,51 @@
 """Configuration: a YAML file, then TXNGUARD_* environment variables, then command-line flags.
 
-Validation happens once, at load, and an error names the key, the value and what
-is wrong with it: `limits.max_in_flight: -3 is not a positive integer`.
+The settings are pydantic models. Their types, choices (enums) and constraints are data, and three things
+come from that one place: validation, the JSON Schema (`txnguard config-schema`, shipped as
+deploy/schema/txnguard.schema.json for editors and the Helm chart) and the error messages, which name the
+key, the value and what is wrong with it: `limits.max_in_flight: -3 is not a positive integer`
+(`explain` reads what the value should have been from the schema). A few rules span several settings
+(exactly one of password / password_file, low water below high water, ...): model validators say them.
+
+Read at start-up (and on SIGHUP, for the policy) only: nothing here runs on the request path, where the
+settings are plain attributes of frozen objects.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    PlainSerializer,
+    PlainValidator,
+    SecretStr,
+    Strict,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
+
+from txnguard.codecs.api_versions import UnknownApiKeys
+from txnguard.policies.enforcement import Mode as PolicyMode
+from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
+from txnguard.policies.outcomes import Outcome
 
 
 class ConfigError(ValueError):
@@ -30,42 +61,203 @@ class HostPort:
         return f"{self.host}:{self.port}"
 
 
-@dataclass(frozen=True)
-class ServerTls:
+# -- choices --------------------------------------------------------------------------------------------------
+
+
+class ProxyMode(enum.StrEnum):
+    """gateway: one proxy (or identical replicas) in front of the whole cluster, a listener per broker;
+    sidecar: one proxy beside each broker, forwarding to that broker only."""
+
+    GATEWAY = "gateway"
+    SIDECAR = "sidecar"
+
+
+class ClientAuth(enum.StrEnum):
+    """none: clients do not authenticate to the brokers through the proxy; sasl: they do (the frame limit
+    stays at limits.pre_auth_max_frame_bytes until their SASL exchange completes)."""
+
+    NONE = "none"
+    SASL = "sasl"
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class CoordinatorEvidence(enum.StrEnum):
+    """How the transaction coordinator is asked: DescribeTransactions (needs DESCRIBE on the transactional
+    id) or AddPartitionsToTxn v4 VerifyOnly (the broker's own check; needs CLUSTER_ACTION, Kafka 3.5+)."""
+
+    DESCRIBE_TRANSACTIONS = "describe_transactions"
+    VERIFY_ONLY = "verify_only"
+
+
+class SaslMechanism(enum.StrEnum):
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    PLAIN = "PLAIN"
+
+
+class ErrorApi(enum.StrEnum):
+    """The requests whose refusal error a policy can choose per client family."""
+
+    PRODUCE = PRODUCE
+    TXN_OFFSET_COMMIT = TXN_OFFSET_COMMIT
+
+
+class RefusedOutcome(enum.StrEnum):
+    """The verification outcomes a policy can map to an error code (every Outcome but pass)."""
+
+    NOT_IN_TRANSACTION = Outcome.NOT_IN_TRANSACTION.value
+    LATE_WRITE = Outcome.LATE_WRITE.value
+    COORDINATOR_UNAVAILABLE = Outcome.COORDINATOR_RETRIABLE.value
+    PRODUCER_FENCED = Outcome.FENCED.value
+    PRODUCER_ID_MAPPING = Outcome.PRODUCER_ID_MAPPING.value
+    INVALID_RECORD = Outcome.INVALID_RECORD.value
+
+
+# -- value types: constraints as data ---------------------------------------------------------------------------
+
+
+def refusal(message: str, *at: str | int) -> PydanticCustomError:
+    """A rule's own message; `at` names the setting below the one being validated (for model rules)."""
+    return PydanticCustomError("txnguard", "{message}", {"message": message, "at": at})
+
+
+def _readable_file(value: str) -> str:
+    if not Path(value).is_file():
+        raise refusal(f"{value!r} is not a readable file")
+    return value
+
+
+def parse_host_port(key: str, value: Any) -> HostPort:
+    """host:port (an IPv6 host in brackets); raises ConfigError naming `key`."""
+    try:
+        return _host_port(value)
+    except PydanticCustomError as e:
+        raise ConfigError(f"{key}: {e.context['message'] if e.context else e}") from None
+
+
+def _host_port(value: Any) -> HostPort:
+    if isinstance(value, HostPort):
+        return value
+    if not isinstance(value, str) or ":" not in value:
+        raise refusal(f"{value!r} is not host:port")
+    host, _, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise refusal(f"{value!r} is not host:port with a port from 0 to 65535")
+    return HostPort(host, int(port))
+
+
+def _host_ports(value: Any) -> tuple[HostPort, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise refusal(f"{value!r} is not a list of host:port")
+    return tuple(_host_port(v) for v in items)
+
+
+_HOST_PORT_PATTERN = r"[^\s,]+:[0-9]{1,5}"
+HOST_PORT_SCHEMA: dict[str, Any] = {"type": "string", "pattern": f"^{_HOST_PORT_PATTERN}$",
+                                    "description": "host:port (an IPv6 host in brackets: [::1]:9092)"}
+HOST_PORTS_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "string", "pattern": rf"^{_HOST_PORT_PATTERN}(\s*,\s*{_HOST_PORT_PATTERN})*$",
+     "description": "host:port[,host:port...]"},
+    {"type": "array", "items": HOST_PORT_SCHEMA, "minItems": 1},
+]}
+
+Bool = Annotated[bool, Strict()]                      # true/false only: `yes` is not a boolean here
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
+NonNegativeFloat = Annotated[float, Strict(), Field(ge=0)]
+Share = Annotated[float, Strict(), Field(ge=0, le=1)]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+ReadableFile = Annotated[str, Field(min_length=1), AfterValidator(_readable_file)]
+Address = Annotated[HostPort, PlainValidator(_host_port), PlainSerializer(str, return_type=str),
+                    WithJsonSchema(HOST_PORT_SCHEMA)]
+Addresses = Annotated[tuple[HostPort, ...], PlainValidator(_host_ports),
+                      PlainSerializer(lambda v: [str(a) for a in v], return_type=list[str]),
+                      WithJsonSchema(HOST_PORTS_SCHEMA)]
+_INT_KEYS: dict[str, Any] = {"propertyNames": {"pattern": "^[0-9]+$"}}
+
+
+def _wants(words: str) -> Any:
+    """What a setting's value should be, in words, where the type's own words would say less (the schema
+    carries it as `x-wants`; JSON Schema validators ignore keywords they do not know)."""
+    return Field(json_schema_extra={"x-wants": words})
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+# -- the settings -----------------------------------------------------------------------------------------------
+
+
+class ServerTls(_Section):
     """TLS terminated at the proxy's listeners."""
 
-    certfile: str
-    keyfile: str
-    cafile: str | None = None          # set to verify client certificates
-    require_client_cert: bool = False
+    certfile: ReadableFile
+    """PEM certificate chain of the proxy's listeners."""
+    keyfile: ReadableFile
+    """PEM private key of certfile."""
+    cafile: ReadableFile | None = None
+    """Set to verify client certificates against this CA bundle."""
+    require_client_cert: Bool = False
+    """Refuse clients without a certificate signed by cafile (mTLS)."""
 
 
-@dataclass(frozen=True)
-class UpstreamTls:
-    """TLS (optionally mTLS) from the proxy to the brokers."""
+class UpstreamTls(_Section):
+    """TLS (optionally mTLS) from the proxy to the brokers. `upstream_tls: true` is TLS with the system's CAs."""
 
-    cafile: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    check_hostname: bool = True
+    cafile: ReadableFile | None = None
+    """CA bundle the brokers' certificates are checked against (default: the system's)."""
+    certfile: ReadableFile | None = None
+    """Client certificate for mTLS to the brokers."""
+    keyfile: ReadableFile | None = None
+    """Private key of certfile."""
+    check_hostname: Bool = True
+    """Check that a broker's certificate names the host connected to."""
 
 
-SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
-
-
-@dataclass(frozen=True)
-class UpstreamAuth:
+class UpstreamAuth(_Section):
     """SASL for the proxy's own broker connections (verification, metadata, the hanging scan): its own
-    principal, never a client's. Clients' SASL passes through untouched and is never mixed with this."""
+    principal, never a client's. Clients' SASL passes through untouched and is never mixed with this.
+    Exactly one of password / password_file."""
 
     username: str
-    mechanism: str = "SCRAM-SHA-512"
-    password: str | None = field(default=None, repr=False)   # never in a repr, hence never in a log line
-    password_file: str | None = None                         # read at each connection: rotation needs no restart
+    """The proxy's own principal, User:<username>."""
+    mechanism: SaslMechanism = SaslMechanism.SCRAM_SHA_512
+    """The SASL mechanism the brokers' listener offers."""
+    password: Annotated[SecretStr, Field(min_length=1)] | None = None
+    """Never shown: not in a repr, a log line or `check-config --show` (TXNGUARD_UPSTREAM_AUTH__PASSWORD
+    gives it as written)."""
+    password_file: ReadableFile | None = None
+    """A file holding the password, read at each connection: rotation needs no restart."""
+
+    @field_validator("username")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value:
+            raise refusal("required (the proxy's own principal, User:<username>)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> Self:
+        if (self.password is None) == (self.password_file is None):
+            raise refusal("set exactly one of password (e.g. TXNGUARD_UPSTREAM_AUTH__PASSWORD) or password_file")
+        if self.password_file is not None and not self.secret():
+            raise refusal(f"{self.password_file!r} is empty", "password_file")
+        return self
 
     def secret(self) -> str:
         if self.password is not None:
-            return self.password
+            return self.password.get_secret_value()
         assert self.password_file is not None
         return Path(self.password_file).read_text().rstrip("\r\n")
 
@@ -74,103 +266,257 @@ class UpstreamAuth:
         return f"User:{self.username}"
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_frame_bytes: int = 100 * 1024 * 1024
-    pre_auth_max_frame_bytes: int = 512 * 1024
-    max_in_flight: int = 1000                # per client connection
-    max_connections: int = 10000
-    idle_timeout_s: float = 600.0            # the broker's connections.max.idle.ms default
-    partial_frame_timeout_s: float = 30.0
-    connect_timeout_s: float = 10.0
-    high_water_bytes: int = 4 * 1024 * 1024  # pause the other side above this write buffer
-    low_water_bytes: int = 1 * 1024 * 1024
-    drain_timeout_s: float = 30.0
+class Limits(_Section):
+    """Bounds on what one client, and all of them together, may cost the proxy."""
+
+    max_frame_bytes: PositiveInt = 100 * 1024 * 1024
+    """Largest request or response frame accepted."""
+    pre_auth_max_frame_bytes: PositiveInt = 512 * 1024
+    """Largest frame before a client's SASL completes (client_auth: sasl); at most max_frame_bytes."""
+    max_in_flight: PositiveInt = 1000
+    """Requests in flight per client connection."""
+    max_connections: PositiveInt = 10000
+    """Client connections, all listeners together."""
+    idle_timeout_s: PositiveFloat = 600.0
+    """Close a connection idle this long (the broker's connections.max.idle.ms default)."""
+    partial_frame_timeout_s: PositiveFloat = 30.0
+    """Close a connection that started a frame and did not finish it within this time."""
+    connect_timeout_s: PositiveFloat = 10.0
+    """Bound on connecting to a broker."""
+    high_water_bytes: PositiveInt = 4 * 1024 * 1024
+    """Pause reading the other side while a write buffer holds more than this."""
+    low_water_bytes: PositiveInt = 1 * 1024 * 1024
+    """Resume below this; at most high_water_bytes."""
+    drain_timeout_s: PositiveFloat = 30.0
+    """SIGTERM: how long in-flight requests get before connections close."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.low_water_bytes > self.high_water_bytes:
+            raise refusal(f"{self.low_water_bytes} is above limits.high_water_bytes", "low_water_bytes")
+        if self.pre_auth_max_frame_bytes > self.max_frame_bytes:
+            raise refusal("must not exceed limits.max_frame_bytes", "pre_auth_max_frame_bytes")
+        return self
 
 
-COORDINATOR_EVIDENCE = ("describe_transactions", "verify_only")
+class Verification(_Section):
+    """How the proxy proves that a transactional write belongs to an ongoing transaction."""
+
+    enabled: Bool = True
+    """Verify transactional Produce and TxnOffsetCommit requests (false: forward everything)."""
+    leader_evidence: Bool = True
+    """Ask the partition leader (DescribeProducers) before the coordinator."""
+    coordinator_evidence: CoordinatorEvidence = CoordinatorEvidence.DESCRIBE_TRANSACTIONS
+    timeout_s: PositiveFloat = 5.0
+    """Bound on one verification's waits (one question to a coordinator or leader)."""
+    evidence_ttl_ms: NonNegativeInt | None = None
+    """How long a transaction's proven partitions are trusted without asking again. Unset: the mode's
+    default (gateway: until EndTxn; sidecar: 0, never reused)."""
+    registry_max_entries: PositiveInt = 100_000
+    """Transactional ids remembered at most."""
+    registry_idle_expiry_s: PositiveFloat = 900.0
+    """Forget a transactional id not seen for this long."""
+    hold_share: Annotated[Share, _wants("a share between 0 and 1 of the request's timeout (0: no hold; more than 1 "
+                                        "would answer after the client gave up)")] = 0.8
+    """While the coordinator does not answer (frozen, failing over, loading), hold the check and ask again,
+    as the broker holds a Produce, for this share of the request's own timeout (Produce TimeoutMs;
+    TxnOffsetCommit: the id's last Produce TimeoutMs, else client_request_timeout_ms), at most hold_max_ms.
+    0 answers after one attempt of timeout_s; above 1 would answer after the client gave up."""
+    hold_max_ms: PositiveInt = 30_000
+    """Upper bound on one hold."""
+    client_request_timeout_ms: PositiveInt = 30_000
+    """The request timeout assumed for a TxnOffsetCommit whose producer's Produce timeout is not known."""
+    end_txn_in_doubt_hold: Bool = True
+    """KAFKA-17754: while an EndTxn this proxy forwarded is unanswered, hold the same producer's next
+    AddPartitionsToTxn/AddOffsetsToTxn from another connection (within the hold bound; then
+    CONCURRENT_TRANSACTIONS, which clients retry), and keep a broker connection whose client left until that
+    EndTxn is answered."""
+    end_txn_in_doubt_max_ms: PositiveInt = 60_000
+    """An unanswered EndTxn stops being waited for after this long."""
+    end_txn_hold_ms: PositiveInt = 1_000
+    """One held request waits at most this long; then CONCURRENT_TRANSACTIONS (and it is held again)."""
 
 
-@dataclass(frozen=True)
-class Verification:
-    enabled: bool = True
-    leader_evidence: bool = True     # ask the partition leader (DescribeProducers) before the coordinator
-    # How the coordinator is asked: DescribeTransactions (needs DESCRIBE on the transactional id)
-    # or AddPartitionsToTxn v4 VerifyOnly (the broker's own check; needs CLUSTER_ACTION, Kafka 3.5+).
-    coordinator_evidence: str = "describe_transactions"
-    timeout_s: float = 5.0           # bound on one verification's waits
-    evidence_ttl_ms: int | None = None  # None: the mode's default (gateway: until EndTxn; sidecar: 0)
-    registry_max_entries: int = 100_000
-    registry_idle_expiry_s: float = 900.0
-    # While the coordinator does not answer (frozen, failing over, loading), hold the check and ask
-    # again, as the broker holds a Produce, for this share of the request's own timeout (Produce
-    # TimeoutMs; TxnOffsetCommit: the id's last Produce TimeoutMs, else client_request_timeout_ms),
-    # at most hold_max_ms. 0 answers after one attempt of timeout_s. See verification/holds.py.
-    hold_share: float = 0.8
-    hold_max_ms: int = 30_000
-    client_request_timeout_ms: int = 30_000
-    # KAFKA-17754 (verification/in_doubt.py): while an EndTxn this proxy forwarded is unanswered, hold the
-    # same producer's next AddPartitionsToTxn/AddOffsetsToTxn from another connection (within the hold
-    # bound above; then CONCURRENT_TRANSACTIONS, which clients retry), and keep a broker connection whose
-    # client left until that EndTxn is answered. An EndTxn stops being waited for after this many ms.
-    end_txn_in_doubt_hold: bool = True
-    end_txn_in_doubt_max_ms: int = 60_000
-    end_txn_hold_ms: int = 1_000     # one held request, at most: then CONCURRENT_TRANSACTIONS (held again)
-
-
-@dataclass(frozen=True)
-class Audit:
+class Audit(_Section):
     """Where audit records go: a JSON-lines file and/or a Kafka topic (see proxy/audit_sink.py)."""
 
-    path: str | None = None              # JSON lines; "-" for stdout (the top-level audit_path is an alias)
-    topic: str | None = None             # set: publish every record to this topic too
-    bootstrap: tuple[HostPort, ...] = ()  # the audit topic's cluster; default: upstream (straight to brokers)
-    proxy_id: str | None = None          # default: "<mode>@<advertised host>:<bootstrap listener port>"
-    queue_max_records: int = 100_000     # records waiting for Kafka; beyond: dropped and counted
-    linger_ms: int = 100                 # batching: how long a record may wait for others
-    delivery_timeout_ms: int = 300_000   # give up on a record after this (counted failed)
-    flush_timeout_s: float = 5.0         # bounded wait for queued records on stop
-    producer: Mapping[str, Any] = field(default_factory=dict)  # more librdkafka settings (security, ...)
+    path: NonEmptyStr | None = None
+    """JSON lines; "-" for stdout (the top-level audit_path is an alias)."""
+    topic: NonEmptyStr | None = None
+    """Set: publish every record to this topic too (needs txnguard[audit-kafka])."""
+    bootstrap: Addresses = ()
+    """The audit topic's cluster (default: upstream, straight to the brokers)."""
+    proxy_id: NonEmptyStr | None = None
+    """Names this proxy in its records (default: "<mode>@<advertised host>:<bootstrap listener port>")."""
+    queue_max_records: PositiveInt = 100_000
+    """Records waiting for Kafka; beyond: dropped and counted, never waited for."""
+    linger_ms: PositiveInt = 100
+    """Batching: how long a record may wait for others."""
+    delivery_timeout_ms: PositiveInt = 300_000
+    """Give up on a record after this (counted failed)."""
+    flush_timeout_s: PositiveFloat = 5.0
+    """Bounded wait for queued records on stop."""
+    producer: dict[str, str | int | float | bool] = {}
+    """More librdkafka settings (security.protocol, sasl.*, ssl.*, ...); secrets among them are masked by
+    `check-config --show`."""
 
 
-@dataclass(frozen=True)
-class Health:
+class Health(_Section):
     """Transaction health checks the proxy runs itself (see proxy/hanging.py)."""
 
-    hanging_scan_interval_s: float | None = None   # set: scan for hanging transactions this often (off: None)
-    hanging_max_transaction_timeout_s: float = 900.0  # find-hanging's --max-transaction-timeout (15 min)
-    # CONCURRENT_TRANSACTIONS on AddPartitionsToTxn/AddOffsetsToTxn asked again by the proxy (KIP-609 idea):
-    # within this budget the client sees one slower answer instead of the error; 0 turns it off.
-    concurrent_transactions_budget_ms: float = 2000.0
+    hanging_scan_interval_s: PositiveFloat | None = None
+    """Set: scan for hanging transactions this often (unset: off)."""
+    hanging_max_transaction_timeout_s: PositiveFloat = 900.0
+    """find-hanging's --max-transaction-timeout (15 min)."""
+    concurrent_transactions_budget_ms: NonNegativeFloat = 2000.0
+    """CONCURRENT_TRANSACTIONS on AddPartitionsToTxn/AddOffsetsToTxn asked again by the proxy (KIP-609's
+    idea): within this budget the client sees one slower answer instead of the error. 0 turns it off."""
+
+
+class ModeRuleSection(_Section):
+    """Matches a transactional id and/or a topic (globs); the first matching rule wins."""
+
+    mode: PolicyMode
+    """The mode for what matches."""
+    transactional_id: NonEmptyStr | None = None
+    """Glob on the transactional id (unset: any)."""
+    topic: NonEmptyStr | None = None
+    """Glob on the topic (unset: any)."""
+
+
+class FamilyRuleSection(_Section):
+    """Names the client family of connections that match (in front of the shipped rules)."""
+
+    family: NonEmptyStr
+    """The family's name (kafka-python, librdkafka, java, ...: the keys of policy.errors)."""
+    software_name: NonEmptyStr | None = None
+    """Glob on the client's KIP-511 software name."""
+    client_id: NonEmptyStr | None = None
+    """Glob on the client id."""
+    listener: NonEmptyStr | None = None
+    """Glob on the listener's name."""
+
+
+class PolicySection(_Section):
+    """What a refused verification does, per transactional id and topic, and which error each client family
+    sees (see txnguard.policies.policy). SIGHUP re-reads this section."""
+
+    mode: PolicyMode = PolicyMode.ENFORCE
+    """enforce: refuse; monitor: decide, log, count and audit, but forward; off: do not verify."""
+    rules: tuple[ModeRuleSection, ...] = ()
+    families: tuple[FamilyRuleSection, ...] = ()
+    errors: dict[str, dict[ErrorApi, dict[RefusedOutcome, Annotated[int, Strict()]]]] = {}
+    """Per family, per request, per outcome: the Kafka error code the client gets."""
+    timeout_recovery: Bool = False
+    """KIP-588 for old clients (gateway only): a transaction the coordinator timed out is answered so that
+    the client bumps its epoch."""
+
+    def as_mapping(self) -> dict[str, Any]:
+        """The section as written (what txnguard.policies.policy.policy_from_config reads)."""
+        return dict(self.model_dump(mode="json", exclude_unset=True))
 
 
 @dataclass(frozen=True)
-class ProxyConfig:
-    mode: str = "gateway"                               # gateway | sidecar
-    listen: HostPort = HostPort("127.0.0.1", 9192)      # the bootstrap listener
-    upstream: tuple[HostPort, ...] = ()
-    advertised_host: str | None = None                  # default: listen.host
-    broker_port_base: int | None = None                 # gateway: port = base + node id (default listen.port + 1)
-    broker_ports: Mapping[int, int] = field(default_factory=dict)  # explicit node id -> port
-    admin: HostPort | None = None
-    client_auth: str = "none"                           # none | sasl (frame limit until SASL completes)
+class Or:
+    """A schema alternative the model takes before validation: `upstream_tls: true` (on, with defaults),
+    `policy:` with nothing under it (null: the defaults)."""
+
+    kind: str
+
+    def __get_pydantic_json_schema__(self, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        inner = handler(core)
+        options = inner.pop("anyOf", None) or [{k: v for k, v in inner.items() if k != "description"}]
+        kept = {k: v for k, v in inner.items() if k in ("description", "default") and "anyOf" not in inner}
+        return {**kept, "anyOf": [*options, {"type": self.kind}]}
+
+
+_SECTIONS = ("limits", "verification", "audit", "policy", "health")
+
+
+def _tls_switch(value: Any) -> Any:
+    return {} if value is True else None if value is False else value
+
+
+class ProxyConfig(_Section):
+    """txnguard's configuration (txnguard.yaml). Every setting can also be given as a TXNGUARD_* environment
+    variable (TXNGUARD_LIMITS__MAX_IN_FLIGHT=50: `__` between levels); flags override both."""
+
+    model_config = ConfigDict(title="txnguard configuration")
+
+    mode: ProxyMode = ProxyMode.GATEWAY
+    listen: Address = HostPort("127.0.0.1", 9192)
+    """The bootstrap listener clients connect to."""
+    upstream: Addresses = ()
+    """Required: the bootstrap host:port list of the real cluster (sidecar: exactly one, its own broker)."""
+    advertised_host: Annotated[NonEmptyStr | None, _wants("a host name")] = None
+    """The host name clients can resolve to this proxy (default: listen's host)."""
+    broker_port_base: Port | None = None
+    """Gateway: broker N is reachable at advertised_host:broker_port_base+N (default: listen's port + 1)."""
+    broker_ports: Annotated[dict[int, Port], Field(json_schema_extra=_INT_KEYS)] = {}
+    """Explicit broker node id -> listener port."""
+    admin: Address | None = None
+    """host:port of the admin HTTP endpoint (/metrics, /livez, /readyz)."""
+    client_auth: ClientAuth = ClientAuth.NONE
     tls: ServerTls | None = None
-    upstream_tls: UpstreamTls | None = None
-    upstream_auth: UpstreamAuth | None = None           # SASL for the proxy's own connections (ACL clusters)
-    unknown_api_keys: str = "pass"                      # pass | strip
-    api_max_versions: Mapping[int, int] = field(default_factory=dict)
-    # ApiVersions shows clients transaction.version <= 1 (and TV1 API versions): Kafka 4.x clients
-    # fall back to KIP-890 part 1, which the proxy verifies (see codecs/api_versions.py)
-    hide_transaction_version_2: bool = False
-    limits: Limits = field(default_factory=Limits)
-    metadata_refresh_s: float = 10.0
-    ready_max_metadata_age_s: float = 30.0
-    log_level: str = "info"
-    verification: Verification = field(default_factory=Verification)
-    audit_path: str | None = None                       # JSON lines; "-" for stdout (same as audit.path)
-    audit: Audit = field(default_factory=Audit)
-    policy: Mapping[str, Any] = field(default_factory=dict)  # see txnguard.policies.policy
-    health: Health = field(default_factory=Health)
+    """TLS on the proxy's listeners (unset: plaintext)."""
+    upstream_tls: Annotated[UpstreamTls | None, Or("boolean")] = None
+    """TLS to the brokers: true for the system's CAs, or the settings below."""
+    upstream_auth: UpstreamAuth | None = None
+    """SASL for the proxy's own connections to an ACL cluster (unset: none)."""
+    unknown_api_keys: UnknownApiKeys = UnknownApiKeys.PASS
+    api_max_versions: Annotated[dict[int, NonNegativeInt], Field(json_schema_extra=_INT_KEYS)] = {}
+    """Operator caps: API key -> highest version advertised to clients."""
+    hide_transaction_version_2: Bool = False
+    """ApiVersions shows clients transaction.version <= 1 (and TV1 API versions): Kafka 4.x clients fall back
+    to KIP-890 part 1, which the proxy verifies."""
+    limits: Annotated[Limits, Or("null")] = Limits()
+    metadata_refresh_s: PositiveFloat = 10.0
+    """How often the proxy refreshes its own view of the cluster."""
+    ready_max_metadata_age_s: PositiveFloat = 30.0
+    """/readyz fails while the proxy's last successful Metadata is older than this."""
+    log_level: LogLevel = LogLevel.INFO
+    """structlog's level: JSON lines on stderr."""
+    verification: Annotated[Verification, Or("null")] = Verification()
+    audit_path: NonEmptyStr | None = None
+    """JSON lines; "-" for stdout (the same as audit.path)."""
+    audit: Annotated[Audit, Or("null")] = Audit()
+    policy: Annotated[PolicySection, Or("null")] = PolicySection()
+    health: Annotated[Health, Or("null")] = Health()
+
+    @field_validator("upstream_tls", mode="before")
+    @classmethod
+    def _tls_on(cls, value: Any) -> Any:
+        return _tls_switch(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_given(cls, data: Any) -> Any:
+        """A section given empty (`policy:` with everything under it commented out) takes its defaults.
+        audit_path and audit.path are one setting: both end up equal, and a conflict is refused."""
+        if not isinstance(data, Mapping):
+            return data
+        data = {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}  # `policy:` alone: defaults
+        alias, section = data.get("audit_path"), data.get("audit")
+        path = section.get("path") if isinstance(section, Mapping) else None
+        if alias is not None and path is not None and alias != path:
+            raise refusal(f"{alias!r} differs from audit.path {path!r} (set one)", "audit_path")
+        if (alias is None) == (path is None) or not isinstance(section, Mapping | None):
+            return data
+        return {**data, "audit_path": alias or path, "audit": {**(section or {}), "path": alias or path}}
+
+    @model_validator(mode="after")
+    def _whole(self) -> Self:
+        from txnguard.policies.policy import PolicyError, policy_from_config
+
+        if not self.upstream:
+            raise refusal("required (the bootstrap host:port list of the real cluster)", "upstream")
+        if self.mode is ProxyMode.SIDECAR and len(self.upstream) != 1:
+            raise refusal(f"sidecar mode forwards to exactly one broker, got {len(self.upstream)}", "upstream")
+        try:
+            policy_from_config(self.policy.as_mapping())  # the proxy builds it again on start and SIGHUP
+        except PolicyError as e:
+            raise refusal(str(e)) from None
+        return self
 
     @property
     def advertised(self) -> str:
@@ -186,253 +532,149 @@ class ProxyConfig:
         return self.listen.port + 1 + node_id
 
 
-# -- parsing -----------------------------------------------------------------------------------
+SECRET_SETTING = re.compile(r"password|secret|token|credential|\.pem$", re.IGNORECASE)
 
 
-def parse_host_port(key: str, value: Any) -> HostPort:
-    if not isinstance(value, str) or ":" not in value:
-        raise ConfigError(f"{key}: {value!r} is not host:port")
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{key}: {value!r} is not host:port with a port from 0 to 65535")
-    return HostPort(host, int(port))
+# -- error messages from the schema ----------------------------------------------------------------------------
 
 
-def _host_ports(key: str, value: Any) -> tuple[HostPort, ...]:
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not items:
-        raise ConfigError(f"{key}: {value!r} is not a list of host:port")
-    return tuple(parse_host_port(key, v.strip() if isinstance(v, str) else v) for v in items)
+class _SchemaGenerator(GenerateJsonSchema):
+    def encode_default(self, dft: Any) -> Any:
+        return str(dft) if isinstance(dft, HostPort) else super().encode_default(dft)
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
-    return str(value)
+def _one_line(node: Any) -> Any:
+    """Docstrings' line breaks out of descriptions (editors show them as one paragraph)."""
+    if isinstance(node, dict):
+        return {k: " ".join(v.split()) if k == "description" and isinstance(v, str) else _one_line(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_one_line(v) for v in node]
+    return node
 
 
-def _positive_number(key: str, value: Any, *, integer: bool) -> Any:
-    ok = isinstance(value, int) and not isinstance(value, bool) if integer else \
-        isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or value <= 0:
-        raise ConfigError(f"{key}: {value!r} is not a positive {'integer' if integer else 'number'}")
-    return value
+def schema() -> dict[str, Any]:
+    """The configuration's JSON Schema (draft 2020-12), as `txnguard config-schema` prints it."""
+    out = ProxyConfig.model_json_schema(schema_generator=_SchemaGenerator)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_one_line(out)}
 
 
-def _int_map(key: str, value: Any) -> dict[int, int]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: {value!r} is not a mapping of integers")
-    out: dict[int, int] = {}
-    for k, v in value.items():
-        try:
-            out[int(k)] = int(v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key}.{k}: {v!r} is not an integer") from None
+_SCHEMA: dict[str, Any] = {}
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        node = _SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def _branches(node: dict[str, Any]) -> list[dict[str, Any]]:
+    node = _resolve(node)
+    options = node.get("anyOf") or node.get("oneOf")
+    if not options:
+        return [node]
+    return [b for o in options for b in _branches(o) if b.get("type") != "null"]
+
+
+def _at(loc: tuple[str | int, ...]) -> list[dict[str, Any]]:
+    """The schemas a setting's value may take (several for a union), found by its location."""
+    if not _SCHEMA:
+        _SCHEMA.update(schema())
+    nodes = [_SCHEMA]
+    for part in loc:
+        found: list[dict[str, Any]] = []
+        for node in (b for n in nodes for b in _branches(n)):
+            if isinstance(part, int) and "items" in node:
+                found.append(node["items"])
+            elif str(part) in node.get("properties", {}):
+                found.append(node["properties"][str(part)])
+            elif isinstance(node.get("additionalProperties"), dict):
+                found.append(node["additionalProperties"])
+        nodes = found
+    return nodes
+
+
+def _number(node: dict[str, Any], noun: str) -> str:
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if node.get("exclusiveMinimum") == 0 and hi is None:
+        return f"a positive {noun}"
+    if lo is not None and hi is not None:
+        return f"{'an' if noun == 'integer' else 'a'} {noun} from {lo:g} to {hi:g}"
+    if lo == 0:
+        return f"a non-negative {noun}"
+    return f"{'an' if noun == 'integer' else 'a'} {noun}"
+
+
+def wants(node: dict[str, Any]) -> str:
+    """What a value of this schema is, in words: 'a positive integer', 'one of gateway, sidecar', ..."""
+    if "x-wants" in node:
+        return str(node["x-wants"])
+    options = _branches(node)
+    if len(options) > 1:
+        return " or ".join(wants(o) for o in options)
+    node = options[0]
+    if node.get("pattern") == _INT_KEYS["propertyNames"]["pattern"]:
+        return "a non-negative integer"
+    if "enum" in node:
+        return f"one of {', '.join(str(v) for v in node['enum'])}"
+    kind = node.get("type")
+    if kind == "boolean":
+        return "true or false"
+    if kind in ("integer", "number"):
+        return _number(node, kind)
+    if kind == "string":
+        if node.get("format") == "password" or node.get("minLength") == 1:
+            return "a non-empty string"
+        return node.get("description") or "a string"
+    if kind == "object":
+        return "a mapping"
+    if kind == "array":
+        return "a list"
+    return "valid"
+
+
+def _key(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
     return out
 
 
-def _check_file(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not Path(value).is_file():
-        raise ConfigError(f"{key}: {value!r} is not a readable file")
-    return value
+def explain(error: Mapping[str, Any]) -> str:
+    """One pydantic error as `key: value is not what it should be`, read from the schema. A secret's value
+    is never shown."""
+    loc, kind, value = tuple(error["loc"]), error["type"], error.get("input")
+    if kind == "txnguard":
+        full = _key(loc + tuple(error["ctx"]["at"]))
+        message = error["ctx"]["message"]
+        return f"{full}: {message}" if full else str(message)
+    if loc and loc[-1] == "[key]":  # a mapping's key
+        parent = _at(loc[:-2])
+        names = [n.get("propertyNames", {}) for n in parent]
+        return f"{_key(loc[:-1])}: {value!r} is not {' or '.join(wants(n) for n in names if n) or 'a valid key'}"
+    if kind == "extra_forbidden":
+        known = sorted({k for n in _at(loc[:-1]) for b in _branches(n) for k in b.get("properties", {})})
+        return f"{_key(loc)}: unknown setting (known: {', '.join(known)})"
+    if kind == "missing":
+        return f"{_key(loc)}: required"
+    nodes = _at(loc)
+    wanted = " or ".join(dict.fromkeys(wants(n) for n in nodes)) or "valid"
+    if any(b.get("writeOnly") for n in nodes for b in _branches(n)):
+        quote = "" if isinstance(value, str) else " (quote it in YAML)"
+        return f"{_key(loc)}: must be {wanted}{quote}; the value is not shown"
+    if kind.startswith(("model_", "dict_", "dataclass_")) and wanted == "valid":
+        wanted = "a mapping"
+    return f"{_key(loc)}: {value!r} is not {wanted}"
 
 
-def _dataclass_from(key: str, cls: type[Any], raw: Any) -> Any:
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{key}: {raw!r} is not a mapping")
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(raw) - set(names)
-    if unknown:
-        raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(names))})")
-    values: dict[str, Any] = {}
-    for name, v in raw.items():
-        f = names[name]
-        sub = f"{key}.{name}"
-        if f.type in ("bool",):
-            if not isinstance(v, bool):
-                raise ConfigError(f"{sub}: {v!r} is not true or false")
-        elif f.type in ("int",):
-            v = _positive_number(sub, v, integer=True)
-        elif f.type in ("float",):
-            v = float(_positive_number(sub, v, integer=False))
-        elif name in ("certfile", "keyfile", "cafile") and v is not None:
-            v = _check_file(sub, v)
-        values[name] = v
+def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:
     try:
-        return cls(**values)
-    except TypeError as e:
-        raise ConfigError(f"{key}: {e}") from None
+        return ProxyConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError("\n".join(explain(err) for err in e.errors(include_url=False))) from None
 
 
-_TOP_LEVEL = {f.name for f in dataclasses.fields(ProxyConfig)}
-
-
-def from_mapping(raw: Mapping[str, Any]) -> ProxyConfig:  # noqa: C901 - one branch per setting
-    unknown = set(raw) - _TOP_LEVEL
-    if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(_TOP_LEVEL))})")
-    kw: dict[str, Any] = {}
-    for key, v in raw.items():
-        if key == "mode":
-            kw[key] = _choice(key, v, ("gateway", "sidecar"))
-        elif key in ("listen", "admin"):
-            kw[key] = None if v is None and key == "admin" else parse_host_port(key, v)
-        elif key == "upstream":
-            kw[key] = _host_ports(key, v)
-        elif key == "advertised_host":
-            if not isinstance(v, str) or not v:
-                raise ConfigError(f"{key}: {v!r} is not a host name")
-            kw[key] = v
-        elif key == "broker_port_base":
-            kw[key] = _positive_number(key, v, integer=True)
-        elif key in ("broker_ports", "api_max_versions"):
-            kw[key] = _int_map(key, v)
-        elif key == "client_auth":
-            kw[key] = _choice(key, v, ("none", "sasl"))
-        elif key == "unknown_api_keys":
-            kw[key] = _choice(key, v, ("pass", "strip"))
-        elif key == "hide_transaction_version_2":
-            if not isinstance(v, bool):
-                raise ConfigError(f"{key}: {v!r} is not true or false")
-            kw[key] = v
-        elif key == "log_level":
-            kw[key] = _choice(key, v, ("debug", "info", "warning", "error"))
-        elif key in ("metadata_refresh_s", "ready_max_metadata_age_s"):
-            kw[key] = float(_positive_number(key, v, integer=False))
-        elif key == "tls":
-            kw[key] = None if v is None else _dataclass_from(key, ServerTls, v)
-        elif key == "upstream_tls":
-            kw[key] = None if v is None else _dataclass_from(key, UpstreamTls, v if v is not True else {})
-        elif key == "upstream_auth":
-            kw[key] = None if v is None else _upstream_auth(v)
-        elif key == "limits":
-            kw[key] = _dataclass_from(key, Limits, v)
-        elif key == "verification":
-            kw[key] = _verification(v)
-        elif key in ("audit", "audit_path"):
-            kw["audit"] = _audit(raw)  # both keys: one Audit, and audit_path kept equal to audit.path
-            kw["audit_path"] = kw["audit"].path
-        elif key == "policy":
-            kw[key] = _policy(v)
-        elif key == "health":
-            kw[key] = _health(v)
-    cfg = ProxyConfig(**kw)
-    return validate(cfg)
-
-
-def _upstream_auth(raw: Any) -> UpstreamAuth:
-    """Exactly one of password / password_file (an env override of one must not leave the other in force
-    silently); error messages name the setting, never the secret."""
-    auth: UpstreamAuth = _dataclass_from("upstream_auth", UpstreamAuth, raw)
-    if auth.mechanism not in SASL_MECHANISMS:
-        raise ConfigError(f"upstream_auth.mechanism: {auth.mechanism!r} is not one of {', '.join(SASL_MECHANISMS)}")
-    if not isinstance(auth.username, str) or not auth.username:
-        raise ConfigError("upstream_auth.username: required (the proxy's own principal, User:<username>)")
-    if (auth.password is None) == (auth.password_file is None):
-        raise ConfigError("upstream_auth: set exactly one of password (e.g. TXNGUARD_UPSTREAM_AUTH__PASSWORD) "
-                          "or password_file")
-    if auth.password is not None and (not isinstance(auth.password, str) or not auth.password):
-        raise ConfigError("upstream_auth.password: must be a non-empty string (quote it in YAML)")
-    if auth.password_file is not None:
-        _check_file("upstream_auth.password_file", auth.password_file)
-        if not auth.secret():
-            raise ConfigError(f"upstream_auth.password_file: {auth.password_file!r} is empty")
-    return auth
-
-
-def _verification(raw: Any) -> Verification:
-    if isinstance(raw, Mapping) and raw.get("evidence_ttl_ms") is not None:
-        ttl = raw["evidence_ttl_ms"]
-        if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
-            raise ConfigError(f"verification.evidence_ttl_ms: {ttl!r} is not a non-negative integer")
-        rest = _verification({k: v for k, v in raw.items() if k != "evidence_ttl_ms"})
-        return dataclasses.replace(rest, evidence_ttl_ms=ttl)
-    if isinstance(raw, Mapping) and "hold_share" in raw:
-        share = raw["hold_share"]
-        if not isinstance(share, int | float) or isinstance(share, bool) or not 0 <= share <= 1:
-            raise ConfigError(f"verification.hold_share: {share!r} is not a share between 0 and 1 of the request's "
-                              "timeout (0: no hold; more than 1 would answer after the client gave up)")
-        rest = _verification({k: v for k, v in raw.items() if k != "hold_share"})
-        return dataclasses.replace(rest, hold_share=float(share))
-    result: Verification = _dataclass_from("verification", Verification, raw)
-    if result.coordinator_evidence not in COORDINATOR_EVIDENCE:
-        raise ConfigError(f"verification.coordinator_evidence: {result.coordinator_evidence!r} is not one of "
-                          f"{', '.join(COORDINATOR_EVIDENCE)}")
-    return result
-
-
-def _audit(raw: Mapping[str, Any]) -> Audit:
-    alias, section = raw.get("audit_path"), raw.get("audit") or {}
-    if alias is not None and not isinstance(alias, str):
-        raise ConfigError(f"audit_path: {alias!r} is not a file path or -")
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"audit: {section!r} is not a mapping")
-    special = {"path", "topic", "proxy_id", "bootstrap", "producer"}
-    values: dict[str, Any] = {}
-    for name in ("path", "topic", "proxy_id"):
-        v = section.get(name)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise ConfigError(f"audit.{name}: {v!r} is not a non-empty string")
-        values[name] = v
-    if alias is not None and values["path"] is not None and alias != values["path"]:
-        raise ConfigError(f"audit_path: {alias!r} differs from audit.path {values['path']!r} (set one)")
-    values["path"] = values["path"] or alias
-    if section.get("bootstrap") is not None:
-        values["bootstrap"] = _host_ports("audit.bootstrap", section["bootstrap"])
-    producer = section.get("producer") or {}
-    if not isinstance(producer, Mapping) or not all(isinstance(k, str) for k in producer):
-        raise ConfigError(f"audit.producer: {producer!r} is not a mapping of librdkafka settings")
-    values["producer"] = dict(producer)
-    rest: Audit = _dataclass_from("audit", Audit, {k: v for k, v in section.items() if k not in special})
-    return dataclasses.replace(rest, **values)
-
-
-def _health(raw: Any) -> Health:
-    if raw is None:
-        return Health()
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"health: {raw!r} is not a mapping")
-    names = {f.name for f in dataclasses.fields(Health)}
-    unknown = set(raw) - names
-    if unknown:
-        raise ConfigError(f"health.{sorted(unknown)[0]}: unknown setting (known: {', '.join(sorted(names))})")
-    values: dict[str, Any] = {}
-    for k, v in raw.items():
-        if v is None and k == "hanging_scan_interval_s":
-            values[k] = None
-        elif k == "concurrent_transactions_budget_ms" and v == 0 and not isinstance(v, bool):
-            values[k] = 0.0  # off: the client gets CONCURRENT_TRANSACTIONS as the coordinator said it
-        else:
-            values[k] = float(_positive_number(f"health.{k}", v, integer=False))
-    return Health(**values)
-
-
-def _policy(raw: Any) -> Mapping[str, Any]:
-    from txnguard.policies.policy import PolicyError, policy_from_config
-
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"policy: {raw!r} is not a mapping")
-    try:
-        policy_from_config(raw)  # validate now; the proxy builds it again on start and SIGHUP
-    except PolicyError as e:
-        raise ConfigError(str(e)) from None
-    return dict(raw)
-
-
-def validate(cfg: ProxyConfig) -> ProxyConfig:
-    if not cfg.upstream:
-        raise ConfigError("upstream: required (the bootstrap host:port list of the real cluster)")
-    if cfg.mode == "sidecar" and len(cfg.upstream) != 1:
-        raise ConfigError(f"upstream: sidecar mode forwards to exactly one broker, got {len(cfg.upstream)}")
-    lim = cfg.limits
-    if lim.low_water_bytes > lim.high_water_bytes:
-        raise ConfigError(f"limits.low_water_bytes: {lim.low_water_bytes} is above limits.high_water_bytes")
-    if lim.pre_auth_max_frame_bytes > lim.max_frame_bytes:
-        raise ConfigError("limits.pre_auth_max_frame_bytes: must not exceed limits.max_frame_bytes")
-    return cfg
+# -- the YAML file ----------------------------------------------------------------------------------------------
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -471,39 +713,64 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return raw
 
 
+# -- the environment (pydantic-settings) -------------------------------------------------------------------------
+
 ENV_PREFIX = "TXNGUARD_"
+# TXNGUARD_* variables of the tools around the proxy (test harness, image build), not settings.
+NOT_SETTINGS = frozenset({"TXNGUARD_CACHE", "TXNGUARD_TEST_DIR", "TXNGUARD_IMAGE_CACHE", "TXNGUARD_KCAT",
+                          "TXNGUARD_MAX_CLUSTERS", "TXNGUARD_REPORT_SCREENSHOT", "TXNGUARD_SARAMA_PACED"})
+
+
+class EnvironmentSettings(BaseSettings, ProxyConfig):
+    """The settings as pydantic-settings sees them: TXNGUARD_LIMITS__MAX_IN_FLIGHT is limits.max_in_flight."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False)
+
+
+class EnvironmentSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given environ. Values are read as YAML scalars, as in the
+    file, so numbers and booleans keep their types and `off` stays a word; a password is taken as written
+    (as YAML, "0123" or "true" would not be the password)."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(EnvironmentSettings)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        return value  # read as YAML below, like every other value
+
+    def __call__(self) -> dict[str, Any]:
+        fields = {f"{ENV_PREFIX}{name}".upper() for name in ProxyConfig.model_fields}
+        for name in sorted(self._environ):
+            top = name.upper().split("__")[0]
+            if name.upper().startswith(ENV_PREFIX) and top not in fields and name.upper() not in NOT_SETTINGS:
+                raise ConfigError(f"{name}: unknown setting (known: "
+                                  f"{', '.join(sorted(f.lower()[len(ENV_PREFIX):] for f in fields))})")
+        return dict(_scalars(super().__call__()))
+
+
+def _scalars(node: Any, name: str = "") -> Any:
+    if isinstance(node, dict):
+        return {k: _scalars(v, k) for k, v in node.items()}
+    if not isinstance(node, str) or not node or name == "password":
+        return node
+    try:  # `[::1]:9092` is not YAML (a flow sequence, then text) but is a fine host:port
+        return parse_yaml(node)
+    except yaml.YAMLError:
+        return node
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """TXNGUARD_MODE=sidecar, TXNGUARD_UPSTREAM=a:1,b:2, TXNGUARD_LIMITS__MAX_IN_FLIGHT=50, ...
-
-    Values are parsed as YAML scalars, so numbers and booleans keep their types.
-    """
-    out: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in ("TXNGUARD_CACHE", "TXNGUARD_TEST_DIR"):
-            continue
-        path = name[len(ENV_PREFIX):].lower().split("__")
-        # A password is taken as given: parsed as YAML, "0123" or "true" would not be the password.
-        parsed = value if path[-1] == "password" else _env_value(value)
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = parsed
-    return out
+    """TXNGUARD_MODE=sidecar, TXNGUARD_UPSTREAM=a:1,b:2, TXNGUARD_LIMITS__MAX_IN_FLIGHT=50, ..."""
+    return EnvironmentSource(environ)()
 
 
-def _env_value(value: str) -> Any:
-    """A YAML scalar, so numbers and booleans keep their types; anything else stays the string given.
+# -- loading, and where each value came from ---------------------------------------------------------------------
 
-    `[::1]:9092` is not YAML (a flow sequence followed by text) but is a fine host:port.
-    """
-    if not value:
-        return value
-    try:
-        return parse_yaml(value)
-    except yaml.YAMLError:
-        return value
+DEFAULT, FILE, ENVIRONMENT, FLAG = "default", "file", "environment", "flag"
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -516,12 +783,54 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _leaves(node: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    out: dict[tuple[str, ...], Any] = {}
+    for k, v in node.items():
+        if isinstance(v, Mapping) and v and str(k) not in ("producer", "errors", "broker_ports", "api_max_versions"):
+            out.update(_leaves(v, (*prefix, str(k))))
+        else:
+            out[(*prefix, str(k))] = v
+    return out
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A configuration and, for each setting given, where it came from: ("file", path), ("environment",
+    TXNGUARD_...), ("flag", --name). A setting not in `origins` has its default."""
+
+    config: ProxyConfig
+    origins: Mapping[tuple[str, ...], tuple[str, str]]
+
+
+def load_with_origins(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Loaded:
+    layers: list[tuple[str, dict[str, Any], Any]] = [
+        (FILE, load_file(path) if path else {}, lambda key: str(path)),
+        (ENVIRONMENT, env_overrides(os.environ if environ is None else environ),
+         lambda key: ENV_PREFIX + "__".join(key).upper()),
+        (FLAG, {k: v for k, v in (overrides or {}).items() if v is not None},
+         lambda key: "--" + key[0].replace("_", "-")),
+    ]
+    raw: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], tuple[str, str]] = {}
+    for source, layer, where in layers:
+        raw = _merge(raw, layer)
+        for key in _leaves(layer):
+            origins = {k: o for k, o in origins.items() if k[:len(key)] != key and key[:len(k)] != k}
+            origins[key] = (source, where(key))
+    if ("audit_path",) in origins:
+        origins.setdefault(("audit", "path"), origins[("audit_path",)])
+    if ("audit", "path") in origins:
+        origins.setdefault(("audit_path",), origins[("audit", "path")])
+    return Loaded(from_mapping(raw), origins)
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ProxyConfig:
-    raw: dict[str, Any] = load_file(path) if path else {}
-    raw = _merge(raw, env_overrides(os.environ if environ is None else environ))
-    raw = _merge(raw, {k: v for k, v in (overrides or {}).items() if v is not None})
-    return from_mapping(raw)
+    return load_with_origins(path, overrides, environ).config

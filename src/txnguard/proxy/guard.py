@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
-from txnguard.proxy.config import HostPort, ProxyConfig
+from txnguard.proxy.config import HostPort, ProxyConfig, ProxyMode
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
 from txnguard.verification.audit import (
@@ -61,7 +61,7 @@ def evidence_ttl(config: ProxyConfig) -> int | None:
     """
     if config.verification.evidence_ttl_ms is not None:
         return config.verification.evidence_ttl_ms
-    return None if config.mode == "gateway" else 0
+    return None if config.mode is ProxyMode.GATEWAY else 0
 
 
 def now_ms() -> int:

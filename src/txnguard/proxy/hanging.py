@@ -44,7 +44,7 @@ from kio.static.primitive import i8, i16, i32
 from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.proxy import logs
-from txnguard.proxy.config import HostPort
+from txnguard.proxy.config import HostPort, ProxyMode
 from txnguard.proxy.kafka_client import BrokerConnections, UpstreamError
 from txnguard.verification.audit import hanging_record
 from txnguard.verification.hanging import (
@@ -384,7 +384,7 @@ class HangingMonitor:
         assert h.hanging_scan_interval_s is not None
         self.interval_s = h.hanging_scan_interval_s
         self.max_transaction_timeout_ms = int(h.hanging_max_transaction_timeout_s * 1000)
-        self.scope = Scope(local_broker=config.mode == "sidecar")
+        self.scope = Scope(local_broker=config.mode is ProxyMode.SIDECAR)
         self.admin = ClusterAdmin(config.upstream, ssl_context=ssl_context, timeout_s=config.verification.timeout_s,
                                   auth=config.upstream_auth)
         self.metrics = metrics

@@ -22,6 +22,7 @@ from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from txnguard.codecs import schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
+from txnguard.proxy.config import SaslMechanism
 
 if TYPE_CHECKING:
     from txnguard.proxy.config import UpstreamAuth
@@ -88,14 +89,14 @@ class BrokerConnection(asyncio.Protocol):
         connection, and never logged: errors name the user and the mechanism only.
         """
         who = f"{auth.principal} ({auth.mechanism})"
-        hs = await self.request(SaslHandshakeRequest(mechanism=auth.mechanism), timeout)
+        hs = await self.request(SaslHandshakeRequest(mechanism=auth.mechanism.value), timeout)
         if hs.error_code != ErrorCode.none:
             raise UpstreamAuthError(f"SASL as {who}: the broker offers only {', '.join(hs.mechanisms)}",
                                     int(hs.error_code))
-        if auth.mechanism == "PLAIN":
+        if auth.mechanism is SaslMechanism.PLAIN:
             await self._sasl_step(f"\0{auth.username}\0{auth.secret()}".encode(), who, timeout)
             return
-        scram = scramp.ScramClient([auth.mechanism], auth.username, auth.secret())
+        scram = scramp.ScramClient([auth.mechanism.value], auth.username, auth.secret())
         server_first = await self._sasl_step(scram.get_client_first().encode(), who, timeout)
         try:
             scram.set_server_first(server_first.decode())

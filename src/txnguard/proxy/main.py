@@ -21,7 +21,7 @@ def _reload(proxy: Proxy, path: str | None) -> None:
         return
     try:
         fresh = config.load(path)
-        proxy.reload_policy(fresh.policy)
+        proxy.reload_policy(fresh.policy.as_mapping())
     except (config.ConfigError, ValueError) as e:
         proxy.log.error("policy_reload_failed", path=path, error=str(e))
 

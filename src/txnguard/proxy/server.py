@@ -27,7 +27,7 @@ from txnguard.codecs import addresses
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy import audit_sink, hanging, logs
-from txnguard.proxy.config import HostPort, ProxyConfig
+from txnguard.proxy.config import HostPort, LogLevel, ProxyConfig, ProxyMode
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
@@ -74,13 +74,13 @@ class Proxy:
         self.config = config
         self.metrics = metrics or ProxyMetrics()
         self.log = logs.get(component="proxy", mode=config.mode)
-        self.debug = config.log_level == "debug"
+        self.debug = config.log_level is LogLevel.DEBUG
         self.version_policy = VersionPolicy(unknown_keys=config.unknown_api_keys,
                                             max_version=dict(config.api_max_versions),
                                             hide_transaction_version_2=config.hide_transaction_version_2)
         self.server_ssl = server_ssl_context(config)
         self.upstream_ssl = upstream_ssl_context(config)
-        self.policy = policy_from_config(config.policy)
+        self.policy = policy_from_config(config.policy.as_mapping())
         self.guard = TransactionGuard(config, self.metrics, self.policy, self.upstream_ssl)
         self.listeners: dict[int | None, Listener] = {}
         self.sessions: set[Session] = set()
@@ -272,7 +272,7 @@ class Proxy:
         The bootstrap listener may use any broker: it rotates the start of the list so
         connections spread, and the caller moves on when one refuses (a broker that is down).
         """
-        if self.config.mode == "sidecar" or listener.node_id is None:
+        if self.config.mode is ProxyMode.SIDECAR or listener.node_id is None:
             ups = list(self.config.upstream)
             self._bootstrap_rr = (self._bootstrap_rr + 1) % len(ups)
             return ups[self._bootstrap_rr:] + ups[:self._bootstrap_rr]
@@ -303,7 +303,7 @@ class Proxy:
     # -- cluster layout ---------------------------------------------------------------------------
 
     def learn_brokers(self, found: list[tuple[int, str, int]]) -> None:
-        if self.config.mode != "gateway":
+        if self.config.mode is not ProxyMode.GATEWAY:
             return
         for node_id, host, port in found:
             address = HostPort(host, port)
@@ -314,7 +314,7 @@ class Proxy:
 
     def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         """The address a client must use for a broker: our listener in gateway mode."""
-        if self.config.mode != "gateway":
+        if self.config.mode is not ProxyMode.GATEWAY:
             return host, port
         return self.config.advertised, self.ensure_broker_listener(node_id).port
 
@@ -352,7 +352,7 @@ class Proxy:
             finally:
                 if conn is not None:
                     conn.close()
-            if self.config.mode == "gateway":
+            if self.config.mode is ProxyMode.GATEWAY:
                 self.learn_brokers(addresses.broker_addresses(addresses.METADATA, body))
             self.last_metadata_ok = time.monotonic()
             if self.config.upstream_auth is not None:

@@ -19,7 +19,7 @@ from txnguard.codecs import schemas
 from txnguard.connection import commands as c
 from txnguard.connection.core import Cluster, Connection, Settings
 from txnguard.proxy import logs
-from txnguard.proxy.config import HostPort, ProxyConfig
+from txnguard.proxy.config import ClientAuth, HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.decisions import Answer
@@ -105,7 +105,7 @@ class Session:
         self.core = Connection(
             Settings(connection_id=self.id, listener=listener.name, max_frame_bytes=limits.max_frame_bytes,
                      pre_auth_max_frame_bytes=(limits.pre_auth_max_frame_bytes
-                                               if proxy.config.client_auth == "sasl" else None),
+                                               if proxy.config.client_auth is ClientAuth.SASL else None),
                      max_in_flight=limits.max_in_flight, partial_frame_timeout_s=limits.partial_frame_timeout_s,
                      idle_timeout_s=limits.idle_timeout_s, debug=proxy.debug),
             self.guard.rules, proxy, _CLOCK, proxy.metrics.traffic,

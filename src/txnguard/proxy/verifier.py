@@ -43,7 +43,7 @@ from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
 from txnguard.proxy import logs
 from txnguard.proxy.access import AccessMonitor
-from txnguard.proxy.config import HostPort, UpstreamAuth
+from txnguard.proxy.config import CoordinatorEvidence, HostPort, UpstreamAuth
 from txnguard.proxy.kafka_client import BrokerConnections, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.access import MissingAcl, missing_acl, refused
@@ -112,12 +112,13 @@ class Verifier:
     def __init__(self, bootstrap: tuple[HostPort, ...], metrics: ProxyMetrics, *, ssl_context: Any = None,
                  timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
                  address_of: Callable[[str, int], HostPort] | None = None,
-                 coordinator_evidence: str = "describe_transactions", auth: UpstreamAuth | None = None) -> None:
+                 coordinator_evidence: CoordinatorEvidence = CoordinatorEvidence.DESCRIBE_TRANSACTIONS,
+                 auth: UpstreamAuth | None = None) -> None:
         self.bootstrap = bootstrap
         self.auth = auth  # the proxy's own SASL principal (upstream_auth); None: no SASL
         self.access = AccessMonitor(metrics, auth.principal if auth else "User:ANONYMOUS")
         self._topics_visible: dict[str, float] = {}  # topic -> when Metadata last showed DESCRIBE on it
-        self.verify_only = coordinator_evidence == "verify_only"
+        self.verify_only = coordinator_evidence is CoordinatorEvidence.VERIFY_ONLY
         self.metrics = metrics
         self.ssl_context = ssl_context
         self.timeout_s = timeout_s
