@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
+.PHONY: setup run demo test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
 	container-tools image prometheus helm kube-schemas sarama
 
 setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas sarama
@@ -93,6 +93,11 @@ test-integration: setup
 
 test: setup lint image
 	$(BIN)/pytest tests -q -p no:cacheprovider --durations=25
+
+# About a minute: a real Kafka 3.5.2, a hanging transaction direct, the same write refused through txnguard,
+# the metric and the audit record; then everything it started is stopped and its temporary folder removed.
+demo: $(STAMP) jars
+	$(BIN)/txnguard demo
 
 run: setup
 	$(BIN)/txnguard dev --version 3.5.2 --dir .run/kafka --listen 127.0.0.1:19092 --admin 127.0.0.1:19000
