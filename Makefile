@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-steps debs run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium docs \
+.PHONY: setup setup-steps debs run demo test test-unit test-integration lint fmt bench clean kcat jars spark-jars \
+	chromium docs \
 	container-tools image prometheus helm kube-schemas sarama
 
 # The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
@@ -96,6 +97,11 @@ test: setup lint image
 # included. `make test` builds it too (tests/unit/test_docs.py). Offline: nothing is fetched at build time.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# About a minute: a real Kafka 3.5.2, a hanging transaction direct, the same write refused through txnguard,
+# the metric and the audit record; then everything it started is stopped and its temporary folder removed.
+demo: $(STAMP) jars
+	$(BIN)/txnguard demo
 
 run: setup
 	$(BIN)/txnguard dev --version 3.5.2 --dir .run/kafka --listen 127.0.0.1:19092 --admin 127.0.0.1:19000

@@ -1,8 +1,11 @@
 """spark-submit entry point for the fleet report: the same job as `txnguard report`, master left to spark-submit.
 
-    spark-submit --master spark://host:7077 \
+    export PYSPARK_PYTHON=$PWD/.venv/bin/python   # the executors' Python (pyarrow, pandas, polars): required
+    .venv/bin/spark-submit --master spark://host:7077 \
         --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1 \
         pipeline/report_job.py --source kafka:broker:9092/txnguard-audit --out /mnt/shared/txnguard-report
+
+(--packages for a kafka: source only; pipeline/README.md says why each piece is needed.)
 
 The driver needs `txnguard` importable (`pip install .` on the submitting host, client deploy mode, or
 `--py-files` with a zip of src/txnguard); the executors do not: the Arrow parse that runs in their Python

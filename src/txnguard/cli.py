@@ -7,8 +7,9 @@
 * `txnguard hanging --bootstrap HOST:PORT|--config FILE [--topic T [--partition P]] [--broker-id N] [--abort ...]`: find
   hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging.py).
 * `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
+* `txnguard demo`: on a real Kafka 3.5.2, the hanging transaction txnguard prevents, direct and proxied.
 
-The last two live with the test harness (`txnguard.testing.cli`) and are loaded by name only
+The last three live with the test harness (`txnguard.testing.cli`) and are loaded by name only
 when asked for: the proxy's own commands never import the harness (an import contract says so
 for static imports, and tests/unit/test_cli_imports.py checks it at run time).
 """
@@ -24,6 +25,7 @@ from typing import Any
 HARNESS_COMMANDS = {
     "kafka": "start and stop real Kafka clusters for tests and demos",
     "dev": "a local real Kafka with txnguard in front of it, for trying clients",
+    "demo": "on a real Kafka, the hanging transaction txnguard prevents, direct and proxied (~1 min)",
 }
 
 

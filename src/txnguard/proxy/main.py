@@ -56,8 +56,10 @@ async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = N
         await admin.stop()
 
 
-def run(cfg: ProxyConfig, config_path: str | None = None) -> None:
-    logs.configure(cfg.log_level)
+def run(cfg: ProxyConfig, config_path: str | None = None, log_render: str = "json") -> None:
+    """`log_render` "auto" (`txnguard dev`): terminal-rendered lines when stderr is a TTY; `txnguard run`
+    always writes JSON."""
+    logs.configure(cfg.log_level, render=log_render)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works

@@ -1,4 +1,4 @@
-"""The harness half of the `txnguard` command line: `txnguard kafka ...` and `txnguard dev`.
+"""The harness half of the `txnguard` command line: `txnguard kafka ...`, `txnguard dev` and `txnguard demo`.
 
 `txnguard.cli` hands these subcommands over by name (importlib), so `txnguard run`
 never loads the test harness.
@@ -45,6 +45,15 @@ def _dev_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dev.add_argument("--audit", default=".run/audit.jsonl")
 
 
+def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="show, on a real Kafka, the hanging transaction txnguard prevents (~1 min)")
+    demo.add_argument("--version", default="3.5.2", help="Kafka version (default 3.5.2: no KIP-890 in the broker)")
+    demo.add_argument("--records", type=int, default=3, help="records the well-behaved producer commits")
+    demo.add_argument("--watch-seconds", type=float, default=5.0,
+                      help="how long the read_committed consumer is watched on the direct path")
+    demo.add_argument("--temp-dir", help="where the demo's temporary folder is made (removed at the end)")
+
+
 def _dev(args: argparse.Namespace) -> int:
     """`make run`: start Kafka, then the proxy in the foreground; Ctrl-C stops both."""
     from pathlib import Path
@@ -60,7 +69,7 @@ def _dev(args: argparse.Namespace) -> int:
         print(f"Kafka {cluster.version} is up at {cluster.bootstrap_servers} (direct).", flush=True)
         print(f"Use bootstrap.servers={cfg.listen} to go through txnguard "
               f"(metrics: http://{cfg.admin}/metrics, audit log: {args.audit}). Ctrl-C stops both.", flush=True)
-        run(cfg)
+        run(cfg, log_render="auto")  # a person at a terminal reads these lines
     finally:
         cluster.down()
         print("Kafka stopped.", flush=True)
@@ -109,12 +118,17 @@ def main(argv: Sequence[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _kafka_parser(sub)
     _dev_parser(sub)
+    _demo_parser(sub)
     args = parser.parse_args(argv)
     from txnguard.proxy.config import ConfigError
 
     try:
         if args.command == "kafka":
             return _run_kafka(args)
+        if args.command == "demo":
+            from txnguard.testing import demo
+
+            return demo.main(args.version, args.records, args.watch_seconds, args.temp_dir)
         return _dev(args)
     except ConfigError as e:
         print(f"txnguard: configuration error: {e}", file=sys.stderr)

@@ -61,8 +61,10 @@ class WireRecorder:
 
 
 class ProxyThread:
-    def __init__(self, config: ProxyConfig, *, record_wire: bool = True) -> None:
+    def __init__(self, config: ProxyConfig, *, record_wire: bool = True, log_stream: Any = None,
+                 log_render: str = "json") -> None:
         self.config = config
+        self.log_stream, self.log_render = log_stream, log_render  # logs.configure's stream and render
         self.proxy: Proxy | None = None
         self.admin: AdminServer | None = None
         self.wire = WireRecorder() if record_wire else None
@@ -72,12 +74,14 @@ class ProxyThread:
         self._error: BaseException | None = None
 
     @classmethod
-    def from_settings(cls, record_wire: bool = True, **settings: Any) -> ProxyThread:
+    def from_settings(cls, record_wire: bool = True, log_stream: Any = None, log_render: str = "json",
+                      **settings: Any) -> ProxyThread:
         settings.setdefault("listen", "127.0.0.1:0")
-        return cls(load_config(None, settings, environ={}), record_wire=record_wire)
+        return cls(load_config(None, settings, environ={}), record_wire=record_wire, log_stream=log_stream,
+                   log_render=log_render)
 
     def start(self) -> ProxyThread:
-        logs.configure(self.config.log_level)
+        logs.configure(self.config.log_level, self.log_stream, self.log_render)
         self._thread = threading.Thread(target=self._run, name="txnguard-proxy", daemon=True)
         self._thread.start()
         if not self._started.wait(30):
