@@ -2,6 +2,8 @@
 
 The ledger is the guard's own; an answer on the EndTxn's connection (the core calls `answered`) wakes
 the hold at once; a coordinator naming another producer epoch fences it; the bound answers "still in doubt".
+Time is a fake clock (virtual_time.py): the loop's waits and the ledger's wall milliseconds are one virtual
+clock, so the durations below are exact and no real time passes.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+from virtual_time import VirtualClock, run
+
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
-from txnguard.proxy.guard import TransactionGuard, now_ms
+from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.decisions import Question
 
@@ -34,9 +39,10 @@ class Coordinator:
         pass
 
 
-def guard_with(coordinator: Coordinator) -> tuple[TransactionGuard, ProxyMetrics]:
+def guard_with(coordinator: Coordinator, clock: VirtualClock) -> tuple[TransactionGuard, ProxyMetrics]:
     metrics = ProxyMetrics()
-    guard = TransactionGuard(ProxyConfig(upstream=(HostPort("127.0.0.1", 9),)), metrics, policy_from_config({}), None)
+    guard = TransactionGuard(ProxyConfig(upstream=(HostPort("127.0.0.1", 9),)), metrics, policy_from_config({}), None,
+                             clock=clock)
     guard.verifier = coordinator  # type: ignore[assignment]
     return guard, metrics
 
@@ -51,21 +57,23 @@ def held_question(hold_ms: float) -> Question:
 
 
 def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):
-    guard, metrics = guard_with(Coordinator())
-    sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
+    clock = VirtualClock()
+    coordinator = Coordinator()
+    guard, metrics = guard_with(coordinator, clock)
+    sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
 
-    async def run() -> Any:
+    async def scenario() -> Any:
         task = asyncio.ensure_future(guard.answer(held_question(5_000), None))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)                          # the hold has begun; its first question is at 0.25 s
         held_now = metric(metrics, "txnguard_end_txn_holds")
-        started = asyncio.get_running_loop().time()
+        answered_at = clock.seconds
         guard.rules.observe_response(26, 3, sent, memoryview(b""), 0)   # the EndTxn's answer came back
         answer = await task
-        return held_now, answer, asyncio.get_running_loop().time() - started
+        return held_now, answer, clock.seconds - answered_at
 
-    held_now, answer, after = asyncio.run(run())
+    held_now, answer, after = run(scenario(), clock)
     assert held_now == 1 and answer.settled is True
-    assert after < 0.05                                   # woken by the answer, not by a poll
+    assert after == 0 and coordinator.asked == 0          # woken by the answer at that instant, not by a poll
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "answered"}) == 1
     assert metric(metrics, "txnguard_end_txn_holds") == 0
     [line] = [x for x in log_lines() if x["event"] == "end_txn_hold"]
@@ -73,36 +81,36 @@ def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):
 
 
 def test_a_coordinator_naming_a_newer_epoch_fences_the_end_txn_and_ends_the_hold():
+    clock = VirtualClock()
     coordinator = Coordinator(epoch=EPOCH + 1)            # e.g. it aborted the transaction on its timeout
-    guard, metrics = guard_with(coordinator)
-    guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
-    answer = asyncio.run(guard.answer(held_question(5_000), None))
+    guard, metrics = guard_with(coordinator, clock)
+    guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
+    started = clock.seconds
+    answer = run(guard.answer(held_question(5_000), None), clock)
     assert answer.settled is True and coordinator.asked == 1
+    assert clock.seconds - started == pytest.approx(0.25)  # ended by the first question, at 0.25 s
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "fenced"}) == 1
 
 
 def test_a_coordinator_answer_after_the_end_txns_connection_closed_ends_the_hold():
+    clock = VirtualClock()
     coordinator = Coordinator()                           # same epoch, but asked after the close
-    guard, metrics = guard_with(coordinator)
-    sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
-    guard.in_doubt.orphaned(sent, now_ms())
-    answer = asyncio.run(guard.answer(held_question(5_000), None))
+    guard, metrics = guard_with(coordinator, clock)
+    sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
+    guard.in_doubt.orphaned(sent, clock.wall_ms())
+    answer = run(guard.answer(held_question(5_000), None), clock)
     assert answer.settled is True and coordinator.asked == 1
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "closed"}) == 1
 
 
 def test_at_the_bound_the_hold_says_still_in_doubt():
+    clock = VirtualClock()
     coordinator = Coordinator()                           # same producer epoch: proves nothing
-    guard, _ = guard_with(coordinator)
-    guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=now_ms())
-
-    async def run() -> Any:
-        started = asyncio.get_running_loop().time()
-        answer = await guard.answer(held_question(800), None)
-        return answer, asyncio.get_running_loop().time() - started
-
-    answer, took = asyncio.run(run())
+    guard, _ = guard_with(coordinator, clock)
+    guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
+    started = clock.seconds
+    answer = run(guard.answer(held_question(800), None), clock)
     assert answer.settled is False
-    assert 0.75 <= took < 0.8 + 0.3
-    assert 1 <= coordinator.asked <= 3                    # every 0.5 s after the first 0.25 s
+    assert clock.seconds - started == pytest.approx(0.8)  # exactly its bound
+    assert coordinator.asked == 2                         # at 0.25 s, then every 0.5 s: at 0.75 s
     assert len(guard.in_doubt) == 1                       # still in doubt: the next request is held again

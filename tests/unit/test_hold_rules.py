@@ -8,7 +8,8 @@
 The pure half (verification/holds.py and the hold budget in the Question) is tested
 on its own; the guard's loop runs against a scripted verifier (a stand-in for a
 coordinator that is frozen, then answers), since a real frozen coordinator is what
-tests/integration/test_coordinator_unavailable.py freezes.
+tests/integration/test_coordinator_unavailable.py freezes. The loop runs on a fake
+clock (virtual_time.py): its waits take exact virtual durations and no real time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from connection_playbook import PID, T0, T1, TXN, FakeClock, Playbook, of_type, produce, request
 from kio.static.primitive import i16, i32, i64
+from virtual_time import VirtualClock, run
 
 from txnguard.codecs.header import peek_request, produce_timeout_ms
 from txnguard.connection.commands import Ask
@@ -153,10 +155,10 @@ class ScriptedVerifier:
         pass
 
 
-def guard_with(verifier: ScriptedVerifier) -> tuple[TransactionGuard, ProxyMetrics]:
+def guard_with(verifier: ScriptedVerifier, clock: VirtualClock | None = None) -> tuple[TransactionGuard, ProxyMetrics]:
     metrics = ProxyMetrics()
     config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),))
-    guard = TransactionGuard(config, metrics, policy_from_config({}), None)
+    guard = TransactionGuard(config, metrics, policy_from_config({}), None, clock=clock)
     guard.verifier = verifier  # type: ignore[assignment]
     return guard, metrics
 
@@ -167,40 +169,38 @@ def metric(metrics: ProxyMetrics, name: str, labels: dict[str, str] | None = Non
 
 
 def test_a_check_is_held_until_the_coordinator_answers_and_then_decided_by_that_answer(log_lines):
+    clock = VirtualClock()
     verifier = ScriptedVerifier([NOT_NOW, NOT_NOW, ONGOING])
-    guard, metrics = guard_with(verifier)
+    guard, metrics = guard_with(verifier, clock)
     question = Question(TXN, PID, 0, (T0,), hold_ms=5_000)
+    started = clock.seconds
 
-    async def run() -> Any:
+    async def scenario() -> Any:
         task = asyncio.ensure_future(guard.answer(question, None))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)                          # between the first question and the second (0.1 s)
         held_now = metric(metrics, "txnguard_verification_holds")
         return held_now, await task
 
-    held_now, answer = asyncio.run(run())
+    held_now, answer = run(scenario(), clock)
     assert held_now == 1                                   # visible while it lasts
     assert answer.verdicts == {T0: ONGOING}                # the coordinator's own answer decides
     assert len(verifier.asked) == 3
+    assert clock.seconds - started == pytest.approx(0.1 + 0.2)  # two backoffs, then the answer: not the bound
     assert metric(metrics, "txnguard_verification_holds") == 0
     assert metric(metrics, "txnguard_verification_hold_endings_total", {"ending": "decided"}) == 1
     assert [line["event"] for line in log_lines()] == []  # a hold that ends in an answer is not news
 
 
 def test_a_hold_ends_at_its_bound_with_the_retriable_answer_never_letting_the_write_through(log_lines):
-    verifier = ScriptedVerifier([NOT_NOW], delay_s=0.05)
-    guard, metrics = guard_with(verifier)
-    loop_time: list[float] = []
-
-    async def run() -> Any:
-        started = asyncio.get_running_loop().time()
-        answer = await guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=600), None)
-        loop_time.append(asyncio.get_running_loop().time() - started)
-        return answer
-
-    answer = asyncio.run(run())
+    clock = VirtualClock()
+    verifier = ScriptedVerifier([NOT_NOW], delay_s=0.05)   # each question takes 50 ms
+    guard, metrics = guard_with(verifier, clock)
+    started = clock.seconds
+    answer = run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=600), None), clock)
     assert answer.verdicts == {T0: NOT_NOW}
-    assert 0.55 <= loop_time[0] < 0.6 + 0.3               # no later than its bound (plus scheduling)
-    assert 3 <= len(verifier.asked) <= 6                  # 100, 200, 400 ms apart
+    assert clock.seconds - started == pytest.approx(0.6)  # exactly its bound
+    # Asked at 0 (answered 0.05), 0.15 (0.2), 0.4 (0.45); the next pause (400 ms) is cut at 0.6: no fourth.
+    assert len(verifier.asked) == 3
     assert metric(metrics, "txnguard_verification_hold_endings_total", {"ending": "timeout"}) == 1
     assert metric(metrics, "txnguard_verification_holds") == 0
     [line] = log_lines()
@@ -211,7 +211,7 @@ def test_a_hold_ends_at_its_bound_with_the_retriable_answer_never_letting_the_wr
 def test_a_definite_answer_is_not_asked_again(log_lines):
     verifier = ScriptedVerifier([NOT_ADDED])
     guard, metrics = guard_with(verifier)
-    answer = asyncio.run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=5_000), None))
+    answer = run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=5_000), None))
     assert answer.verdicts == {T0: NOT_ADDED} and len(verifier.asked) == 1
     assert metric(metrics, "txnguard_verification_hold_endings_total", {"ending": "decided"}) == 0
 
@@ -219,7 +219,7 @@ def test_a_definite_answer_is_not_asked_again(log_lines):
 def test_without_a_hold_one_question_is_all(log_lines):
     verifier = ScriptedVerifier([NOT_NOW])
     guard, _ = guard_with(verifier)
-    answer = asyncio.run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=0), None))
+    answer = run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=0), None))
     assert answer.verdicts == {T0: NOT_NOW} and len(verifier.asked) == 1
 
 
@@ -233,6 +233,6 @@ def test_only_the_unsettled_partitions_are_asked_again(log_lines):
 
     verifier = Split([])
     guard, _ = guard_with(verifier)
-    answer = asyncio.run(guard.answer(Question(TXN, PID, 0, (T0, T1), hold_ms=5_000), None))
+    answer = run(guard.answer(Question(TXN, PID, 0, (T0, T1), hold_ms=5_000), None))
     assert verifier.asked == [[T0, T1], [T1]]
     assert answer.verdicts == {T0: ONGOING, T1: ONGOING}

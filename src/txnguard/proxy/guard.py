@@ -34,6 +34,7 @@ from txnguard.verification.decisions import (
     HELD_FOR_END_TXN,
     LIFECYCLE_APIS,
     Answer,
+    Clock,
     Decision,
     Question,
     TransactionRules,
@@ -124,10 +125,15 @@ class AuditLog:
 
 
 class TransactionGuard:
+    """Time: the waits (holds, backoffs, question bounds) run on the event loop's clock (`loop.time()`,
+    asyncio.sleep, wait_for); the wall milliseconds handed to the pure core come from `clock`. A test
+    gives both from one fake clock (tests/unit/virtual_time.py)."""
+
     def __init__(self, config: ProxyConfig, metrics: ProxyMetrics, policy: Policy, upstream_ssl: Any,
-                 address_of: Callable[[str, int], HostPort] | None = None) -> None:
+                 address_of: Callable[[str, int], HostPort] | None = None, clock: Clock | None = None) -> None:
         v = config.verification
         self.config = config
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
         self.registry = Registry(RegistryLimits(max_entries=v.registry_max_entries,
                                                 idle_expiry_ms=int(v.registry_idle_expiry_s * 1000),
@@ -162,8 +168,8 @@ class TransactionGuard:
         self.audit.close()
 
     def housekeeping(self) -> None:
-        self.registry.expire(now_ms())
-        for s in self.in_doubt.expire(now_ms()):
+        self.registry.expire(self.clock.wall_ms())
+        for s in self.in_doubt.expire(self.clock.wall_ms()):
             self.log.warning("end_txn_in_doubt_expired", transactional_id=s.transactional_id,
                              producer_id=s.producer_id, producer_epoch=s.producer_epoch, committed=s.committed,
                              connection_id=s.connection_id, orphaned=s.orphaned_ms is not None,
@@ -187,7 +193,7 @@ class TransactionGuard:
         deadline = loop.time() + question.hold_ms / 1000
         txn_id, pid, epoch = question.transactional_id, question.producer_id, question.producer_epoch
         next_describe = loop.time() + 0.25
-        first = self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, now_ms())
+        first = self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, self.clock.wall_ms())
         if first is not None:
             self.log.info("end_txn_hold", transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
                           connection_id=question.connection_id, hold_ms=round(question.hold_ms),
@@ -196,7 +202,7 @@ class TransactionGuard:
                                  "transaction this request opens (KAFKA-17754): held until it is answered")
         self.metrics.end_txn_holds.inc()
         try:
-            while (self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, now_ms())) is not None:
+            while self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, self.clock.wall_ms()) is not None:
                 left = deadline - loop.time()
                 if left <= 0:
                     return Answer(settled=False)
@@ -244,7 +250,7 @@ class TransactionGuard:
                     "(KAFKA-17754): answered CONCURRENT_TRANSACTIONS, which the client retries"))
         if self.audit.enabled:
             self.audit.write(end_txn_hold_record(
-                time_ms=now_ms(), proxy_id=self.audit.proxy_id, transactional_id=ctx.transactional_id,
+                time_ms=self.clock.wall_ms(), proxy_id=self.audit.proxy_id, transactional_id=ctx.transactional_id,
                 producer_id=ctx.producer_id, producer_epoch=ctx.producer_epoch, api=ctx.api, ending=ending,
                 held_ms=decision.elapsed_ms, in_doubt=in_doubt, error_sent=error,
                 error_name=None if error is None else "CONCURRENT_TRANSACTIONS", client=ctx.client))
@@ -323,7 +329,7 @@ class TransactionGuard:
             if self.audit.enabled:
                 sent = r.error is not None
                 self.audit.write(audit_record(
-                    time_ms=now_ms(), transactional_id=ctx.transactional_id, producer_id=ctx.producer_id,
+                    time_ms=self.clock.wall_ms(), transactional_id=ctx.transactional_id, producer_id=ctx.producer_id,
                     producer_epoch=ctx.producer_epoch, api=ctx.api, api_version=ctx.api_version, target=r.target,
                     verdict=r.verdict, decision=r.decision, error_sent=r.error.code if sent and r.error else None,
                     error_name=r.error.name if sent and r.error else None, latency_ms=decision.elapsed_ms,
@@ -360,7 +366,7 @@ class TransactionGuard:
             if self.audit.enabled:  # a record is a 26-key dict: not built when nobody reads it
                 sent = choice is not None and r.enforced
                 self.audit.write(audit_record(
-                    time_ms=now_ms(), transactional_id=ctx.transactional_id, producer_id=ctx.producer_id,
+                    time_ms=self.clock.wall_ms(), transactional_id=ctx.transactional_id, producer_id=ctx.producer_id,
                     producer_epoch=ctx.producer_epoch, api=ctx.api, api_version=ctx.api_version, target=r.target,
                     verdict=v, decision=r.decision, error_sent=choice.code if sent and choice else None,
                     error_name=choice.name if sent and choice else None, latency_ms=decision.elapsed_ms,
