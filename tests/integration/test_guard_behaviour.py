@@ -32,8 +32,11 @@ def test_monitor_mode_decides_counts_and_audits_but_forwards(cluster, start_prox
     assert (record["decision"], record["error_sent"], record["mode"]) == ("forwarded_unenforced", None, "monitor")
 
 
-def test_kafka_python_gets_transaction_abortable_instead_of_its_fatal_invalid_txn_state(cluster, start_proxy,
-                                                                                           unique_name):
+def test_a_client_with_kafka_pythons_client_id_gets_transaction_abortable_not_invalid_txn_state(
+        cluster, start_proxy, unique_name):
+    # A raw actor that names itself as kafka-python does (its default client id, kafka-python-producer-N):
+    # what is tested is the per-family error rule the proxy picks from that name. kafka-python itself
+    # cannot be made to send this write: it adds every partition before writing to it.
     proxy = gateway_for(cluster, start_proxy)
     topic = fresh_topic(cluster, unique_name("kp"))
     actor = TxnActor(proxy.bootstrap, unique_name("txn"), client_id="kafka-python-producer-1")
