@@ -248,10 +248,9 @@ class Proxied:
 
 def _proxied_s4(kafka_pool: ClusterPool, request_timeout_ms: int) -> Iterator[Proxied]:
     cluster = kafka_pool.get("3.5.2", 3)
-    proxy = ProxyThread.from_settings(upstream=cluster.bootstrap_servers, mode="gateway", admin="127.0.0.1:0",
-                                      verification=VERIFY_WITH_COORDINATOR).start()
     tee = LogTee()
-    logs.configure(proxy.config.log_level, tee)
+    proxy = ProxyThread.from_settings(upstream=cluster.bootstrap_servers, mode="gateway", admin="127.0.0.1:0",
+                                      verification=VERIFY_WITH_COORDINATOR, log_stream=tee).start()
     try:
         listeners = _listeners(proxy, cluster)
         run = s4_sequence(cluster, listeners.__getitem__, stay_frozen_s=0, request_timeout_ms=request_timeout_ms)
@@ -275,7 +274,7 @@ def _proxied_s4(kafka_pool: ClusterPool, request_timeout_ms: int) -> Iterator[Pr
         yield Proxied(run, metrics, proxy.wire.leaks(broker_addresses(cluster)), expired)
     finally:
         proxy.stop()
-        logs.configure(proxy.config.log_level)
+        logs.configure(proxy.config.log_level)  # stderr again for whatever logs next
 
 
 @pytest.fixture(scope="module")
