@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
+from txnguard.connection.ledger import Ledger
+from txnguard.policies.errors import PRODUCE
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig
@@ -31,6 +33,7 @@ from txnguard.verification.audit import (
 )
 from txnguard.verification.concurrent import concurrent_retry
 from txnguard.verification.decisions import (
+    FORWARDED,
     HELD_FOR_END_TXN,
     LIFECYCLE_APIS,
     Answer,
@@ -80,7 +83,8 @@ class AuditLog:
     """Every audit record, one JSON text each: a line to a file (appended) or stdout ("-"), and to the
     audit topic's publisher when one is attached (proxy/audit_sink.py; it never blocks)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, on_enabled: Callable[[bool], None] | None = None) -> None:
+        self._on_enabled = on_enabled  # told whether anything reads the records, at start and on attach
         self._out: IO[str] | None
         if path is None:
             self._out = None
@@ -91,9 +95,13 @@ class AuditLog:
         self._sink: AuditPublisher | None = None
         self.proxy_id = ""  # set by Proxy.start, once the bootstrap listener's port is known
         self.written = 0
+        if on_enabled is not None:
+            on_enabled(self.enabled)
 
     def attach(self, sink: AuditPublisher) -> None:
         self._sink = sink
+        if self._on_enabled is not None:
+            self._on_enabled(self.enabled)
 
     @property
     def enabled(self) -> bool:
@@ -144,10 +152,14 @@ class TransactionGuard:
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence, auth=config.upstream_auth)
-        self.audit = AuditLog(config.audit_path)
+        self.audit = AuditLog(config.audit_path, on_enabled=self._audit_enabled)
         self.log = logs.get(component="guard")
         metrics.registry_size.set_function(lambda: len(self.registry))
         metrics.end_txn_in_doubt.set_function(lambda: len(self.in_doubt))
+
+    def _audit_enabled(self, enabled: bool) -> None:
+        # Only an audit record shows a decision's thread CPU time: not measured when nobody reads it.
+        self.rules.measures_cpu = enabled
 
     @property
     def policy(self) -> Policy:
@@ -328,6 +340,33 @@ class TransactionGuard:
                     verdict=r.verdict, decision=r.decision, error_sent=r.error.code if sent and r.error else None,
                     error_name=r.error.name if sent and r.error else None, latency_ms=decision.elapsed_ms,
                     cpu_ms=None, mode=ctx.mode.value, proxy_id=self.audit.proxy_id, client=ctx.client))
+
+    def record_fast(self, ledger: Ledger) -> None:
+        """What a connection core's ledger holds (connection/ledger.py): exactly what `record` does for the
+        `Decided` of a write passed on local evidence (no failed partition: no log line), and the windows."""
+        passed, windows = ledger.take()
+        m = self.metrics
+        child = m.child
+        if passed:
+            inspection = child(m.inspection_time, PRODUCE)
+            audit = self.audit if self.audit.enabled else None
+            for client, txn_id, pid, epoch, version, partitions, v, mode, inspection_ms, elapsed_ms, cpu_ms in passed:
+                inspection.observe(inspection_ms)
+                evidence = v.evidence.value
+                timing = child(m.verification_time, evidence)
+                for _ in partitions:
+                    timing.observe(elapsed_ms)
+                child(m.verifications, evidence, v.outcome.value, FORWARDED).inc(len(partitions))
+                if audit is not None:
+                    time_ms = now_ms()
+                    for topic, index in partitions:
+                        audit.write(audit_record(
+                            time_ms=time_ms, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
+                            api=PRODUCE, api_version=version, target=f"{topic}-{index}", verdict=v,
+                            decision=FORWARDED, error_sent=None, error_name=None, latency_ms=elapsed_ms,
+                            cpu_ms=cpu_ms, mode=mode.value, proxy_id=audit.proxy_id, client=client))
+        for evidence, window_ms in windows:
+            child(m.verification_window, evidence).observe(window_ms)
 
     def record(self, decision: Decision, log: Any) -> None:
         """Metrics, a log line per failed partition, and an audit record per partition."""

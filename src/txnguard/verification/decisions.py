@@ -60,6 +60,8 @@ LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch
 # The requests the KAFKA-17754 defence holds (their Decision's context.api).
 HELD_FOR_END_TXN = frozenset({"AddPartitionsToTxn", "AddOffsetsToTxn"})
 
+FORWARDED = "forwarded"  # a VerdictRecord's decision when the partition passed
+
 # From least to most exposed to a change between check and append.
 _EVIDENCE_ORDER = ("local", "cache", "leader", "coordinator", "request")
 
@@ -185,6 +187,9 @@ class TransactionRules:
         self.holds = holds or HoldLimits()
         self.concurrent = concurrent or ConcurrentRetry()
         self.offsets_partitions: int | None = None
+        # A decision taken without waiting carries its thread CPU time (`Decision.cpu_ms`), which only the
+        # audit record shows; a thread CPU clock read costs ~2 us, so the shell turns this off with no audit.
+        self.measures_cpu = True
 
     # -- which requests -----------------------------------------------------------------------------
 
@@ -320,7 +325,7 @@ class TransactionRules:
         scanned_id, partitions = scan_produce(body, peek_request(body))
         txn_id = str(scanned_id)
         # As in Kafka (AddPartitionsToTxnManager), verification starts once the request is parsed.
-        started, on_cpu = clock.perf(), clock.cpu()
+        started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, partitions[0].topic if partitions else None)
         if mode is Mode.OFF:
             return Decision(forward=frame)
@@ -338,14 +343,15 @@ class TransactionRules:
             return PendingCheck(ctx, question, started, dict(plan.verdicts))
         # Decided without waiting: the thread's CPU time tells the proxy's own cost apart from
         # time the host's scheduler gave to other processes (both are in the audit record).
-        return self.decide(ctx, plan.verdicts, started, clock, cpu_ms=(clock.cpu() - on_cpu) * 1000)
+        return self.decide(ctx, plan.verdicts, started, clock,
+                           cpu_ms=(clock.cpu() - on_cpu) * 1000 if self.measures_cpu else None)
 
     def check_txn_offset_commit(self, frame: memoryview, version: int, client: ClientInfo,
                                 clock: Clock) -> Decision | PendingCheck:
         parsing = clock.perf()
         header, req = schemas.decode_request(frame[4:])
         txn_id, group = str(req.transactional_id), str(req.group_id)
-        started, on_cpu = clock.perf(), clock.cpu()
+        started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
         if mode is Mode.OFF:
             return Decision(forward=frame)
@@ -355,7 +361,7 @@ class TransactionRules:
             return PendingCheck(ctx, Question(txn_id, ctx.producer_id, ctx.producer_epoch, (),
                                               offsets_partitions=True), started)
         decided = self._group_verdict(ctx, started, clock)
-        if isinstance(decided, Decision):
+        if isinstance(decided, Decision) and self.measures_cpu:
             decided.cpu_ms = (clock.cpu() - on_cpu) * 1000
         return decided
 
@@ -412,7 +418,7 @@ class TransactionRules:
         for tp, v in verdicts.items():
             target = f"group:{ctx.group}" if ctx.group is not None else f"{tp[0]}-{tp[1]}"
             if v.passed:
-                records.append(VerdictRecord(target, v, "forwarded", None, False))
+                records.append(VerdictRecord(target, v, FORWARDED, None, False))
                 continue
             enforce = ctx.mode is Mode.ENFORCE
             choice = self._timed_out_write(ctx, v, clock) or \
