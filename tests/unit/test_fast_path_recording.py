@@ -136,7 +136,7 @@ def test_the_fast_path_records_exactly_what_the_general_path_records(tmp_path: P
     assert fast.log.lines == general.log.lines
     passed = [r for r in general.audit() if r["kind"] == "decision" and r["decision"] == "forwarded"]
     assert len(passed) == 15 * 3 and {r["mode"] for r in passed} == {"enforce", "monitor"}
-    assert fast.metrics.verification_window.labels("local")._sum.get() == 0.0  # the FakeClock stands still
+    assert ("txnguard_verification_window_ms_sum", (("evidence", "local"),), 0.0) in fast.samples()  # a still clock
     assert [s for s in fast.samples() if s[0] == "txnguard_verification_window_ms_count"] == [
         ("txnguard_verification_window_ms_count", (("evidence", "local"),), 30.0)]  # one per write answered
 
@@ -152,3 +152,44 @@ def test_the_fast_path_takes_the_transactional_writes_it_can(tmp_path: Path) -> 
     answers = produce_response(1, [T0, T1]) + heartbeat_response(2)
     assert shell.core.relay_from_broker(answers) == len(answers)
     assert shell.core.ledger.windows == [("local", 0.0)]
+
+
+def test_a_plain_histogram_exports_what_a_prometheus_client_histogram_does() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from txnguard.proxy.traffic_metrics import PlainHistogram
+
+    buckets = (0.01, 0.025, 0.5, 1, 2.5, 10000)
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    h = Histogram("h_ms", "doc", ["evidence"], buckets=buckets, registry=theirs)
+    p = PlainHistogram("h_ms", "doc", ["evidence"], buckets=buckets, registry=ours)
+    for i, value in enumerate([0.0, 0.01, 0.0100001, 0.5, 1, 3, 10000, 10001.5, 0.024, 1e-9]):
+        for hist in (h, p):
+            hist.labels("local" if i % 3 else "cache").observe(value)
+
+    def samples(r: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+        return sorted(((s.name, s.labels, s.value) for m in r.collect() for s in m.samples
+                       if not s.name.endswith("_created")), key=repr)
+
+    assert samples(ours) == samples(theirs)
+
+
+def test_a_passed_writes_audit_text_is_what_write_serialises(tmp_path: Path) -> None:
+    from txnguard.policies.enforcement import Mode
+    from txnguard.proxy.guard import AuditLog, _passed_template
+    from txnguard.verification.audit import ClientInfo, audit_record
+    from txnguard.verification.registry import _PASSED_FROM_CACHE
+
+    client = ClientInfo("c\"1", None, "2.0", "java", "bootstrap", 3)
+    log = AuditLog(str(tmp_path / "a.jsonl"))
+    texts = []
+    for latency, cpu in [(0.0, None), (0.0123456, 0.00005), (12.5, 1e-7), (123456.789012, 3.0)]:
+        log.write(audit_record(time_ms=1764250000123, transactional_id="t-é", producer_id=9, producer_epoch=2,
+                               api="produce", api_version=7, target="orders-3", verdict=_PASSED_FROM_CACHE,
+                               decision="forwarded", error_sent=None, error_name=None, latency_ms=latency,
+                               client=client, mode="monitor", proxy_id="p:1", cpu_ms=cpu))
+        a, b, c, d = _passed_template(client, "t-é", 9, 2, 7, "orders-3", _PASSED_FROM_CACHE, Mode.MONITOR, "p:1")
+        texts.append(f"{a}1764250000123{b}{round(latency, 4)!r}{c}"
+                     f"{'null' if cpu is None else repr(round(cpu, 4))}{d}")
+    log.close()
+    assert (tmp_path / "a.jsonl").read_text().splitlines() == texts

@@ -151,7 +151,11 @@ def scan_transactional(body: memoryview, flexible: bool) -> TransactionalWrite |
 def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one pass, no helper per field
                         flexible: bool) -> TransactionalWrite | None:
     if flexible:
-        n, pos = _uvarint(buf, pos, end)
+        n = buf[pos]  # one byte: the common case
+        if n < 0x80:
+            pos += 1
+        else:
+            n, pos = _uvarint(buf, pos, end)
         n -= 1
     else:
         (n,) = _I16.unpack_from(buf, pos)
@@ -163,7 +167,11 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
     (acks,) = _ACKS.unpack_from(buf, pos)
     pos += _ACKS_AND_TIMEOUT
     if flexible:
-        topics, pos = _uvarint(buf, pos, end)
+        topics = buf[pos]  # one byte: the common case
+        if topics < 0x80:
+            pos += 1
+        else:
+            topics, pos = _uvarint(buf, pos, end)
         topics -= 1
     else:
         (topics,) = _I32.unpack_from(buf, pos)
@@ -174,7 +182,11 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
     producer_id = epoch = -2
     for _ in range(topics):
         if flexible:
-            n, pos = _uvarint(buf, pos, end)
+            n = buf[pos]  # one byte: the common case
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _uvarint(buf, pos, end)
             n -= 1
         else:
             (n,) = _I16.unpack_from(buf, pos)
@@ -184,7 +196,11 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
         topic = str(buf[pos:pos + n], "utf-8")
         pos += n
         if flexible:
-            count, pos = _uvarint(buf, pos, end)
+            count = buf[pos]  # one byte: the common case
+            if count < 0x80:
+                pos += 1
+            else:
+                count, pos = _uvarint(buf, pos, end)
             count -= 1
         else:
             (count,) = _I32.unpack_from(buf, pos)
@@ -195,7 +211,11 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
             (index,) = _I32.unpack_from(buf, pos)
             pos += 4
             if flexible:
-                size, pos = _uvarint(buf, pos, end)
+                size = buf[pos]  # one byte: the common case
+                if size < 0x80:
+                    pos += 1
+                else:
+                    size, pos = _uvarint(buf, pos, end)
                 size -= 1
             else:
                 (size,) = _I32.unpack_from(buf, pos)
