@@ -1,4 +1,5 @@
-"""The in-place readers of the transaction life cycle (`lifecycle_scan`) read what kio reads: for requests and
+"""The in-place readers of the transaction life cycle and TxnOffsetCommit (`lifecycle_scan`) read what kio reads:
+for requests and
 answers built with kio, every version the readers take, the same `TxnRequest` / `TxnResponse`; and for mutated
 bytes, whenever a reader answers, kio (after its bounds check) decodes the frame and gives the same."""
 
@@ -16,7 +17,14 @@ from kio.static.primitive import i16, i32, i64
 from txnguard.codecs import schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import peek_request
-from txnguard.codecs.lifecycle_scan import from_kio_request, from_kio_response, read_txn_request, read_txn_response
+from txnguard.codecs.lifecycle_scan import (
+    TxnOffsetCommit,
+    from_kio_request,
+    from_kio_response,
+    read_txn_offset_commit,
+    read_txn_request,
+    read_txn_response,
+)
 
 VERSIONS = {22: range(0, 6), 24: range(0, 4), 25: range(0, 5), 26: range(0, 5)}
 NAMES = st.sampled_from(["app", "", "é" * 3, "t" * 130])
@@ -130,3 +138,58 @@ def test_a_mutated_answer_is_read_only_as_kio_reads_it(built: tuple[int, int, by
     found = read_txn_response(memoryview(mutated)[4:], key, version)
     if found is not None:
         assert found == from_kio_response(key, schemas.decode_response(mutated[4:], key, version)[1])
+
+
+@st.composite
+def txn_offset_commits(draw: st.DrawFn) -> bytes:
+    version = draw(st.integers(0, 4))
+    cls = schemas.request_schema(28, version)
+    m = _module(cls)
+
+    def partition(p: int) -> Any:
+        kw: dict[str, Any] = {"partition_index": i32(p), "committed_offset": i64(draw(st.integers(-1, 2**40))),
+                              "committed_metadata": draw(st.one_of(st.none(), NAMES))}
+        if version >= 2:
+            kw["committed_leader_epoch"] = i32(draw(st.integers(-1, 5)))
+        return m.TxnOffsetCommitRequestPartition(**kw)
+
+    topics = tuple(m.TxnOffsetCommitRequestTopic(name=draw(NAMES) + str(t), partitions=tuple(
+        partition(p) for p in draw(st.lists(st.integers(0, 50), max_size=3)))) for t in range(draw(st.integers(0, 2))))
+    kw: dict[str, Any] = {"transactional_id": draw(NAMES), "group_id": draw(NAMES),
+                          "producer_id": i64(draw(st.integers(-1, 2**40))),
+                          "producer_epoch": i16(draw(st.integers(-1, 3))), "topics": topics}
+    if version >= 3:
+        kw |= {"generation_id": i32(draw(st.integers(-1, 9))), "member_id": draw(NAMES),
+               "group_instance_id": draw(st.one_of(st.none(), NAMES))}
+    return schemas.encode_request(cls(**kw), 5, "c")
+
+
+def _offset_commit(frame: bytes) -> tuple[Any, Any]:
+    """(in place, kio) of a TxnOffsetCommit frame: kio's as the same fields, or the error it raises."""
+    body = memoryview(frame)[4:]
+    try:
+        found = read_txn_offset_commit(body, peek_request(body))
+    except CodecError:
+        found = None
+    try:
+        req = _kio_request(frame)
+        kio: Any = TxnOffsetCommit(str(req.transactional_id), str(req.group_id), int(req.producer_id),
+                                   int(req.producer_epoch))
+    except CodecError as e:
+        kio = e
+    return found, kio
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(txn_offset_commits())
+def test_a_txn_offset_commit_reads_as_kio_reads_it(frame: bytes) -> None:
+    found, kio = _offset_commit(frame)
+    assert found is not None and found == kio
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(txn_offset_commits(), st.data())
+def test_a_mutated_txn_offset_commit_is_read_only_as_kio_reads_it(frame: bytes, data: st.DataObject) -> None:
+    found, kio = _offset_commit(_mutated(frame, data))
+    if found is not None:
+        assert found == kio  # kio raises nothing on it either

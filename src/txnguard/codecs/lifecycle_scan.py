@@ -240,3 +240,52 @@ def from_kio_response(key: int, resp: Any) -> TxnResponse:
                            all_concurrent=error == CONCURRENT_TRANSACTIONS)
     return TxnResponse(error, all_concurrent=error == CONCURRENT_TRANSACTIONS)
 
+# -- TxnOffsetCommit (v0-4: KIP-890 part 1) --------------------------------------------------------------------
+
+TXN_OFFSET_COMMIT = 28
+_LAST_TXN_OFFSET_COMMIT, _FIRST_FLEXIBLE_TXN_OFFSET_COMMIT = 4, 3
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOffsetCommit:
+    """What the rules read of a TxnOffsetCommit: whose, and for which group."""
+
+    transactional_id: str
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+def read_txn_offset_commit(body: memoryview, head: RequestHead) -> TxnOffsetCommit | None:
+    """A TxnOffsetCommit read whole and in place (every size checked, as kio's decode after the bounds check
+    would); None for kio to read (and judge) instead. kio decodes it only to answer it (a rejection)."""
+    version = head.api_version
+    if head.api_key != TXN_OFFSET_COMMIT or version > _LAST_TXN_OFFSET_COMMIT:
+        return None
+    try:
+        r = _Reader(body, request_body_offset(body, head), version >= _FIRST_FLEXIBLE_TXN_OFFSET_COMMIT)
+        (n,) = _I16.unpack_from(body, 8)  # the client id: kio reads it
+        if n > 0:
+            str(body[10:10 + n], "utf-8")
+        txn_id, group = str(r.string()), str(r.string())  # never None: a null one is kio's to judge
+        pid, epoch = r.i64(), r.i16()
+        if version >= 3:
+            r.i32()  # generation id
+            r.string()  # member id
+            r.string(nullable=True)  # group instance id
+        # A partition: index, offset, (v2+) leader epoch, then a null metadata and no tags: 2 bytes either way.
+        smallest = 4 + 8 + (4 if version >= 2 else 0) + 2
+        for _ in range(r.count(2 if r.flexible else 6)):
+            r.string()  # topic
+            for _ in range(r.count(smallest)):
+                r.i32()  # partition
+                r.i64()  # offset
+                if version >= 2:
+                    r.i32()  # leader epoch
+                r.string(nullable=True)  # metadata
+                r.tags()
+            r.tags()
+        r.done()
+        return TxnOffsetCommit(txn_id, group, pid, epoch)
+    except (_Unreadable, CodecError, struct.error, UnicodeDecodeError):
+        return None

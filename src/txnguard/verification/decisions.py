@@ -29,6 +29,7 @@ from txnguard.codecs.lifecycle_scan import (
     TxnRequest,
     from_kio_request,
     from_kio_response,
+    read_txn_offset_commit,
     read_txn_request,
     read_txn_response,
 )
@@ -350,14 +351,21 @@ class TransactionRules:
     def check_txn_offset_commit(self, frame: memoryview, version: int, client: ClientInfo,
                                 clock: Clock) -> Decision | PendingCheck:
         parsing = clock.perf()
-        header, req = schemas.decode_request(frame[4:])
-        txn_id, group = str(req.transactional_id), str(req.group_id)
+        body = frame[4:]
+        found = read_txn_offset_commit(body, peek_request(body))  # in place; kio for what it cannot read plainly
+        if found is not None:
+            header, req = None, None  # decoded by ctx.decoded() if a rejection must answer it
+            txn_id, group, pid, epoch = found.transactional_id, found.group_id, found.producer_id, found.producer_epoch
+        else:
+            header, req = schemas.decode_request(body)
+            txn_id, group, pid, epoch = str(req.transactional_id), str(req.group_id), int(req.producer_id), \
+                int(req.producer_epoch)
         started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
         if mode is Mode.OFF:
             return Decision(forward=frame)
-        ctx = RequestContext(TXN_OFFSET_COMMIT, version, txn_id, int(req.producer_id), int(req.producer_epoch),
-                             mode, frame, header, req, client, group=group, inspection_ms=(started - parsing) * 1000)
+        ctx = RequestContext(TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, mode, frame, header, req, client,
+                             group=group, inspection_ms=(started - parsing) * 1000)
         if self.offsets_partitions is None:
             return PendingCheck(ctx, Question(txn_id, ctx.producer_id, ctx.producer_epoch, (),
                                               offsets_partitions=True), started)
