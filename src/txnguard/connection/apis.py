@@ -32,11 +32,6 @@ class ResponseAction(enum.Enum):
     OBSERVE = enum.auto()               # the transaction registry learns from it
     MERGE_PRODUCE = enum.auto()         # the broker's partitions plus the proxy's rejections
 
-    @property
-    def decodes(self) -> bool:
-        """Whether the whole frame must be assembled before it can be handled."""
-        return self is not ResponseAction.PASS
-
 
 # Actions chosen from the API key alone (others depend on the version or on a decision).
 ACTION_BY_KEY: dict[int, ResponseAction] = {

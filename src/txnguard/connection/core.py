@@ -887,7 +887,7 @@ class Connection:
         t, slot = self.traffic, (key if 0 <= key < 127 else 127)
         t.frames_out[slot] += 1
         t.bytes_out[slot] += size + 4
-        # Traffic.round_trip, inlined: this runs once per response.
+        # The round trip, in its bucket (per API key: the last slot takes keys above 126).
         seconds = self._now - entry.sent_at
         buckets = t.rtt_buckets[slot]
         if buckets is None:

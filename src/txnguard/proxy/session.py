@@ -237,8 +237,8 @@ class Session:
         """Stop reading new requests; close once every in-flight response is delivered."""
         self._execute(self.core.drain())
 
-    def check_timers(self, now: float) -> None:
-        """Once a second: the core's timeouts (`now` is unused; the core reads its clock)."""
+    def check_timers(self) -> None:
+        """Once a second: the core's timeouts (the core reads its own clock)."""
         if not self.closed:
             self._execute(self.core.tick())
 
