@@ -18,16 +18,18 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.bounds import REQUEST_MAX_ELEMENTS
 from txnguard.codecs.bounds import read_uvarint as _uvarint
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import RequestHead, request_body_offset
 
-INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN = 22, 24, 25, 26
+INIT_PRODUCER_ID, END_TXN, TXN_OFFSET_COMMIT = ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT
+ADD_PARTITIONS, ADD_OFFSETS = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN
 CONCURRENT_TRANSACTIONS = 51
 # The first flexible version of each (compact strings and arrays, tagged fields), and the last one read here.
-_FIRST_FLEXIBLE = {INIT_PRODUCER_ID: 2, ADD_PARTITIONS: 3, ADD_OFFSETS: 3, END_TXN: 3}
-_LAST_READ = {INIT_PRODUCER_ID: 5, ADD_PARTITIONS: 3, ADD_OFFSETS: 4, END_TXN: 4}
+_FIRST_FLEXIBLE: dict[int, int] = {INIT_PRODUCER_ID: 2, ADD_PARTITIONS: 3, ADD_OFFSETS: 3, END_TXN: 3}
+_LAST_READ: dict[int, int] = {INIT_PRODUCER_ID: 5, ADD_PARTITIONS: 3, ADD_OFFSETS: 4, END_TXN: 4}
 
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _KNOWN_ERRORS = frozenset(int(code) for code in ErrorCode)  # kio refuses an answer with any other
@@ -242,7 +244,6 @@ def from_kio_response(key: int, resp: Any) -> TxnResponse:
 
 # -- TxnOffsetCommit (v0-4: KIP-890 part 1) --------------------------------------------------------------------
 
-TXN_OFFSET_COMMIT = 28
 _LAST_TXN_OFFSET_COMMIT, _FIRST_FLEXIBLE_TXN_OFFSET_COMMIT = 4, 3
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ADD_PARTITIONS = 24
-ADD_OFFSETS = 25
+from txnguard.codecs.api_keys import ApiKey
+
+ADD_PARTITIONS, ADD_OFFSETS = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN
 ABSORBED_KEYS = frozenset({ADD_PARTITIONS, ADD_OFFSETS})
 
 

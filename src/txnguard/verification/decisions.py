@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.codecs.header import peek_request, produce_timeout_ms
@@ -61,8 +62,9 @@ from txnguard.verification.timeouts import FIRST_BUMP_VERSION, PRODUCE_REPLIES, 
 
 TopicPartition = tuple[str, int]
 
-# API keys this module reads (the connection core has them as an enum; the layers keep us below it).
-PRODUCE_KEY, INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT_KEY = 0, 22, 24, 25, 26, 28
+# The API keys this module reads (codecs/api_keys.py).
+PRODUCE_KEY, INIT_PRODUCER_ID, TXN_OFFSET_COMMIT_KEY = ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.TXN_OFFSET_COMMIT
+ADD_PARTITIONS, ADD_OFFSETS, END_TXN = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN
 OBSERVED = frozenset({INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN})
 LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch shape
 # The requests the KAFKA-17754 defence holds (their Decision's context.api).
@@ -559,6 +561,6 @@ class TransactionRules:
 
 END_TXN_API, INIT_PRODUCER_ID_API = "end_txn", "init_producer_id"
 LAST_END_TXN_VERSION_BEFORE_TV2 = 4
-_LIFECYCLE_API = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
+_LIFECYCLE_API: dict[int, str] = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
 LIFECYCLE_APIS = frozenset(_LIFECYCLE_API.values())
 TIMEOUT_RECOVERED = "timeout_recovered"  # the audit record's decision for a KIP-588 rewrite
