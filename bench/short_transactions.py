@@ -57,14 +57,16 @@ def metric_sum(admin: int, name: str, label: str) -> dict[str, float]:
     return out
 
 
-def start_gateway(upstream: str, tmp: Path, budget_ms: float) -> tuple[ProxyProcess, int, int]:
+def start_gateway(upstream: str, tmp: Path, budget_ms: float,
+                  env: dict[str, str] | None = None) -> tuple[ProxyProcess, int, int]:
     port, admin, listener = free_port(), free_port(), free_port()
     config = tmp / f"gateway-{port}.yaml"
     config.write_text(json.dumps({
         "mode": "gateway", "upstream": upstream, "listen": f"127.0.0.1:{port}", "broker_ports": {0: listener},
         "admin": f"127.0.0.1:{admin}", "log_level": "warning",
         "health": {"concurrent_transactions_budget_ms": budget_ms}}))
-    proxy = ProxyProcess(["--config", str(config)], tmp / f"gateway-{port}.log").start(wait_port=("127.0.0.1", port))
+    proxy = ProxyProcess(["--config", str(config)], tmp / f"gateway-{port}.log", env=env).start(
+        wait_port=("127.0.0.1", port))
     return proxy, port, admin
 
 
@@ -82,9 +84,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--with-off", action="store_true", help="also a gateway with absorption off")
+    ap.add_argument("--compare-rev", default=None,
+                    help="also a gateway running the proxy of this git revision (mode gateway_base), side by side")
     args = ap.parse_args()
     families = args.families.split(",")
-    modes = ["direct", "gateway", *(["gateway_off"] if args.with_off else [])]
+    modes = ["direct", "gateway", *(["gateway_off"] if args.with_off else []),
+             *(["gateway_base"] if args.compare_rev else [])]
     tmp = Path(tempfile.mkdtemp(prefix="short-txn-"))
     cluster = kafka.up("3.5.2", 1, tmp / "kafka", sidecars=True, die_with_parent=True)
     node = cluster.nodes[0]
@@ -94,11 +99,17 @@ def main() -> None:
         proxies = {"gateway": start_gateway(tapped, tmp, 2000)}
         if args.with_off:
             proxies["gateway_off"] = start_gateway(tapped, tmp, 0)
+        if args.compare_rev:
+            from proxy_overhead import proxy_source  # the same git archive as proxy_overhead --proxy-rev
+
+            env, source = proxy_source(args.compare_rev, tmp)
+            print(f"gateway_base: {source}", flush=True)
+            proxies["gateway_base"] = start_gateway(tapped, tmp, 2000, env)
         try:
             raw.create_topic(cluster.live_bootstrap(), "short", 1, -1, None)
             for family in families:
                 for rnd in range(args.rounds):
-                    for mode in modes:
+                    for mode in modes[rnd % len(modes):] + modes[:rnd % len(modes)]:  # rotated per round
                         proxy = proxies.get(mode)
                         bootstrap = tapped if proxy is None else f"127.0.0.1:{proxy[1]}"
                         before = metric_sum(proxy[2], ABSORPTIONS, "ending") if proxy else {}
@@ -114,7 +125,7 @@ def main() -> None:
                         # What the client received: direct and with absorption off, every refusal the
                         # broker sent; through an absorbing gateway, those it gave up on and those it
                         # passed at once because another request of the connection was being asked again.
-                        client_saw = spent if mode == "gateway" else broker_said
+                        client_saw = spent if mode in ("gateway", "gateway_base") else broker_said
                         row = {"family": family, "round": rnd, "mode": mode, "transactions": result.transactions,
                                "seconds": round(result.seconds, 3), "per_second": round(result.per_second, 1),
                                "broker_said_concurrent": broker_said, "client_saw_concurrent": client_saw,
@@ -129,18 +140,20 @@ def main() -> None:
     print(f"\nload average at the end: {os.getloadavg()}")
     print(f"| client | {' | '.join(f'{m} txn/s' for m in modes)} | "
           f"{' | '.join(f'{m} / direct' for m in modes[1:])} | "
-          f"{' | '.join(f'51 received by client, {m}' for m in modes)} | absorbed by gateway | gateway CPU ms/txn |")
+          f"{' | '.join(f'51 received by client, {m}' for m in modes)} | absorbed by gateway | "
+          f"CPU ms/txn ({' / '.join(modes[1:])}) |")
     print("|" + " --- |" * (3 * len(modes) + 2))
     for family in families:
         mine = [r for r in rows if r["family"] == family]
         rate = {m: statistics.median(r["per_second"] for r in mine if r["mode"] == m) for m in modes}
         seen = {m: int(sum(r["client_saw_concurrent"] for r in mine if r["mode"] == m)) for m in modes}
         absorbed = sum(r["absorbed"] for r in mine if r["mode"] == "gateway")
-        cpu = statistics.median(r["proxy_cpu_ms_per_txn"] for r in mine if r["mode"] == "gateway")
+        cpu = " / ".join(f'{statistics.median(r["proxy_cpu_ms_per_txn"] for r in mine if r["mode"] == m):.3f}'
+                         for m in modes[1:])
         ratios = " | ".join(f"x{rate[m] / rate['direct']:.2f}" for m in modes[1:])
         print(f"| {family} | {' | '.join(f'{rate[m]:.1f}' for m in modes)} | "
               f"{ratios} | "
-              f"{' | '.join(str(seen[m]) for m in modes)} | {absorbed:.0f} | {cpu:.3f} |")
+              f"{' | '.join(str(seen[m]) for m in modes)} | {absorbed:.0f} | {cpu} |")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"short-transactions-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"transactions": args.transactions, "rounds": args.rounds, "rows": rows}, indent=1))

@@ -2,6 +2,11 @@
 
 Run: `.venv/bin/python bench/verification_overhead.py [--quick]`
 
+At saturation, this proxy beside another revision's, audit on and off, no sidecar phase (issue 22):
+`.venv/bin/python bench/verification_overhead.py --rate -1 --record-size 512 --records 30000 --rounds 5
+--arms direct,enforce,noaudit,base --compare-rev main --no-sidecar` (`base`: the proxy of --compare-rev,
+enforce, audit on; `noaudit`: this proxy, enforce, no audit log). Each proxy's CPU comes from its own pid.
+
 One run starts a 1-node Kafka 3.5.2 cluster, two `txnguard run` processes in gateway mode in
 front of it (one with `policy.mode: enforce`, one with `monitor`), and runs Kafka's own Java
 ProducerPerformance (3.5.2) with `--transactional-id` and short transactions through each
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import tempfile
@@ -96,32 +102,43 @@ class Side:
                  audit: Path | None = None) -> None:
         self.name, self.bootstrap, self.proc, self.admin, self.audit = name, bootstrap, proc, admin, audit
         self.runs: list[Any] = []
+        self.cpu_s: list[float] = []  # the proxy process's CPU seconds per run (/proc/<pid>/stat)
 
 
+def cpu_seconds(side: Side) -> float:
+    if side.proc is None or side.proc.proc is None:
+        return 0.0
+    fields = Path(f"/proc/{side.proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+LOAD = {"record_size": RECORD_SIZE}  # --record-size
 PROXY_ENV: dict[str, str] = {}  # --proxy-rev: PYTHONPATH to that revision's src/ (proxy_overhead.proxy_source)
 
 
 def start_proxy(name: str, upstream: str, tmp: Path, mode: str = "gateway", policy_mode: str = "enforce",
-                listen: str | None = None) -> Side:
+                listen: str | None = None, audit_on: bool = True, env: dict[str, str] | None = None) -> Side:
     port = free_port() if listen is None else int(listen.rsplit(":", 1)[1])
     admin = f"127.0.0.1:{free_port()}"
     audit = tmp / f"{name}-audit.jsonl"
     config = tmp / f"{name}.yaml"
     config.write_text(json.dumps({
         "mode": mode, "upstream": upstream, "listen": listen or f"127.0.0.1:{port}", "admin": admin,
-        "audit_path": str(audit), "policy": {"mode": policy_mode}, "log_level": "warning",
+        **({"audit_path": str(audit)} if audit_on else {}), "policy": {"mode": policy_mode}, "log_level": "warning",
     }))
     proc = ProxyProcess(["--config", str(config)], tmp / f"{name}.log",
-                        env=PROXY_ENV or None).start(wait_port=("127.0.0.1", port))
-    return Side(name, f"127.0.0.1:{port}", proc, admin, audit)
+                        env=(PROXY_ENV if env is None else env) or None).start(wait_port=("127.0.0.1", port))
+    return Side(name, f"127.0.0.1:{port}", proc, admin, audit if audit_on else None)
 
 
 def run_load(side: Side, cluster: kafka.Cluster, records: int, rate: int) -> Any:
     topic = fresh_topic(cluster, f"bench-{side.name}-{uuid.uuid4().hex[:6]}")
-    result = java_producer_performance(side.bootstrap, topic, records, "3.5.2", record_size=RECORD_SIZE,
+    cpu = cpu_seconds(side)
+    result = java_producer_performance(side.bootstrap, topic, records, "3.5.2", record_size=LOAD["record_size"],
                                        throughput=rate, transactional_id=f"bench-{uuid.uuid4().hex[:8]}",
                                        transaction_duration_ms=TRANSACTION_MS, timeout_s=300)
     side.runs.append(result)
+    side.cpu_s.append(cpu_seconds(side) - cpu)
     return result
 
 
@@ -162,27 +179,43 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def gateway_phase(tmp: Path, rounds: int, records: int, rate: int) -> dict[str, Any]:
+def gateway_phase(tmp: Path, rounds: int, records: int, rate: int, arms: list[str],
+                  base_env: dict[str, str] | None) -> dict[str, Any]:
     cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka-gateway")
-    sides = [Side("direct", cluster.bootstrap_servers)]
+    sides = []
     try:
-        sides.append(start_proxy("enforce", cluster.bootstrap_servers, tmp))
-        sides.append(start_proxy("monitor", cluster.bootstrap_servers, tmp, policy_mode="monitor"))
+        for arm in arms:
+            if arm == "direct":
+                sides.append(Side("direct", cluster.bootstrap_servers))
+            elif arm in ("enforce", "monitor"):
+                sides.append(start_proxy(arm, cluster.bootstrap_servers, tmp, policy_mode=arm))
+            elif arm == "noaudit":
+                sides.append(start_proxy(arm, cluster.bootstrap_servers, tmp, audit_on=False))
+            else:  # base: the proxy of --compare-rev
+                sides.append(start_proxy(arm, cluster.bootstrap_servers, tmp, env=base_env))
         for r in range(rounds):
-            for side in sides if r % 2 == 0 else list(reversed(sides)):
+            # Rotated: each arm takes each place in the order in turn.
+            for side in sides[r % len(sides):] + sides[:r % len(sides)]:
                 res = run_load(side, cluster, records, rate)
+                cpu = f"  proxy CPU {side.cpu_s[-1] * 1e6 / res.records:6.1f} us/record" if side.proc else ""
                 print(f"  round {r + 1} {side.name:8s} {res.records_per_sec:9.1f} rec/s  "
-                      f"avg {res.avg_latency_ms:6.2f} ms  p99 {res.p99_ms} ms", flush=True)
+                      f"avg {res.avg_latency_ms:6.2f} ms  p99 {res.p99_ms} ms{cpu}", flush=True)
         med = {s.name: statistics.median(x.records_per_sec for x in s.runs) for s in sides}
         lat = {s.name: statistics.median(x.avg_latency_ms for x in s.runs) for s in sides}
-        return {
-            "throughput_records_per_sec": med,
-            "avg_latency_ms": lat,
-            "ratio_enforce_vs_direct": round(med["enforce"] / med["direct"], 4),
-            "ratio_monitor_vs_direct": round(med["monitor"] / med["direct"], 4),
-            "enforce": verification_figures(sides[1]),
-            "monitor": verification_figures(sides[2]),
-        }
+        cpu_us = {s.name: round(statistics.median(c * 1e6 / x.records for c, x in zip(s.cpu_s, s.runs, strict=True)), 2)
+                  for s in sides if s.proc is not None}
+        out: dict[str, Any] = {"throughput_records_per_sec": med, "avg_latency_ms": lat,
+                               "proxy_cpu_us_per_record": cpu_us}
+        direct = [s for s in sides if s.name == "direct"]
+        for s in sides:
+            if direct and s is not direct[0]:
+                out[f"ratio_{s.name}_vs_direct"] = round(med[s.name] / med["direct"], 4)
+                # Per round: the arm's rate over the direct run of the same round.
+                out[f"ratios_{s.name}_per_round"] = [round(x.records_per_sec / d.records_per_sec, 3)
+                                                     for x, d in zip(s.runs, direct[0].runs, strict=True)]
+            if s.audit is not None:
+                out[s.name] = verification_figures(s)
+        return out
     finally:
         for s in sides:
             if s.proc is not None:
@@ -243,23 +276,46 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one short round (~1 minute)")
     parser.add_argument("--proxy-rev", default=None,
                         help="run the proxies of this git revision (git archive) instead of the working tree's src/")
+    parser.add_argument("--compare-rev", default=None, help="the revision of the `base` arm")
+    parser.add_argument("--arms", default="direct,enforce,monitor",
+                        help="gateway arms, of direct, enforce, monitor, noaudit (enforce, no audit log) and base "
+                             "(enforce, the proxy of --compare-rev); default direct,enforce,monitor")
+    parser.add_argument("--rate", type=int, default=None, help="offered records/s (-1: as fast as it goes)")
+    parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--record-size", type=int, default=RECORD_SIZE)
+    parser.add_argument("--no-sidecar", action="store_true", help="the gateway phase only")
     args = parser.parse_args()
     rounds, records, rate = (1, 5000, 2500) if args.quick else (3, 20000, 2500)
+    rounds = args.rounds if args.rounds is not None else rounds
+    records = args.records if args.records is not None else records
+    rate = args.rate if args.rate is not None else rate
+    LOAD["record_size"] = args.record_size
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not set(arms) <= {"direct", "enforce", "monitor", "noaudit", "base"} or \
+            ("base" in arms) != bool(args.compare_rev):
+        parser.error("--arms: of direct, enforce, monitor, noaudit, base; base goes with --compare-rev")
     source: dict[str, Any] = {"source": "working tree"}
+    sidecar: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="txnguard-bench-") as d:
         tmp = Path(d)
-        if args.proxy_rev is not None:
-            from proxy_overhead import proxy_source  # the same git archive as proxy_overhead --proxy-rev
+        from proxy_overhead import proxy_source  # the same git archive as proxy_overhead --proxy-rev
 
+        if args.proxy_rev is not None:
             env, source = proxy_source(args.proxy_rev, tmp)
             PROXY_ENV.update(env)
+        base_env = None
+        if args.compare_rev is not None:
+            base_env, source["base"] = proxy_source(args.compare_rev, tmp)
         print(f"proxy code: {source}", flush=True)
-        print(f"gateway: {rounds} round(s) of {records} records at {rate}/s, {TRANSACTION_MS} ms transactions",
-              flush=True)
-        gateway = gateway_phase(tmp, rounds, records, rate)
-        print("sidecar: one run", flush=True)
-        sidecar = sidecar_phase(tmp, records, rate)
-    summary = {"kafka": KAFKA_VERSION, "records": records, "offered_rate": rate, "rounds": rounds,
+        print(f"gateway: {rounds} round(s) of {records} records of {LOAD['record_size']} B at {rate}/s, "
+              f"{TRANSACTION_MS} ms transactions, arms {arms}", flush=True)
+        gateway = gateway_phase(tmp, rounds, records, rate, arms, base_env)
+        if not args.no_sidecar:
+            print("sidecar: one run", flush=True)
+            sidecar = sidecar_phase(tmp, records, rate)
+    summary = {"kafka": KAFKA_VERSION, "records": records, "record_size": LOAD["record_size"], "arms": arms,
+               "offered_rate": rate, "rounds": rounds,
                "transaction_ms": TRANSACTION_MS, "gateway": gateway, "sidecar": sidecar, "proxy_source": source,
                "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     print(json.dumps(summary, indent=2))

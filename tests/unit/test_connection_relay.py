@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import datetime
 import random
+from typing import Any
 
 from connection_playbook import (
     T0,
+    T1,
     Playbook,
     api_versions_request,
     correlation_ids,
@@ -34,6 +36,7 @@ from txnguard.connection.commands import (
     Ask,
     Close,
     Command,
+    Decided,
     Direction,
     PauseReading,
     RequestSeen,
@@ -42,7 +45,9 @@ from txnguard.connection.commands import (
     SendToClient,
     Side,
 )
+from txnguard.connection.ledger import Ledger, Passed
 from txnguard.verification import inventory
+from txnguard.verification.decisions import Decision
 
 
 def metadata_request(correlation_id: int) -> bytes:
@@ -197,9 +202,10 @@ def _mixed_stream() -> tuple[list[bytes], list[bytes]]:
             answers.append(produce_response(cid, [T0], version=max(8, 3 + i % 9)))  # read from v10 only
         elif kind == 1:
             requests.append(produce(cid, [T0], transactional=False, acks=0))
-        elif kind == 2:
-            requests.append(produce(cid, [T0]))  # transactional, added: verified at once
-            answers.append(produce_response(cid, [T0]))
+        elif kind == 2:  # transactional, added: verified at once (v3-v11, one or two partitions)
+            parts = [T0] if i % 3 else [T0, T1]
+            requests.append(produce(cid, parts, version=3 + i % 9, value=b"t" * (i * 29)))
+            answers.append(produce_response(cid, parts, version=max(8, 3 + i % 9)))
         elif kind == 3:
             requests.append(metadata_request(cid))
             answers.append(metadata_response(cid))
@@ -235,8 +241,35 @@ def _chunks(frames: list[bytes], rng: random.Random) -> list[bytes]:
     return out
 
 
-def _facts(commands: list[Command]) -> list[str]:
-    return [type(c).__name__ for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
+def _facts(commands: list[Command], ledger: Ledger) -> list[Any]:
+    """What the shell records of one call, in its order: the ledger's passed writes first (they came before the
+    call's commands), then the commands; a decision in the form the guard's recording reads it."""
+    passed, windows = ledger.take()
+    facts: list[Any] = [_passed_fact(p) for p in passed]
+    facts += [_decision_fact(c.decision) if isinstance(c, Decided) else type(c).__name__
+              for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
+    return [*facts, *windows]
+
+
+def _decision_fact(d: Decision) -> tuple[Any, ...]:
+    ctx = d.context
+    assert ctx is not None
+    return (ctx.client, ctx.api, ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, ctx.api_version,
+            [(r.target, r.verdict, r.decision, r.error, r.enforced) for r in d.records], ctx.mode, ctx.inspection_ms,
+            d.elapsed_ms, d.cpu_ms, d.evidence, d.rejections, d.forward is ctx.frame)
+
+
+def _passed_fact(p: Passed) -> tuple[Any, ...]:
+    client, txn_id, pid, epoch, version, partitions, verdict, mode, inspection_ms, elapsed_ms, cpu_ms = p
+    return (client, "produce", txn_id, pid, epoch, version,
+            [(f"{t}-{i}", verdict, "forwarded", None, False) for t, i in partitions], mode, inspection_ms,
+            elapsed_ms, cpu_ms, verdict.evidence.value, {}, True)
+
+
+def _inventory(pb: Playbook) -> tuple[Any, ...]:
+    inv = pb.conn.inventory
+    assert inv is not None
+    return tuple(getattr(inv, name) for name in type(inv).__slots__)
 
 
 def _shell_client(pb: Playbook, read: bytes) -> list[Command]:
@@ -253,6 +286,7 @@ def _shell_broker(pb: Playbook, read: bytes) -> list[Command]:
 def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
     requests, answers = _mixed_stream()
     relayed = {"core": 0, "shell": 0}
+    transactional = {"core": 0, "shell": 0}  # transactional writes the fast path checked
     for seed in range(12):
         rng = random.Random(seed)
         client_reads = _chunks(requests, rng)
@@ -261,25 +295,29 @@ def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
         for way in ("core", "shell", "general"):  # receive_from_* alone, as the shell calls it, no fast path
             pb = Playbook()
             pb.conn._fast = way != "general"
-            pb.transaction_with(T0)
+            pb.conn.inventory = inventory.ConnectionInventory("client", 0)
+            pb.transaction_with(T0, T1)
             per_read, facts, stream = [], [], b""
             for read in client_reads:
                 before = sum(pb.traffic.frames_in)
                 out = _shell_client(pb, read) if way == "shell" else pb.client_sends(read)
                 if way != "general" and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
                     relayed[way] += sum(pb.traffic.frames_in) - before
+                if way != "general":
+                    transactional[way] += len(pb.conn.ledger.passed)
                 per_read.append(to_broker(out))
-                facts.append(_facts(out))
+                facts.append(_facts(out, pb.conn.ledger))
                 stream += to_client(out)
             for read in broker_reads:
                 out = _shell_broker(pb, read) if way == "shell" else pb.broker_answers(read)
-                facts.append(_facts(out))
+                facts.append(_facts(out, pb.conn.ledger))
                 stream += to_client(out)
             runs.append((per_read, facts, stream, pb.traffic.frames_in, pb.traffic.bytes_in, pb.traffic.frames_out,
-                         pb.traffic.bytes_out, pb.conn.in_flight))
+                         pb.traffic.bytes_out, pb.traffic.rtt_buckets, pb.conn.in_flight, _inventory(pb)))
         assert runs[0] == runs[2], f"seed {seed}: the core's fast path"
         assert runs[1] == runs[2], f"seed {seed}: the shell's calls"
         per_read, _, stream, *_ = runs[0]
         assert b"".join(per_read) == b"".join(r for r in requests if b"\x00\x12\x00\x63" not in r[4:8])
         assert len(correlation_ids(stream)) == len(answers) + sum(1 for r in requests if r[4:8] == b"\x00\x12\x00\x63")
     assert relayed["core"] > 30 and relayed["shell"] > 30  # frames of reads carried whole (more were in part)
+    assert transactional["core"] > 10 and transactional["shell"] > 10  # verified writes among them

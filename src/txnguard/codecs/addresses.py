@@ -12,11 +12,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from txnguard.codecs.api_keys import ApiKey
+
 # node id, broker host, broker port -> the address the client should use instead
 AddressMap = Callable[[int, str, int], tuple[str, int]]
 
-METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 3, 10, 60
-PRODUCE, FETCH, SHARE_FETCH, SHARE_ACKNOWLEDGE = 0, 1, 78, 79
+METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER
+PRODUCE, FETCH = ApiKey.PRODUCE, ApiKey.FETCH
+SHARE_FETCH, SHARE_ACKNOWLEDGE = ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE
 
 # The first version of each API whose response can carry a broker address.
 ADDRESS_BEARING: dict[int, int] = {

@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.schemas import kio_version_range
 
-API_VERSIONS = 18
+API_VERSIONS = ApiKey.API_VERSIONS
 
 # api key -> first version the proxy decodes (requests or responses). Versions below
 # it are forwarded opaquely, so kio need not know them.

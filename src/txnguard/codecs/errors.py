@@ -1,4 +1,4 @@
-"""Codec errors. Each carries the Kafka error code a broker would answer with, when there is one.
+"""Codec errors, each with a short `reason` (a metric label and a close reason).
 
 kio leaks bare KeyError (unknown tagged field) and ValueError (record batches)
 next to its own SerialError and KioIndexError; `schemas` converts all of them
@@ -7,14 +7,11 @@ into these types at one boundary, so nothing above the codecs catches kio's.
 
 from __future__ import annotations
 
-from kio.schema.errors import ErrorCode
-
 
 class CodecError(Exception):
     """Base of everything the codecs raise. `reason` is a short metric label."""
 
     reason = "codec_error"
-    error_code: ErrorCode | None = None
 
 
 class InvalidFrameLength(CodecError):
@@ -47,7 +44,6 @@ class BoundsExceeded(CodecError):
     """A length or count the frame cannot hold: refused before kio allocates for it (the broker closes too)."""
 
     reason = "bounds_exceeded"
-    error_code = ErrorCode.corrupt_message
 
 
 class TooManyTaggedFields(BoundsExceeded):
@@ -60,11 +56,9 @@ class UnsupportedApiVersion(CodecError):
     """kio (our pinned decoder) has no schema for this API key and version."""
 
     reason = "unsupported_version"
-    error_code = ErrorCode.unsupported_version
 
 
 class DecodeFailed(CodecError):
     """A frame we inspect did not decode; a broker answers such a request by closing the connection."""
 
     reason = "decode_failed"
-    error_code = ErrorCode.corrupt_message

@@ -55,11 +55,6 @@ def request_header_version(api_key: int, api_version: int) -> int:
     return int(request_schema(api_key, api_version).__header_schema__.__version__)
 
 
-@cache
-def response_header_version(api_key: int, api_version: int) -> int:
-    return int(response_schema(api_key, api_version).__header_schema__.__version__)
-
-
 def api_name(api_key: int) -> str:
     return api_key_map.get(api_key, f"unknown_{api_key}")
 

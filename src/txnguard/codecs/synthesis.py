@@ -12,10 +12,11 @@ from kio.schema.errors import ErrorCode
 from kio.schema.response_header.v0.header import ResponseHeader
 from kio.static.primitive import i16, i32
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.api_versions import API_VERSIONS, proxy_api_versions_range
 from txnguard.codecs.schemas import encode, response_header_for, response_schema
 
-ADD_OFFSETS_TO_TXN = 25
+ADD_OFFSETS_TO_TXN = ApiKey.ADD_OFFSETS_TO_TXN
 
 
 def api_versions_unsupported(correlation_id: int, advertised: Iterable[tuple[int, int, int]]) -> bytes:

@@ -1,24 +1,12 @@
-"""The Kafka API keys the connection core reads, and what it does with a response."""
+"""What the connection core does with a response, by API key (the keys themselves: codecs/api_keys.py)."""
 
 from __future__ import annotations
 
 import enum
 
+from txnguard.codecs.api_keys import ApiKey
 
-class ApiKey(enum.IntEnum):
-    """API keys with a rule in the core; any other key is relayed untouched (and stays an int)."""
-
-    PRODUCE = 0
-    FETCH = 1
-    METADATA = 3
-    SASL_HANDSHAKE = 17
-    API_VERSIONS = 18
-    INIT_PRODUCER_ID = 22
-    ADD_PARTITIONS_TO_TXN = 24
-    ADD_OFFSETS_TO_TXN = 25
-    END_TXN = 26
-    TXN_OFFSET_COMMIT = 28
-    SASL_AUTHENTICATE = 36
+__all__ = ["ACTION_BY_KEY", "ApiKey", "ResponseAction"]
 
 
 class ResponseAction(enum.Enum):
@@ -31,11 +19,6 @@ class ResponseAction(enum.Enum):
     SASL_AUTHENTICATE = enum.auto()     # a success lifts the pre-authentication frame limit
     OBSERVE = enum.auto()               # the transaction registry learns from it
     MERGE_PRODUCE = enum.auto()         # the broker's partitions plus the proxy's rejections
-
-    @property
-    def decodes(self) -> bool:
-        """Whether the whole frame must be assembled before it can be handled."""
-        return self is not ResponseAction.PASS
 
 
 # Actions chosen from the API key alone (others depend on the version or on a decision).

@@ -110,14 +110,6 @@ class Decided:
 
 
 @dataclass(frozen=True, slots=True)
-class WriteAnswered:
-    """The broker answered a verified write: the check-to-append window closed."""
-
-    evidence: str
-    window_ms: float
-
-
-@dataclass(frozen=True, slots=True)
 class ConcurrentAbsorbed:
     """The coordinator said CONCURRENT_TRANSACTIONS and the core asked again itself (KIP-609 idea)."""
 
@@ -149,7 +141,7 @@ class Authenticated:
 
 
 Command = (SendToClient | SendToBroker | Ask | StartTimer | Close | PauseReading | ResumeReading | ClientIdentified
-           | ClientSoftware | AnsweredLocally | Rewritten | Decided | WriteAnswered | ConcurrentAbsorbed | RequestSeen
+           | ClientSoftware | AnsweredLocally | Rewritten | Decided | ConcurrentAbsorbed | RequestSeen
            | RawMode | Authenticated)
 
 

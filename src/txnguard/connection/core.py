@@ -33,6 +33,7 @@ from txnguard.codecs.errors import CodecError, FrameTooLarge, InvalidFrameLength
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
 from txnguard.codecs.produce import merged_produce_response
+from txnguard.codecs.produce_scan import scan_transactional
 from txnguard.codecs.synthesis import api_versions_unsupported
 from txnguard.connection.apis import ACTION_BY_KEY, ApiKey, ResponseAction
 from txnguard.connection.commands import (
@@ -56,13 +57,15 @@ from txnguard.connection.commands import (
     SendToClient,
     Side,
     StartTimer,
-    WriteAnswered,
 )
+from txnguard.connection.ledger import Ledger
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
+from txnguard.policies.enforcement import Mode
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.concurrent import ABSORBED_KEYS
 from txnguard.verification.decisions import Answer, Clock, Decision, PendingCheck, TransactionRules
 from txnguard.verification.inventory import ConnectionInventory
+from txnguard.verification.plan import LAST_PRODUCE_VERSION_BEFORE_TV2
 
 # Responses are bounded by the broker's own limits; ours only guards against garbage.
 RESPONSE_MAX_FRAME = 2 * 1024 * 1024 * 1024 - 1
@@ -88,6 +91,9 @@ _OPENS_TRANSACTION = frozenset({ApiKey.ADD_PARTITIONS_TO_TXN.value, ApiKey.ADD_O
 SLOW_KEYS = frozenset({*ACTION_BY_KEY, _API_VERSIONS, _TXN_OFFSET_COMMIT, _SASL_HANDSHAKE})
 _PRODUCE_KIO = schemas.kio_version_range(_PRODUCE)
 FAST_PRODUCE_VERSIONS = range(3, (_PRODUCE_KIO[1] if _PRODUCE_KIO else 2) + 1)
+# A transactional Produce the guard verifies (KIP-890 part 1: up to v11) may be checked on the fast path.
+_LAST_VERIFIED_PRODUCE = min(LAST_PRODUCE_VERSION_BEFORE_TV2, FAST_PRODUCE_VERSIONS.stop - 1)
+_OFF = Mode.OFF
 _FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
@@ -131,8 +137,8 @@ class ResponseOutOfOrder(CodecError):
 
 
 class InFlight:
-    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "refused_at", "request",
-                 "response", "retries", "sent_at", "window")
+    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "evidence", "evidence_at",
+                 "refused_at", "request", "response", "retries", "sent_at")
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, action: ResponseAction,
                  sent_at: float) -> None:
@@ -143,7 +149,9 @@ class InFlight:
         self.sent_at = sent_at
         self.response: list[Chunk] | None = None   # complete and waiting its turn
         self.context: Any = None                    # the decoded request, or the Decision to merge
-        self.window: Decision | None = None         # a verified write: its answer closes the window
+        # A verified write: its answer closes the check-to-append window opened at evidence_at (Clock.perf).
+        self.evidence: str | None = None
+        self.evidence_at = 0.0
         self.request: bytes | None = None           # kept to ask again after CONCURRENT_TRANSACTIONS
         self.retries = 0                            # times sent again
         self.refused_at: float | None = None        # the first CONCURRENT_TRANSACTIONS answer
@@ -170,6 +178,8 @@ class Connection:
         self.cluster = cluster
         self.clock = clock
         self.traffic = traffic or Traffic()
+        self.ledger = Ledger()  # what the shell records without commands (connection/ledger.py)
+        self._info: ClientInfo | None = None
         limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
         self.requests = FrameSplitter(limit)
         self._fast = settings.fast_path and not settings.debug  # debug wants a RequestSeen per request
@@ -216,10 +226,15 @@ class Connection:
     def forget_family(self) -> None:
         """A new policy may classify the client differently."""
         self._family = None
+        self._info = None
 
     def client_info(self) -> ClientInfo:
-        return ClientInfo(self.client_id, self.software_name, self.software_version, self.family,
-                          self.settings.listener, self.settings.connection_id)
+        """Who the client is, as decisions and audit records name it (kept until any part of it changes)."""
+        info = self._info
+        if info is None:
+            info = self._info = ClientInfo(self.client_id, self.software_name, self.software_version, self.family,
+                                           self.settings.listener, self.settings.connection_id)
+        return info
 
     @property
     def _holding(self) -> bool:
@@ -291,7 +306,8 @@ class Connection:
         if (self.closed or self.raw or self._request_left or self.requests.buffered or self.client_id is None
                 or self._waiting is not None or self._absorbing is not None or self.draining or not self._fast):
             return 0
-        self._now = self.last_activity = now = self.clock.perf()
+        clock = self.clock
+        self._now = self.last_activity = now = clock.perf()
         end, pos = len(data), 0
         limit = self.requests.max_frame
         t = self.traffic
@@ -299,6 +315,8 @@ class Connection:
         order, forwarded = self._order, self._forwarded
         inventory = self.inventory
         room = self.settings.max_in_flight - 1 - len(order)  # queue places before the limit
+        rules = self.rules
+        view: memoryview | None = None
         while end - pos >= 14:
             size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data, pos)
             stop = pos + 4 + size
@@ -313,13 +331,55 @@ class Connection:
                 if at + 4 > stop:
                     break
                 if version >= _FIRST_FLEXIBLE_PRODUCE:
-                    if data[at] or data[at + 1]:  # header tags, or a transactional id: the general path
+                    if data[at]:  # header tags: the general path
                         break
-                    at += 2
+                    at += 1
+                    transactional = data[at] != 0
                 else:
-                    if _I16.unpack_from(data, at)[0] != -1:
+                    transactional = _I16.unpack_from(data, at)[0] != -1
+                if transactional:
+                    # A transactional write whose partitions all have local evidence is checked here, as
+                    # `rules.check_produce` would pass it, and books what its `Decided` would have (the ledger).
+                    if room <= 0 or version > _LAST_VERIFIED_PRODUCE or not rules.enabled:
                         break
-                    at += 2
+                    if view is None:
+                        view = memoryview(data)
+                    parsing = clock.perf()
+                    found = scan_transactional(view[at:stop], version >= _FIRST_FLEXIBLE_PRODUCE)
+                    if found is None:
+                        break
+                    txn_id, producer_id, epoch, partitions, acks = found
+                    if not acks:
+                        break  # acks=0: a rejection would close the connection; the general path says so
+                    started = clock.perf()
+                    on_cpu = clock.cpu() if rules.measures_cpu else 0.0
+                    mode = rules.policy.mode_for(txn_id, partitions[0][0])
+                    if mode is _OFF:
+                        break
+                    verdict = rules.registry.passes_locally(txn_id, producer_id, epoch, partitions, clock.wall_ms())
+                    if verdict is None:
+                        break
+                    decided = clock.perf()
+                    self.ledger.passed.append((
+                        self.client_info(), txn_id, producer_id, epoch, version, partitions, verdict, mode,
+                        (started - parsing) * 1000, (decided - started) * 1000,
+                        (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None))
+                    if inventory is not None:
+                        inventory.produce_versions.add(version)
+                        inventory.used_transactions = True
+                        if inventory.first_transactional_id is None:
+                            inventory.first_transactional_id = txn_id
+                    room -= 1
+                    frames_in[_PRODUCE] += 1
+                    bytes_in[_PRODUCE] += 4 + size
+                    entry = InFlight(correlation_id, _PRODUCE, version,
+                                     _REWRITE_ADDRESSES if version >= _ADDRESSES_FROM[_PRODUCE] else _PASS, now)
+                    entry.evidence, entry.evidence_at = verdict.evidence.value, decided
+                    order.append(entry)
+                    forwarded.append(entry)
+                    pos = stop
+                    continue
+                at += 1 if version >= _FIRST_FLEXIBLE_PRODUCE else 2  # the null transactional id
                 if not _I16.unpack_from(data, at)[0]:  # acks=0: no response, never in the queue
                     if inventory is not None:
                         inventory.produce_versions.add(version)
@@ -381,8 +441,8 @@ class Connection:
         The whole read goes to the client as it is; otherwise `receive_from_broker(data, relayed)`.
         A response qualifies when all of it is here, it answers the request at the head of the
         queue (nothing waits before it), passes as it is (no rewrite, no merge, no life-cycle
-        observation), closes no verification window, and no local answer is ready behind it.
-        It gets `_response_started`'s counting. Nothing is taken while a response is half read,
+        observation), and no local answer is ready behind it. It gets `_response_started`'s counting,
+        and the check-to-append window it closes goes to the ledger. Nothing is taken while a response is half read,
         or while an answer may change the connection's state (the in-flight limit reached,
         draining, lingering, SASL raw mode next): the general path does that.
         """
@@ -399,11 +459,12 @@ class Connection:
             entry = forwarded[0]
             stop = pos + 4 + size
             if (size < 4 or stop > end or entry.correlation_id != correlation_id or entry.action is not _PASS
-                    or order[0] is not entry or entry.window is not None
-                    or (len(order) > 1 and order[1].response is not None)):
+                    or order[0] is not entry or (len(order) > 1 and order[1].response is not None)):
                 break
             forwarded.popleft()
             order.popleft()
+            if entry.evidence is not None:
+                self.ledger.windows.append((entry.evidence, (now - entry.evidence_at) * 1000))
             key = entry.api_key
             slot = key if 0 <= key < 127 else 127
             frames_out[slot] += 1
@@ -571,7 +632,7 @@ class Connection:
             self.inventory.request(head, body)
         if self.client_id is None and key != _SASL_HANDSHAKE:
             self.client_id = peek_client_id(body) or ""
-            self._family = None
+            self._family = self._info = None
             out.append(ClientIdentified(self.client_id))
         if self.settings.debug:
             out.append(RequestSeen(key, head.api_version, head.correlation_id))
@@ -709,8 +770,8 @@ class Connection:
             entry.context = decision
         elif addresses.carries_addresses(entry.api_key, entry.api_version):
             entry.action = ResponseAction.REWRITE_ADDRESSES
-        if decision.evidence_at is not None:
-            entry.window = decision
+        if decision.evidence_at is not None and decision.evidence is not None:
+            entry.evidence, entry.evidence_at = decision.evidence, decision.evidence_at
         if expect_response:
             self._forwarded.append(entry)
         return decision.forward
@@ -724,7 +785,7 @@ class Connection:
             return  # the broker will judge the request; we only wanted names for the logs
         self.software_name = str(req.client_software_name)
         self.software_version = str(req.client_software_version)
-        self._family = None
+        self._family = self._info = None
         out.append(ClientSoftware(self.software_name, self.software_version))
 
     def _answer(self, head: RequestHead, response: bytes, reason: str, out: list[Command]) -> None:
@@ -826,16 +887,15 @@ class Connection:
         t, slot = self.traffic, (key if 0 <= key < 127 else 127)
         t.frames_out[slot] += 1
         t.bytes_out[slot] += size + 4
-        # Traffic.round_trip, inlined: this runs once per response.
+        # The round trip, in its bucket (per API key: the last slot takes keys above 126).
         seconds = self._now - entry.sent_at
         buckets = t.rtt_buckets[slot]
         if buckets is None:
             buckets = t.rtt_buckets[slot] = [0] * (len(RTT_BUCKETS) + 1)
         buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
         t.rtt_sum[slot] += seconds
-        decision = entry.window
-        if decision is not None and decision.evidence_at is not None and decision.evidence is not None:
-            out.append(WriteAnswered(decision.evidence, (self.clock.perf() - decision.evidence_at) * 1000))
+        if entry.evidence is not None:
+            self.ledger.windows.append((entry.evidence, (self._now - entry.evidence_at) * 1000))
         self._entry = entry
         self._left = size - 4
         return entry

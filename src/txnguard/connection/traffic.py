@@ -8,8 +8,6 @@ index additions, and the shell's collector turns the arrays into metrics when
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 # Upstream round trip buckets (seconds), the upper bounds of txnguard_upstream_rtt_seconds.
 RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 KEYS = 128  # API keys below this are counted per key (Kafka 4.x uses < 100); the rest share the last slot
@@ -27,14 +25,3 @@ class Traffic:
         # Per API key: counts per bucket (the last is +Inf), not cumulative; and the sum of seconds.
         self.rtt_buckets: list[list[int] | None] = [None] * KEYS
         self.rtt_sum = [0.0] * KEYS
-
-    @staticmethod
-    def slot(api_key: int) -> int:
-        return api_key if 0 <= api_key < KEYS - 1 else KEYS - 1
-
-    def round_trip(self, api_key: int, seconds: float) -> None:
-        buckets = self.rtt_buckets[api_key]
-        if buckets is None:
-            buckets = self.rtt_buckets[api_key] = [0] * (len(RTT_BUCKETS) + 1)
-        buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
-        self.rtt_sum[api_key] += seconds

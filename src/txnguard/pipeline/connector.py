@@ -60,11 +60,6 @@ def spark_version() -> str:
     return metadata.version("pyspark")
 
 
-def package_coordinate() -> str:
-    """What `spark-submit --packages` takes on a cluster."""
-    return f"{GROUP}:{ARTIFACT}:{spark_version()}"
-
-
 def _cache_root() -> Path:
     # The same root as the Kafka jars (txnguard.testing.jars), without importing the test harness.
     return Path(os.environ.get("TXNGUARD_CACHE", Path.home() / ".cache" / "txnguard"))

@@ -16,6 +16,9 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
+from txnguard.connection.ledger import Ledger
+from txnguard.policies.enforcement import Mode
+from txnguard.policies.errors import PRODUCE
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig, ProxyMode
@@ -31,6 +34,7 @@ from txnguard.verification.audit import (
 )
 from txnguard.verification.concurrent import concurrent_retry
 from txnguard.verification.decisions import (
+    FORWARDED,
     HELD_FOR_END_TXN,
     LIFECYCLE_APIS,
     Answer,
@@ -81,7 +85,8 @@ class AuditLog:
     """Every audit record, one JSON text each: a line to a file (appended) or stdout ("-"), and to the
     audit topic's publisher when one is attached (proxy/audit_sink.py; it never blocks)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, on_enabled: Callable[[bool], None] | None = None) -> None:
+        self._on_enabled = on_enabled  # told whether anything reads the records, at start and on attach
         self._out: IO[str] | None
         if path is None:
             self._out = None
@@ -92,22 +97,28 @@ class AuditLog:
         self._sink: AuditPublisher | None = None
         self.proxy_id = ""  # set by Proxy.start, once the bootstrap listener's port is known
         self.written = 0
+        if on_enabled is not None:
+            on_enabled(self.enabled)
 
     def attach(self, sink: AuditPublisher) -> None:
         self._sink = sink
+        if self._on_enabled is not None:
+            self._on_enabled(self.enabled)
 
     @property
     def enabled(self) -> bool:
         return self._out is not None or self._sink is not None
 
     def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        text = json.dumps(record, separators=(",", ":"))
+        if self.enabled:
+            self.write_text(json.dumps(record, separators=(",", ":")), record_key(record))
+
+    def write_text(self, text: str, key: str | None) -> None:
+        """A record already serialised as `write` does it; `key` its record_key."""
         if self._out is not None:
             self._out.write(text + "\n")
         if self._sink is not None:
-            self._sink.publish(record_key(record), text.encode())
+            self._sink.publish(key, text.encode())
         self.written += 1
 
     def connection_closed(self, client: ClientInfo, inventory: ConnectionInventory, reason: str) -> None:
@@ -150,10 +161,15 @@ class TransactionGuard:
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence, auth=config.upstream_auth)
-        self.audit = AuditLog(config.audit_path)
+        self._passed_templates: dict[tuple[Any, ...], tuple[ClientInfo, Verdict, tuple[str, str, str, str]]] = {}
+        self.audit = AuditLog(config.audit_path, on_enabled=self._audit_enabled)
         self.log = logs.get(component="guard")
         metrics.registry_size.set_function(lambda: len(self.registry))
         metrics.end_txn_in_doubt.set_function(lambda: len(self.in_doubt))
+
+    def _audit_enabled(self, enabled: bool) -> None:
+        # Only an audit record shows a decision's thread CPU time: not measured when nobody reads it.
+        self.rules.measures_cpu = enabled
 
     @property
     def policy(self) -> Policy:
@@ -335,6 +351,40 @@ class TransactionGuard:
                     error_name=r.error.name if sent and r.error else None, latency_ms=decision.elapsed_ms,
                     cpu_ms=None, mode=ctx.mode.value, proxy_id=self.audit.proxy_id, client=ctx.client))
 
+    def record_fast(self, ledger: Ledger) -> None:
+        """What a connection core's ledger holds (connection/ledger.py): exactly what `record` does for the
+        `Decided` of a write passed on local evidence (no failed partition: no log line), and the windows."""
+        passed, windows = ledger.take()
+        m = self.metrics
+        child = m.child
+        if passed:
+            inspection = child(m.inspection_time, PRODUCE)
+            audit = self.audit if self.audit.enabled else None
+            for client, txn_id, pid, epoch, version, partitions, v, mode, inspection_ms, elapsed_ms, cpu_ms in passed:
+                inspection.observe(inspection_ms)
+                evidence = v.evidence.value
+                timing = child(m.verification_time, evidence)
+                for _ in partitions:
+                    timing.observe(elapsed_ms)
+                child(m.verifications, evidence, v.outcome.value, FORWARDED).inc(len(partitions))
+                if audit is not None:
+                    time_ms = str(now_ms())
+                    latency = repr(round(elapsed_ms, 4))
+                    cpu = "null" if cpu_ms is None else repr(round(cpu_ms, 4))
+                    templates = self._passed_templates
+                    for topic, index in partitions:
+                        key = (id(client), txn_id, pid, epoch, version, topic, index, id(v), mode, audit.proxy_id)
+                        found = templates.get(key)
+                        if found is None or found[0] is not client or found[1] is not v:
+                            if len(templates) >= _TEMPLATES:
+                                templates.clear()
+                            found = templates[key] = (client, v, _passed_template(
+                                client, txn_id, pid, epoch, version, f"{topic}-{index}", v, mode, audit.proxy_id))
+                        a, b, c, d = found[2]
+                        audit.write_text(f"{a}{time_ms}{b}{latency}{c}{cpu}{d}", txn_id)
+        for evidence, window_ms in windows:
+            child(m.verification_window, evidence).observe(window_ms)
+
     def record(self, decision: Decision, log: Any) -> None:
         """Metrics, a log line per failed partition, and an audit record per partition."""
         ctx = decision.context
@@ -371,6 +421,27 @@ class TransactionGuard:
                     verdict=v, decision=r.decision, error_sent=choice.code if sent and choice else None,
                     error_name=choice.name if sent and choice else None, latency_ms=decision.elapsed_ms,
                     cpu_ms=decision.cpu_ms, mode=ctx.mode.value, proxy_id=self.audit.proxy_id, client=ctx.client))
+
+
+_TEMPLATES = 4096  # audit record templates of passed writes kept (client, producer, partition); then forgotten
+_HOLES = ("\x00time", "\x00latency", "\x00cpu")
+
+
+def _passed_template(client: ClientInfo, txn_id: str, pid: int, epoch: int, version: int, target: str, v: Verdict,
+                     mode: Mode, proxy_id: str) -> tuple[str, str, str, str]:
+    """The audit record of a passed Produce partition as `AuditLog.write` serialises it, cut where the time,
+    the latency and the CPU time go (the rest is the same for every write of this producer to this partition):
+    json.dumps writes an int as str() and a float as repr()."""
+    record = audit_record(time_ms=0, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, api=PRODUCE,
+                          api_version=version, target=target, verdict=v, decision=FORWARDED, error_sent=None,
+                          error_name=None, latency_ms=0.0, cpu_ms=None, mode=mode.value, proxy_id=proxy_id,
+                          client=client)
+    record["time_ms"], record["latency_ms"], record["cpu_ms"] = _HOLES
+    text = json.dumps(record, separators=(",", ":"))
+    a, rest = text.split(json.dumps(_HOLES[0]))
+    b, rest = rest.split(json.dumps(_HOLES[1]))
+    c, d = rest.split(json.dumps(_HOLES[2]))
+    return a, b, c, d
 
 
 def _describe_sent(s: SentEndTxn) -> dict[str, Any]:

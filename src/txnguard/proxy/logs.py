@@ -54,10 +54,5 @@ def configure(level: str = "info", stream: Any = None, render: str = "json") -> 
     )
 
 
-def is_debug(logger: Any) -> bool:
-    """Guard per-request debug lines: building their arguments costs more than skipping them."""
-    return bool(logger.is_enabled_for(logging.DEBUG))
-
-
 def get(**context: Any) -> Any:
     return structlog.get_logger("txnguard").bind(**context)

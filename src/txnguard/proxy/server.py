@@ -385,6 +385,6 @@ class Proxy:
             # Never reached: the age counts from the start, so a proxy that never saw its cluster ages too.
             self.metrics.metadata_age.set(now - (self.last_metadata_ok or self.started_at))
             for s in list(self.sessions):
-                s.check_timers(now)
+                s.check_timers()
             self.guard.housekeeping()
 

@@ -121,7 +121,7 @@ class Session:
             c.Close: self._close_command, c.PauseReading: self._pause_command,
             c.ResumeReading: self._resume_command, c.ClientIdentified: self._client_identified,
             c.ClientSoftware: self._client_software, c.AnsweredLocally: self._answered_locally,
-            c.Rewritten: self._rewritten, c.Decided: self._decided, c.WriteAnswered: self._write_answered,
+            c.Rewritten: self._rewritten, c.Decided: self._decided,
             c.RequestSeen: self._request_seen, c.RawMode: self._raw_mode, c.Authenticated: self._authenticated,
             c.StartTimer: self._start_timer, c.ConcurrentAbsorbed: self._concurrent_absorbed,
         }
@@ -237,8 +237,8 @@ class Session:
         """Stop reading new requests; close once every in-flight response is delivered."""
         self._execute(self.core.drain())
 
-    def check_timers(self, now: float) -> None:
-        """Once a second: the core's timeouts (`now` is unused; the core reads its clock)."""
+    def check_timers(self) -> None:
+        """Once a second: the core's timeouts (the core reads its own clock)."""
         if not self.closed:
             self._execute(self.core.tick())
 
@@ -253,23 +253,35 @@ class Session:
             return
         # The relay's common case: every frame of the read needs no reading, and the read leaves as
         # one write, with no command objects in between.
-        done = self.core.relay_from_client(data)
+        core = self.core
+        done = core.relay_from_client(data)
         if done == len(data):
             upstream.write(data)
+            ledger = core.ledger
+            if ledger.passed or ledger.windows:
+                self.guard.record_fast(ledger)
         else:
-            self._execute(self.core.receive_from_client(data, done))
+            self._execute(core.receive_from_client(data, done))
 
     def from_upstream(self, data: bytes) -> None:
-        done = self.core.relay_from_broker(data)  # as from_client
+        core = self.core
+        done = core.relay_from_broker(data)  # as from_client
         if done == len(data):
             if self.client is not None:  # None only while lingering, when the core relays nothing
                 self.client.write(data)
             if self.proxy.response_observer is not None:
                 self.proxy.response_observer([data])
+            ledger = core.ledger
+            if ledger.passed or ledger.windows:
+                self.guard.record_fast(ledger)
         else:
-            self._execute(self.core.receive_from_broker(data, done))
+            self._execute(core.receive_from_broker(data, done))
 
     def _execute(self, commands: list[c.Command]) -> None:
+        """Record what the core booked in its ledger (it happened before these commands), then run them."""
+        ledger = self.core.ledger
+        if ledger.passed or ledger.windows:
+            self.guard.record_fast(ledger)
         run = self._run
         for command in commands:
             run[type(command)](command)
@@ -369,9 +381,6 @@ class Session:
         log = self.log.debug if command.ending == "absorbed" else self.log.info
         log("concurrent_transactions_" + command.ending, api=api, retries=command.retries,
             waited_ms=round(command.waited_ms, 3))
-
-    def _write_answered(self, command: c.WriteAnswered) -> None:
-        self.metrics.child(self.metrics.verification_window, command.evidence).observe(command.window_ms)
 
     def _request_seen(self, command: c.RequestSeen) -> None:
         self.log.debug("request", api=schemas.api_name(command.api_key), version=command.api_version,

@@ -34,14 +34,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import java_programs, raw
 from txnguard.testing.faults import Action, Direction, Fault, FaultRelay
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyThread
 
-END_TXN = 26
-ADD_PARTITIONS = 24
+END_TXN, ADD_PARTITIONS = ApiKey.END_TXN, ApiKey.ADD_PARTITIONS_TO_TXN
 T2_VALUES = (b"t2-a", b"t2-b", b"t2-c")
 
 

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import java_programs
 from txnguard.testing.faults import Direction, FaultRelay
 
 CONCURRENT_TRANSACTIONS = 51
-ADD_PARTITIONS, ADD_OFFSETS = 24, 25
+ADD_PARTITIONS, ADD_OFFSETS = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN
 FAMILIES = ("java-3.5.2", "confluent-kafka", "kafka-python")
 
 

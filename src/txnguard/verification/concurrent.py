@@ -23,12 +23,10 @@ Pure: the connection core keeps the request and asks its shell for a timer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from kio.schema.errors import ErrorCode
+from txnguard.codecs.api_keys import ApiKey
 
-ADD_PARTITIONS = 24
-ADD_OFFSETS = 25
+ADD_PARTITIONS, ADD_OFFSETS = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN
 ABSORBED_KEYS = frozenset({ADD_PARTITIONS, ADD_OFFSETS})
 
 
@@ -56,18 +54,3 @@ def concurrent_retry(budget_ms: float) -> ConcurrentRetry:
     """The configured absorption (`health.concurrent_transactions_budget_ms`; 0: off)."""
     return ConcurrentRetry(budget_ms=int(budget_ms)) if budget_ms > 0 else NO_ABSORPTION
 
-
-def only_concurrent_transactions(key: int, response: Any) -> bool:
-    """Whether a decoded AddPartitionsToTxn (v0-3) or AddOffsetsToTxn response refuses the whole
-    request with CONCURRENT_TRANSACTIONS."""
-    if key == ADD_OFFSETS:
-        return bool(response.error_code == ErrorCode.concurrent_transactions)
-    if key != ADD_PARTITIONS:
-        return False
-    seen = False
-    for topic in response.results_by_topic_v3_and_below:
-        for partition in topic.results_by_partition:
-            if partition.partition_error_code != ErrorCode.concurrent_transactions:
-                return False
-            seen = True
-    return seen

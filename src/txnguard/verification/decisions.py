@@ -22,9 +22,18 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.codecs.header import peek_request, produce_timeout_ms
+from txnguard.codecs.lifecycle_scan import (
+    TxnRequest,
+    from_kio_request,
+    from_kio_response,
+    read_txn_offset_commit,
+    read_txn_request,
+    read_txn_response,
+)
 from txnguard.codecs.produce import (
     ProducePartition,
     Rejection,
@@ -38,7 +47,7 @@ from txnguard.policies.enforcement import Mode
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT, ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry, only_concurrent_transactions
+from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry
 from txnguard.verification.holds import HoldLimits
 from txnguard.verification.in_doubt import EndTxnLedger, SentEndTxn
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
@@ -53,12 +62,15 @@ from txnguard.verification.timeouts import FIRST_BUMP_VERSION, PRODUCE_REPLIES, 
 
 TopicPartition = tuple[str, int]
 
-# API keys this module reads (the connection core has them as an enum; the layers keep us below it).
-PRODUCE_KEY, INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT_KEY = 0, 22, 24, 25, 26, 28
+# The API keys this module reads (codecs/api_keys.py).
+PRODUCE_KEY, INIT_PRODUCER_ID, TXN_OFFSET_COMMIT_KEY = ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.TXN_OFFSET_COMMIT
+ADD_PARTITIONS, ADD_OFFSETS, END_TXN = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN
 OBSERVED = frozenset({INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN})
 LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch shape
 # The requests the KAFKA-17754 defence holds (their Decision's context.api).
 HELD_FOR_END_TXN = frozenset({"AddPartitionsToTxn", "AddOffsetsToTxn"})
+
+FORWARDED = "forwarded"  # a VerdictRecord's decision when the partition passed
 
 # From least to most exposed to a change between check and append.
 _EVIDENCE_ORDER = ("local", "cache", "leader", "coordinator", "request")
@@ -185,6 +197,9 @@ class TransactionRules:
         self.holds = holds or HoldLimits()
         self.concurrent = concurrent or ConcurrentRetry()
         self.offsets_partitions: int | None = None
+        # A decision taken without waiting carries its thread CPU time (`Decision.cpu_ms`), which only the
+        # audit record shows; a thread CPU clock read costs ~2 us, so the shell turns this off with no audit.
+        self.measures_cpu = True
 
     # -- which requests -----------------------------------------------------------------------------
 
@@ -203,18 +218,22 @@ class TransactionRules:
         An EndTxn is written down as in doubt until its answer (its `SentEndTxn` is what comes back)."""
         if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
             return None
-        try:
-            _, req = schemas.decode_request(body)
-        except BoundsExceeded:
-            raise  # sizes the frame cannot hold: the broker closes such a connection, and so do we
-        except CodecError:
-            return None  # values kio refuses (an unknown tag, say): the broker judges; we only watch
+        req = read_txn_request(body, peek_request(body))  # in place; kio for what it cannot read plainly
+        if req is None:
+            try:
+                _, decoded = schemas.decode_request(body)
+            except BoundsExceeded:
+                raise  # sizes the frame cannot hold: the broker closes such a connection, and so do we
+            except CodecError:
+                return None  # values kio refuses (an unknown tag, say): the broker judges; we only watch
+            req = from_kio_request(key, decoded)
         if key == END_TXN:
-            txn_id, producer_id, epoch = str(req.transactional_id), int(req.producer_id), int(req.producer_epoch)
-            self.registry.end_txn(txn_id, producer_id, epoch, now_ms)
+            txn_id = str(req.transactional_id)
+            self.registry.end_txn(txn_id, req.producer_id, req.producer_epoch, now_ms)
             if self.in_doubt is None:
                 return None  # EndTxn takes effect when sent: its answer changes nothing in the registry
-            return self.in_doubt.sent(txn_id, producer_id, epoch, bool(req.committed), connection_id, now_ms)
+            return self.in_doubt.sent(txn_id, req.producer_id, req.producer_epoch, req.committed, connection_id,
+                                      now_ms)
         return req
 
     def observe_response(self, key: int, version: int, request: Any, body: memoryview, now_ms: int) -> bool:
@@ -227,36 +246,30 @@ class TransactionRules:
             if self.in_doubt is not None:
                 self.in_doubt.answered(request)
             return False
-        try:
-            _, resp = schemas.decode_response(body, key, version)
-        except Exception:  # noqa: BLE001
-            return False
+        resp = read_txn_response(body, key, version)  # in place; kio for what it cannot read plainly
+        if resp is None:
+            try:
+                _, decoded = schemas.decode_response(body, key, version)
+            except Exception:  # noqa: BLE001
+                return False
+            resp = from_kio_response(key, decoded)
+        req: TxnRequest = request
         if key == INIT_PRODUCER_ID:
-            if resp.error_code == ErrorCode.none and request.transactional_id:
-                timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
-                self.registry.init_producer_id(str(request.transactional_id), int(resp.producer_id),
-                                               int(resp.producer_epoch), timeout_ms, now_ms)
+            if resp.error_code == ErrorCode.none and req.transactional_id:
+                self.registry.init_producer_id(req.transactional_id, resp.producer_id, resp.producer_epoch,
+                                               req.transaction_timeout_ms, now_ms)
                 if self.in_doubt is not None:
                     # A new epoch fences every EndTxn of the old one: none of them can land any more.
-                    self.in_doubt.fenced(str(request.transactional_id), int(resp.producer_id),
-                                         int(resp.producer_epoch))
+                    self.in_doubt.fenced(req.transactional_id, resp.producer_id, resp.producer_epoch)
         elif key == ADD_PARTITIONS:
-            added = self.added_partitions(resp)
-            if added:
-                self.registry.added(str(request.v3_and_below_transactional_id),
-                                    int(request.v3_and_below_producer_id),
-                                    int(request.v3_and_below_producer_epoch), now_ms, partitions=added)
+            # What counts as added: the partitions an AddPartitionsToTxn (v0-3) answer accepted.
+            if resp.accepted:
+                self.registry.added(str(req.transactional_id), req.producer_id, req.producer_epoch, now_ms,
+                                    partitions=resp.accepted)
         elif key == ADD_OFFSETS and resp.error_code == ErrorCode.none:
-            self.registry.added(str(request.transactional_id), int(request.producer_id), int(request.producer_epoch),
-                                now_ms, group=str(request.group_id))
-        return key in ABSORBED_KEYS and only_concurrent_transactions(key, resp)
-
-    @staticmethod
-    def added_partitions(resp: Any) -> set[TopicPartition]:
-        """What counts as added: the partitions an AddPartitionsToTxn (v0-3) answer accepted."""
-        return {(str(r.name), int(p.partition_index))
-                for r in resp.results_by_topic_v3_and_below for p in r.results_by_partition
-                if p.partition_error_code == ErrorCode.none}
+            self.registry.added(str(req.transactional_id), req.producer_id, req.producer_epoch, now_ms,
+                                group=req.group_id)
+        return key in ABSORBED_KEYS and resp.all_concurrent
 
     # -- the KAFKA-17754 defence: no new transaction while an EndTxn is in doubt ---------------------------
 
@@ -266,13 +279,8 @@ class TransactionRules:
         in the transaction it opens; None: forward it. See verification/in_doubt.py."""
         if self.in_doubt is None or not self.in_doubt.limits.enabled:
             return None
-        if key == ADD_PARTITIONS:
-            txn_id, producer_id, epoch = (str(request.v3_and_below_transactional_id),
-                                          int(request.v3_and_below_producer_id),
-                                          int(request.v3_and_below_producer_epoch))
-        else:
-            txn_id, producer_id, epoch = str(request.transactional_id), int(request.producer_id), \
-                int(request.producer_epoch)
+        req: TxnRequest = request
+        txn_id, producer_id, epoch = str(req.transactional_id), req.producer_id, req.producer_epoch
         if self.in_doubt.blocking(txn_id, producer_id, epoch, connection_id, clock.wall_ms()) is None:
             return None
         started = clock.perf()
@@ -302,7 +310,8 @@ class TransactionRules:
             return Decision(forward=ctx.frame, context=ctx, elapsed_ms=elapsed)
         header = peek_request(ctx.frame[4:])
         key = ADD_PARTITIONS if ctx.api == "AddPartitionsToTxn" else ADD_OFFSETS
-        response = add_to_txn_error(key, ctx.api_version, header.correlation_id, ctx.request,
+        _, request = schemas.decode_request(ctx.frame[4:])  # kio: the answer is built from the request
+        response = add_to_txn_error(key, ctx.api_version, header.correlation_id, request,
                                     ErrorCode.concurrent_transactions)
         return Decision(forward=None, local_response=response, context=ctx, elapsed_ms=elapsed,
                         local_reason="end_txn_in_doubt")
@@ -320,7 +329,7 @@ class TransactionRules:
         scanned_id, partitions = scan_produce(body, peek_request(body))
         txn_id = str(scanned_id)
         # As in Kafka (AddPartitionsToTxnManager), verification starts once the request is parsed.
-        started, on_cpu = clock.perf(), clock.cpu()
+        started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, partitions[0].topic if partitions else None)
         if mode is Mode.OFF:
             return Decision(forward=frame)
@@ -338,24 +347,32 @@ class TransactionRules:
             return PendingCheck(ctx, question, started, dict(plan.verdicts))
         # Decided without waiting: the thread's CPU time tells the proxy's own cost apart from
         # time the host's scheduler gave to other processes (both are in the audit record).
-        return self.decide(ctx, plan.verdicts, started, clock, cpu_ms=(clock.cpu() - on_cpu) * 1000)
+        return self.decide(ctx, plan.verdicts, started, clock,
+                           cpu_ms=(clock.cpu() - on_cpu) * 1000 if self.measures_cpu else None)
 
     def check_txn_offset_commit(self, frame: memoryview, version: int, client: ClientInfo,
                                 clock: Clock) -> Decision | PendingCheck:
         parsing = clock.perf()
-        header, req = schemas.decode_request(frame[4:])
-        txn_id, group = str(req.transactional_id), str(req.group_id)
-        started, on_cpu = clock.perf(), clock.cpu()
+        body = frame[4:]
+        found = read_txn_offset_commit(body, peek_request(body))  # in place; kio for what it cannot read plainly
+        if found is not None:
+            header, req = None, None  # decoded by ctx.decoded() if a rejection must answer it
+            txn_id, group, pid, epoch = found.transactional_id, found.group_id, found.producer_id, found.producer_epoch
+        else:
+            header, req = schemas.decode_request(body)
+            txn_id, group, pid, epoch = str(req.transactional_id), str(req.group_id), int(req.producer_id), \
+                int(req.producer_epoch)
+        started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
         if mode is Mode.OFF:
             return Decision(forward=frame)
-        ctx = RequestContext(TXN_OFFSET_COMMIT, version, txn_id, int(req.producer_id), int(req.producer_epoch),
-                             mode, frame, header, req, client, group=group, inspection_ms=(started - parsing) * 1000)
+        ctx = RequestContext(TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, mode, frame, header, req, client,
+                             group=group, inspection_ms=(started - parsing) * 1000)
         if self.offsets_partitions is None:
             return PendingCheck(ctx, Question(txn_id, ctx.producer_id, ctx.producer_epoch, (),
                                               offsets_partitions=True), started)
         decided = self._group_verdict(ctx, started, clock)
-        if isinstance(decided, Decision):
+        if isinstance(decided, Decision) and self.measures_cpu:
             decided.cpu_ms = (clock.cpu() - on_cpu) * 1000
         return decided
 
@@ -412,7 +429,7 @@ class TransactionRules:
         for tp, v in verdicts.items():
             target = f"group:{ctx.group}" if ctx.group is not None else f"{tp[0]}-{tp[1]}"
             if v.passed:
-                records.append(VerdictRecord(target, v, "forwarded", None, False))
+                records.append(VerdictRecord(target, v, FORWARDED, None, False))
                 continue
             enforce = ctx.mode is Mode.ENFORCE
             choice = self._timed_out_write(ctx, v, clock) or \
@@ -483,7 +500,7 @@ class TransactionRules:
                 return Decision(forward=frame, observe=self._end_txn_sent(txn_id, pid, epoch, bool(req.committed),
                                                                           client.connection_id, now_ms))
         elif candidate is None:
-            return Decision(forward=frame, observe=req)
+            return Decision(forward=frame, observe=from_kio_request(key, req))
         ctx = RequestContext(_LIFECYCLE_API[key], version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req,
                              client)
         return PendingCheck(ctx, Question(txn_id, pid, epoch, (), describe_only=True), started)
@@ -511,10 +528,11 @@ class TransactionRules:
                                                  context=ctx), why, f"{reply.why}: answered {choice.name}", choice,
                                         started, clock)
         if why is None:
-            return Decision(forward=ctx.frame, observe=req)
+            return Decision(forward=ctx.frame, observe=from_kio_request(INIT_PRODUCER_ID, req))
         # The coordinator's own compare-and-set decides: it bumps E+1 to E+2 only if E+1 is current.
         bumped = replace(req, producer_epoch=i16(ctx.producer_epoch + 1))
-        return self._timeout_record(Decision(forward=schemas.encode(ctx.header, bumped), observe=req, context=ctx),
+        return self._timeout_record(Decision(forward=schemas.encode(ctx.header, bumped),
+                                             observe=from_kio_request(INIT_PRODUCER_ID, req), context=ctx),
                                     why, f"InitProducerId sent with the coordinator's epoch {ctx.producer_epoch + 1}",
                                     None, started, clock)
 
@@ -543,6 +561,6 @@ class TransactionRules:
 
 END_TXN_API, INIT_PRODUCER_ID_API = "end_txn", "init_producer_id"
 LAST_END_TXN_VERSION_BEFORE_TV2 = 4
-_LIFECYCLE_API = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
+_LIFECYCLE_API: dict[int, str] = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
 LIFECYCLE_APIS = frozenset(_LIFECYCLE_API.values())
 TIMEOUT_RECOVERED = "timeout_recovered"  # the audit record's decision for a KIP-588 rewrite

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import struct
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import RequestHead, read_uvarint, request_body_offset
 from txnguard.codecs.schemas import request_header_version
 
-PRODUCE, INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 0, 22, 24, 25, 26, 28
+PRODUCE, INIT_PRODUCER_ID, TXN_OFFSET_COMMIT = ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.TXN_OFFSET_COMMIT
+ADD_PARTITIONS, ADD_OFFSETS, END_TXN = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN
 # Requests whose body starts with the transactional id, up to the last version that does
 # (AddPartitionsToTxn v4+ is the broker-to-coordinator batch: a list of transactions first).
-_TXN_ID_FIRST = {INIT_PRODUCER_ID: None, ADD_PARTITIONS: 3, ADD_OFFSETS: None, END_TXN: None,
+_TXN_ID_FIRST: dict[int, int | None] = {INIT_PRODUCER_ID: None, ADD_PARTITIONS: 3, ADD_OFFSETS: None, END_TXN: None,
                  TXN_OFFSET_COMMIT: None}
 _INT16 = struct.Struct(">h")
 

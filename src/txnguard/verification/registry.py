@@ -251,6 +251,23 @@ class Registry:
             return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
         return None
 
+    def passes_locally(self, txn_id: str, producer_id: int, epoch: int, tps: list[TopicPartition],
+                       now_ms: int) -> Verdict | None:
+        """The verdict `local_verdict` gives every partition of `tps` when each of them passes (one verdict
+        for all: they share the transaction's record), else None (the general path decides).
+
+        The relay's fast path asks this once per transactional Produce: one record lookup, then one set
+        lookup per partition."""
+        rec = self._records.get(txn_id)
+        if rec is None or rec.producer_id != producer_id or rec.producer_epoch != epoch \
+                or rec.phase is not Phase.ONGOING or not self._fresh(rec, now_ms):
+            return None
+        partitions = rec.partitions
+        for tp in tps:
+            if tp not in partitions:
+                return None
+        return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
+
     def _fresh(self, rec: TxnRecord, now_ms: int) -> bool:
         return self._within_ttl(rec.coordinator_seen_ms if rec.coordinator_seen_ms is not None else rec.last_seen_ms,
                                 now_ms)

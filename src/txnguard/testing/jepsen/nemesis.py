@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import bounce, kafka, raw
 from txnguard.testing.faults import Action, Direction, Fault, FaultRelay
 from txnguard.testing.jepsen.history import History
@@ -38,7 +39,7 @@ from txnguard.testing.proxy import ProxyProcess
 # Broker faults apart: a pause right before a kill can leave one replica in sync, and then a min.isr of 2
 # (transaction state log, the workload's topics) refuses every write until a follower catches up.
 KINDS = ("delay", "broker-pause", "hold-endtxn", "reset", "broker-kill", "bandwidth", "proxy-kill")
-END_TXN = 26
+END_TXN = ApiKey.END_TXN
 
 
 class Gateway:

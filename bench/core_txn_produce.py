@@ -1,0 +1,154 @@
+"""What does one transactional Produce with local evidence cost the proxy's CPU? The core alone, and the core
+with the shell's recording (metrics, the audit record), no sockets, no event loop.
+
+Run: `.venv/bin/python bench/core_txn_produce.py [--requests 20000] [--rounds 7] [--partitions 1] [--audit]`
+
+One connection core plays what a transactional producer sends once its transaction is open: a Produce v9 of
+one 512-byte record per partition (the registry saw the partitions added: local evidence) and the broker's
+answer, each read as the shell calls the core (`relay_from_*` first, `receive_from_*` with what it left).
+"recorded" adds what the shell then does with the commands and the fast path's ledger (the guard's metrics
+and, with --audit, an audit record per partition written to /dev/null). Prints thread CPU per request,
+median of rounds; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16, i32, i64
+
+from txnguard.codecs import schemas
+from txnguard.connection import commands as c
+from txnguard.connection.core import Connection, Settings
+from txnguard.policies.policy import policy_from_config
+from txnguard.proxy.config import ProxyConfig
+from txnguard.proxy.guard import SystemClock, TransactionGuard
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.testing.raw import build_batch
+from txnguard.verification.inventory import ConnectionInventory
+
+TXN, PID, EPOCH, TOPIC = "bench", 7, 0, "orders"
+
+
+def _mod(cls: Any) -> Any:
+    import sys
+    return sys.modules[cls.__module__]
+
+
+def pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
+    pm, pr = _mod(schemas.request_schema(0, 9)), _mod(schemas.response_schema(0, 9))
+    batch = build_batch([b"v" * 512], producer_id=PID, producer_epoch=EPOCH, base_sequence=0, transactional=True,
+                        timestamp=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    req = schemas.encode_request(pm.ProduceRequest(
+        transactional_id=TXN, acks=i16(-1), timeout=datetime.timedelta(seconds=30),
+        topic_data=(pm.TopicProduceData(name=TOPIC, partition_data=tuple(
+            pm.PartitionProduceData(index=i32(p), records=batch) for p in range(partitions))),)), cid, "bench")
+    resp = schemas.encode(schemas.response_header_for(0, 9, cid), pr.ProduceResponse(responses=(
+        pr.TopicProduceResponse(name=TOPIC, partition_responses=tuple(pr.PartitionProduceResponse(
+            index=i32(p), error_code=ErrorCode.none, base_offset=i64(0), log_append_time=None,
+            log_start_offset=i64(0), record_errors=(), error_message=None) for p in range(partitions))),),
+        throttle_time=datetime.timedelta(0)))
+    return req, resp
+
+
+class _Log:
+    def info(self, *a: Any, **k: Any) -> None:
+        pass
+
+
+def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, float]:
+    """Seconds of thread CPU per Produce: (the request, its response). Requests go in runs of 90 (the
+    in-flight limit is 100), then their responses, each run timed as a whole."""
+    metrics = ProxyMetrics()
+    guard = TransactionGuard(ProxyConfig(audit_path="/dev/null" if audit else None), metrics, policy_from_config({}),
+                             None)
+    now = int(time.time() * 1000)
+    guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, now)
+    guard.registry.added(TXN, PID, EPOCH, now, partitions={(TOPIC, p) for p in range(partitions)})
+    conn = Connection(Settings(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
+                               max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
+                      guard.rules, _Cluster(), SystemClock(), metrics.traffic, ConnectionInventory("c", now))
+    log = _Log()
+
+    def execute(commands: list[c.Command]) -> None:
+        for command in commands:
+            if isinstance(command, c.Decided):
+                guard.record(command.decision, log)
+            elif isinstance(command, c.WriteAnswered):
+                metrics.child(metrics.verification_window, command.evidence).observe(command.window_ms)
+
+    flush = getattr(guard, "record_fast", None)
+    conn.receive_from_client(pair(0, partitions)[0])  # the first request names the client
+    conn.receive_from_broker(pair(0, partitions)[1])
+    pairs = [pair(cid, partitions) for cid in range(1, 91)]
+    ledger = getattr(conn, "ledger", None)  # absent before the fast path for transactional writes
+    requests_s = responses_s = 0.0
+    for _ in range(n // len(pairs)):
+        started = time.thread_time()
+        for req, _resp in pairs:
+            done = conn.relay_from_client(req)
+            out = [] if done == len(req) else conn.receive_from_client(req, done)
+            if recorded:
+                if flush is not None and ledger is not None and (ledger.passed or ledger.windows):
+                    flush(ledger)
+                execute(out)
+        middle = time.thread_time()
+        for _req, resp in pairs:
+            done = conn.relay_from_broker(resp)
+            out = [] if done == len(resp) else conn.receive_from_broker(resp, done)
+            if recorded:
+                if flush is not None and ledger is not None and (ledger.passed or ledger.windows):
+                    flush(ledger)
+                execute(out)
+        requests_s += middle - started
+        responses_s += time.thread_time() - middle
+    assert not conn.closed and conn.in_flight == 0
+    done_n = n // len(pairs) * len(pairs)
+    return requests_s / done_n, responses_s / done_n
+
+
+class _Cluster:
+    from txnguard.codecs.api_versions import VersionPolicy
+    version_policy = VersionPolicy()
+
+    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        return host, port
+
+    def learn_brokers(self, found: Any) -> None:
+        pass
+
+    def remember_broker_api_versions(self, body: Any) -> None:
+        pass
+
+    def advertised_api_versions(self) -> list[tuple[int, int, int]]:
+        return []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--audit", action="store_true", help="write audit records (to /dev/null)")
+    args = ap.parse_args()
+    results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for _ in range(args.rounds):
+        for recorded in (False, True):
+            results[recorded].append(run(args.requests, args.partitions, recorded, args.audit))
+    print(f"{args.requests} transactional Produce v9 ({args.partitions} partition(s), local evidence) x "
+          f"{args.rounds} rounds, thread CPU per request, per response and both, median (min-max) of rounds:")
+    for recorded, name in ((False, "core alone"), (True, "core + recording" + (" + audit" if args.audit else ""))):
+        line = f"  {name:26s}"
+        for what, pick in (("request", lambda x: x[0]), ("response", lambda x: x[1]), ("both", sum)):
+            r = [pick(x) * 1e6 for x in results[recorded]]
+            line += f"  {what} {statistics.median(r):6.2f} us ({min(r):.1f}-{max(r):.1f})"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

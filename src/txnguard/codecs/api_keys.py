@@ -1,0 +1,26 @@
+"""The Kafka API keys txnguard reads or rewrites: declared once, here (every other module names them from this).
+
+Any other key is relayed untouched and stays a plain int.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    INIT_PRODUCER_ID = 22
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
+    SASL_AUTHENTICATE = 36
+    DESCRIBE_CLUSTER = 60
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79

@@ -1,0 +1,33 @@
+"""What the relay decided and saw without commands, in plain values, for the shell to record in batches.
+
+The relay's fast path takes a transactional Produce whose partitions all have local evidence
+without leaving its loop: no `Decided` command, no `Decision` object. What the general path's
+`Decided` would have made the shell record (metrics, an audit record per partition) goes into
+the connection's ledger as one tuple instead, and every closed check-to-append window (either
+path's) as an (evidence, milliseconds) pair. The shell takes the ledger after each call into the
+core, before that call's commands, so records keep the order of the requests.
+"""
+
+from __future__ import annotations
+
+from txnguard.policies.enforcement import Mode
+from txnguard.verification.audit import ClientInfo
+from txnguard.verification.outcomes import Verdict
+
+# A transactional Produce passed on local evidence: (client, transactional id, producer id, producer epoch,
+# api version, partitions, the verdict every partition got, mode, inspection ms, verification ms, cpu ms or
+# None when not measured). Its `Decision` would have had one "forwarded" record per partition.
+Passed = tuple[ClientInfo, str, int, int, int, list[tuple[str, int]], Verdict, Mode, float, float, float | None]
+
+
+class Ledger:
+    __slots__ = ("passed", "windows")
+
+    def __init__(self) -> None:
+        self.passed: list[Passed] = []
+        self.windows: list[tuple[str, float]] = []  # (evidence, check-to-append window ms) per answered write
+
+    def take(self) -> tuple[list[Passed], list[tuple[str, float]]]:
+        passed, windows = self.passed, self.windows
+        self.passed, self.windows = [], []
+        return passed, windows

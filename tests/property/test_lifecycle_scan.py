@@ -1,0 +1,195 @@
+"""The in-place readers of the transaction life cycle and TxnOffsetCommit (`lifecycle_scan`) read what kio reads:
+for requests and
+answers built with kio, every version the readers take, the same `TxnRequest` / `TxnResponse`; and for mutated
+bytes, whenever a reader answers, kio (after its bounds check) decodes the frame and gives the same."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16, i32, i64
+
+from txnguard.codecs import schemas
+from txnguard.codecs.errors import CodecError
+from txnguard.codecs.header import peek_request
+from txnguard.codecs.lifecycle_scan import (
+    TxnOffsetCommit,
+    from_kio_request,
+    from_kio_response,
+    read_txn_offset_commit,
+    read_txn_request,
+    read_txn_response,
+)
+
+VERSIONS = {22: range(0, 6), 24: range(0, 4), 25: range(0, 5), 26: range(0, 5)}
+NAMES = st.sampled_from(["app", "", "é" * 3, "t" * 130])
+CODES = st.sampled_from([ErrorCode.none, ErrorCode.concurrent_transactions, ErrorCode.invalid_txn_state])
+
+
+def _module(schema: Any) -> Any:
+    return sys.modules[schema.__module__]
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[int, int, bytes]:
+    key = draw(st.sampled_from(sorted(VERSIONS)))
+    version = draw(st.sampled_from(VERSIONS[key]))
+    cls = schemas.request_schema(key, version)
+    m = _module(cls)
+    pid, epoch = i64(draw(st.integers(-1, 2**40))), i16(draw(st.integers(-1, 3)))
+    if key == 22:
+        kw: dict[str, Any] = {"transactional_id": draw(st.one_of(st.none(), NAMES)),
+                              "transaction_timeout": datetime.timedelta(milliseconds=draw(st.integers(0, 900_000)))}
+        if version >= 3:
+            kw |= {"producer_id": pid, "producer_epoch": epoch}
+        body = cls(**kw)
+    elif key == 24:
+        topics = tuple(m.AddPartitionsToTxnTopic(name=draw(NAMES) + str(t), partitions=tuple(
+            i32(p) for p in draw(st.lists(st.integers(0, 200), max_size=3))))
+            for t in range(draw(st.integers(0, 3))))
+        body = cls(v3_and_below_transactional_id=draw(NAMES), v3_and_below_producer_id=pid,
+                   v3_and_below_producer_epoch=epoch, v3_and_below_topics=topics)
+    elif key == 25:
+        body = cls(transactional_id=draw(NAMES), producer_id=pid, producer_epoch=epoch, group_id=draw(NAMES))
+    else:
+        body = cls(transactional_id=draw(NAMES), producer_id=pid, producer_epoch=epoch, committed=draw(st.booleans()))
+    return key, version, schemas.encode_request(body, 5, draw(st.sampled_from(["c", "client-é"])))
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> tuple[int, int, bytes]:
+    key = draw(st.sampled_from([22, 24, 25]))
+    version = draw(st.sampled_from(VERSIONS[key]))
+    cls = schemas.response_schema(key, version)
+    m = _module(cls)
+    throttle = datetime.timedelta(milliseconds=draw(st.integers(0, 1000)))
+    if key == 22:
+        body = cls(throttle_time=throttle, error_code=draw(CODES), producer_id=i64(draw(st.integers(-1, 2**40))),
+                   producer_epoch=i16(draw(st.integers(-1, 3))))
+    elif key == 24:
+        results = tuple(m.AddPartitionsToTxnTopicResult(name=draw(NAMES) + str(t), results_by_partition=tuple(
+            m.AddPartitionsToTxnPartitionResult(partition_index=i32(p), partition_error_code=draw(CODES))
+            for p in draw(st.lists(st.integers(0, 200), max_size=3))))
+            for t in range(draw(st.integers(0, 3))))
+        body = cls(throttle_time=throttle, results_by_topic_v3_and_below=results)
+    else:
+        body = cls(throttle_time=throttle, error_code=draw(CODES))
+    return key, version, schemas.encode(schemas.response_header_for(key, version, 5), body)
+
+
+def _kio_request(frame: bytes) -> Any:
+    _, req = schemas.decode_request(frame[4:])
+    return req
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_a_request_reads_as_kio_reads_it(built: tuple[int, int, bytes]) -> None:
+    key, _, frame = built
+    body = memoryview(frame)[4:]
+    found = read_txn_request(body, peek_request(body))
+    assert found is not None  # kio wrote it plainly: no tags, nothing left over
+    assert found == from_kio_request(key, _kio_request(frame))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(responses())
+def test_an_answer_reads_as_kio_reads_it(built: tuple[int, int, bytes]) -> None:
+    key, version, frame = built
+    found = read_txn_response(memoryview(frame)[4:], key, version)
+    assert found is not None
+    assert found == from_kio_response(key, schemas.decode_response(frame[4:], key, version)[1])
+
+
+def _mutated(frame: bytes, data: st.DataObject) -> bytes:
+    out = bytearray(frame)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(8, len(out) - 1))  # past the length, the key and the version
+        out[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        out = out[:data.draw(st.integers(8, len(out)))]
+    return bytes(out)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests(), st.data())
+def test_a_mutated_request_is_read_only_as_kio_reads_it(built: tuple[int, int, bytes], data: st.DataObject) -> None:
+    key, _, frame = built
+    mutated = _mutated(frame, data)
+    body = memoryview(mutated)[4:]
+    try:
+        found = read_txn_request(body, peek_request(body))
+    except CodecError:
+        return
+    if found is not None:
+        assert found == from_kio_request(key, _kio_request(mutated))  # kio raises nothing on it either
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(responses(), st.data())
+def test_a_mutated_answer_is_read_only_as_kio_reads_it(built: tuple[int, int, bytes], data: st.DataObject) -> None:
+    key, version, frame = built
+    mutated = _mutated(frame, data)
+    found = read_txn_response(memoryview(mutated)[4:], key, version)
+    if found is not None:
+        assert found == from_kio_response(key, schemas.decode_response(mutated[4:], key, version)[1])
+
+
+@st.composite
+def txn_offset_commits(draw: st.DrawFn) -> bytes:
+    version = draw(st.integers(0, 4))
+    cls = schemas.request_schema(28, version)
+    m = _module(cls)
+
+    def partition(p: int) -> Any:
+        kw: dict[str, Any] = {"partition_index": i32(p), "committed_offset": i64(draw(st.integers(-1, 2**40))),
+                              "committed_metadata": draw(st.one_of(st.none(), NAMES))}
+        if version >= 2:
+            kw["committed_leader_epoch"] = i32(draw(st.integers(-1, 5)))
+        return m.TxnOffsetCommitRequestPartition(**kw)
+
+    topics = tuple(m.TxnOffsetCommitRequestTopic(name=draw(NAMES) + str(t), partitions=tuple(
+        partition(p) for p in draw(st.lists(st.integers(0, 50), max_size=3)))) for t in range(draw(st.integers(0, 2))))
+    kw: dict[str, Any] = {"transactional_id": draw(NAMES), "group_id": draw(NAMES),
+                          "producer_id": i64(draw(st.integers(-1, 2**40))),
+                          "producer_epoch": i16(draw(st.integers(-1, 3))), "topics": topics}
+    if version >= 3:
+        kw |= {"generation_id": i32(draw(st.integers(-1, 9))), "member_id": draw(NAMES),
+               "group_instance_id": draw(st.one_of(st.none(), NAMES))}
+    return schemas.encode_request(cls(**kw), 5, "c")
+
+
+def _offset_commit(frame: bytes) -> tuple[Any, Any]:
+    """(in place, kio) of a TxnOffsetCommit frame: kio's as the same fields, or the error it raises."""
+    body = memoryview(frame)[4:]
+    try:
+        found = read_txn_offset_commit(body, peek_request(body))
+    except CodecError:
+        found = None
+    try:
+        req = _kio_request(frame)
+        kio: Any = TxnOffsetCommit(str(req.transactional_id), str(req.group_id), int(req.producer_id),
+                                   int(req.producer_epoch))
+    except CodecError as e:
+        kio = e
+    return found, kio
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(txn_offset_commits())
+def test_a_txn_offset_commit_reads_as_kio_reads_it(frame: bytes) -> None:
+    found, kio = _offset_commit(frame)
+    assert found is not None and found == kio
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(txn_offset_commits(), st.data())
+def test_a_mutated_txn_offset_commit_is_read_only_as_kio_reads_it(frame: bytes, data: st.DataObject) -> None:
+    found, kio = _offset_commit(_mutated(frame, data))
+    if found is not None:
+        assert found == kio  # kio raises nothing on it either

@@ -1,0 +1,195 @@
+"""What the proxy records of transactional writes is the same whether the relay's fast path checked them in
+place (the core's ledger, `TransactionGuard.record_fast`) or the general path did (`Decided`, `record`): every
+metric sample and every audit record, over the same traffic. The shell's part is played as proxy/session.py
+does it: the fast call first, the ledger recorded before a call's commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from connection_playbook import (
+    EPOCH,
+    PID,
+    T0,
+    T1,
+    TXN,
+    FakeClock,
+    FakeCluster,
+    heartbeat,
+    heartbeat_response,
+    produce,
+    produce_response,
+)
+
+from txnguard.connection import commands as c
+from txnguard.connection.core import Connection, Settings
+from txnguard.policies.policy import policy_from_config
+from txnguard.proxy.config import ProxyConfig
+from txnguard.proxy.guard import TransactionGuard
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.decisions import Answer
+from txnguard.verification.inventory import ConnectionInventory
+from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+
+T2 = ("audit.events", 0)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **kw: Any) -> None:
+        self.lines.append((event, kw))
+
+
+class _Shell:
+    """proxy/session.py's handling of one connection, without sockets."""
+
+    def __init__(self, tmp: Path, name: str, fast: bool, policy: dict[str, Any]) -> None:
+        self.audit_path = tmp / f"{name}.jsonl"
+        self.metrics = ProxyMetrics()
+        self.guard = TransactionGuard(ProxyConfig(audit_path=str(self.audit_path)), self.metrics,
+                                      policy_from_config(policy), None)
+        clock = FakeClock()
+        self.guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, clock.wall_ms())
+        self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), partitions={T0, T1, T2})
+        self.core = Connection(Settings(connection_id=1, listener="bootstrap", max_frame_bytes=1 << 20,
+                                        pre_auth_max_frame_bytes=None, max_in_flight=100, partial_frame_timeout_s=30.0,
+                                        idle_timeout_s=600.0, fast_path=fast),
+                               self.guard.rules, FakeCluster(), clock, self.metrics.traffic,
+                               ConnectionInventory("client", 0))
+        self.log = _Log()
+        self.asked: list[c.Ask] = []
+        self.sent = {c.SendToBroker: b"", c.SendToClient: b""}  # every byte to each side
+
+    def _execute(self, commands: list[c.Command]) -> None:
+        ledger = self.core.ledger
+        if ledger.passed or ledger.windows:
+            self.guard.record_fast(ledger)
+        for command in commands:
+            if isinstance(command, c.Decided):
+                self.guard.record(command.decision, self.log)
+            elif isinstance(command, c.Ask):
+                self.asked.append(command)
+            elif isinstance(command, c.SendToBroker | c.SendToClient):
+                self.sent[type(command)] += b"".join(bytes(b) for b in command.data)
+
+    def from_client(self, data: bytes) -> None:
+        done = self.core.relay_from_client(data)
+        if done == len(data):
+            self.sent[c.SendToBroker] += data
+            self._execute([])
+        else:
+            self._execute(self.core.receive_from_client(data, done))
+
+    def from_broker(self, data: bytes) -> None:
+        done = self.core.relay_from_broker(data)
+        if done == len(data):
+            self.sent[c.SendToClient] += data
+            self._execute([])
+        else:
+            self._execute(self.core.receive_from_broker(data, done))
+
+    def samples(self) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                      for metric in self.metrics.registry.collect() for s in metric.samples
+                      if not s.name.endswith("_created"))
+
+    def audit(self) -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in self.audit_path.read_text().splitlines()]
+        for r in records:
+            del r["time_ms"]  # the wall clock of the run
+        return records
+
+
+def _play(shell: _Shell) -> None:
+    shell.from_client(heartbeat(0))  # names the client: the fast path starts after it
+    shell.from_broker(heartbeat_response(0))
+    cid = 1
+    for i in range(30):
+        parts = [[T0], [T0, T1], [T2], [T1, T2]][i % 4]
+        requests = [produce(cid, parts, version=3 + i % 9), heartbeat(cid + 1)]
+        answers = [produce_response(cid, parts, version=max(8, 3 + i % 9)), heartbeat_response(cid + 1)]
+        if i % 5 == 0:  # a partition never added: the verifier is asked (the general path, and a hold)
+            requests.append(produce(cid + 2, [("orders", 9)]))
+        shell.from_client(b"".join(requests))
+        shell.from_broker(b"".join(answers))
+        if i % 5 == 0:  # the general path rejects what the verifier found (not in the transaction)
+            [ask] = shell.asked
+            shell.asked = []
+            shell._execute(shell.core.answered(ask.check_id, Answer(verdicts={("orders", 9): Verdict(
+                Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not added")})))
+            cid += 1
+        cid += 2
+
+
+def test_the_fast_path_records_exactly_what_the_general_path_records(tmp_path: Path) -> None:
+    policy = {"rules": [{"topic": "audit.*", "mode": "monitor"}]}
+    fast, general = _Shell(tmp_path, "fast", True, policy), _Shell(tmp_path, "general", False, policy)
+    for shell in (fast, general):
+        _play(shell)
+    assert fast.sent == general.sent
+    assert fast.samples() == general.samples()
+    assert fast.audit() == general.audit()
+    assert fast.log.lines == general.log.lines
+    passed = [r for r in general.audit() if r["kind"] == "decision" and r["decision"] == "forwarded"]
+    assert len(passed) == 15 * 3 and {r["mode"] for r in passed} == {"enforce", "monitor"}
+    assert ("txnguard_verification_window_ms_sum", (("evidence", "local"),), 0.0) in fast.samples()  # a still clock
+    assert [s for s in fast.samples() if s[0] == "txnguard_verification_window_ms_count"] == [
+        ("txnguard_verification_window_ms_count", (("evidence", "local"),), 30.0)]  # one per write answered
+
+
+def test_the_fast_path_takes_the_transactional_writes_it_can(tmp_path: Path) -> None:
+    """Not a tautology of the test above: the fast shell really relayed the verified writes itself."""
+    shell = _Shell(tmp_path, "fast", True, {})
+    shell.from_client(heartbeat(0))
+    shell.from_broker(heartbeat_response(0))
+    read = produce(1, [T0, T1]) + heartbeat(2)
+    assert shell.core.relay_from_client(read) == len(read)
+    assert [p[1:6] for p in shell.core.ledger.passed] == [(TXN, PID, EPOCH, 9, [T0, T1])]
+    answers = produce_response(1, [T0, T1]) + heartbeat_response(2)
+    assert shell.core.relay_from_broker(answers) == len(answers)
+    assert shell.core.ledger.windows == [("local", 0.0)]
+
+
+def test_a_plain_histogram_exports_what_a_prometheus_client_histogram_does() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from txnguard.proxy.traffic_metrics import PlainHistogram
+
+    buckets = (0.01, 0.025, 0.5, 1, 2.5, 10000)
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    h = Histogram("h_ms", "doc", ["evidence"], buckets=buckets, registry=theirs)
+    p = PlainHistogram("h_ms", "doc", ["evidence"], buckets=buckets, registry=ours)
+    for i, value in enumerate([0.0, 0.01, 0.0100001, 0.5, 1, 3, 10000, 10001.5, 0.024, 1e-9]):
+        for hist in (h, p):
+            hist.labels("local" if i % 3 else "cache").observe(value)
+
+    def samples(r: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+        return sorted(((s.name, s.labels, s.value) for m in r.collect() for s in m.samples
+                       if not s.name.endswith("_created")), key=repr)
+
+    assert samples(ours) == samples(theirs)
+
+
+def test_a_passed_writes_audit_text_is_what_write_serialises(tmp_path: Path) -> None:
+    from txnguard.policies.enforcement import Mode
+    from txnguard.proxy.guard import AuditLog, _passed_template
+    from txnguard.verification.audit import ClientInfo, audit_record
+    from txnguard.verification.registry import _PASSED_FROM_CACHE
+
+    client = ClientInfo("c\"1", None, "2.0", "java", "bootstrap", 3)
+    log = AuditLog(str(tmp_path / "a.jsonl"))
+    texts = []
+    for latency, cpu in [(0.0, None), (0.0123456, 0.00005), (12.5, 1e-7), (123456.789012, 3.0)]:
+        log.write(audit_record(time_ms=1764250000123, transactional_id="t-é", producer_id=9, producer_epoch=2,
+                               api="produce", api_version=7, target="orders-3", verdict=_PASSED_FROM_CACHE,
+                               decision="forwarded", error_sent=None, error_name=None, latency_ms=latency,
+                               client=client, mode="monitor", proxy_id="p:1", cpu_ms=cpu))
+        a, b, c, d = _passed_template(client, "t-é", 9, 2, 7, "orders-3", _PASSED_FROM_CACHE, Mode.MONITOR, "p:1")
+        texts.append(f"{a}1764250000123{b}{round(latency, 4)!r}{c}"
+                     f"{'null' if cpu is None else repr(round(cpu, 4))}{d}")
+    log.close()
+    assert (tmp_path / "a.jsonl").read_text().splitlines() == texts
