@@ -6,9 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-unit test-integration lint fmt bench clean kcat jars spark-jars chromium \
-	container-tools image prometheus helm kube-schemas sarama
+	container-tools image prometheus helm kube-schemas sarama kroxylicious
 
-setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas sarama
+setup: $(STAMP) jars kcat spark-jars chromium container-tools prometheus helm kube-schemas sarama kroxylicious
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -20,6 +20,11 @@ $(STAMP): requirements.lock pyproject.toml
 # Kafka servers and tools from Maven Central into ~/.cache/txnguard (Maven's ~/.m2 underneath).
 jars: $(STAMP)
 	$(BIN)/txnguard kafka fetch > /dev/null
+
+# Kroxylicious (io.kroxylicious:kroxylicious-runtime), the benchmarks' peer proxy, with its runtime dependencies
+# into the same jar cache, and our launcher for it compiled there (txnguard.testing.kroxylicious); cached.
+kroxylicious: $(STAMP)
+	$(BIN)/python -m txnguard.testing.kroxylicious > /dev/null
 
 # kcat (librdkafka's CLI) from Debian, one of the real clients the tests drive.
 kcat:
