@@ -32,7 +32,7 @@ def test_kroxylicious_carries_a_committed_transaction(
     with KroxyliciousProcess(cluster.bootstrap_servers, [node.id], tmp_path) as peer:
         # Its Metadata names its own node port for the broker, so whatever a client sends after
         # the bootstrap goes through it, not around it.
-        assert raw.leader_of(peer.bootstrap, topic, 0) == (node.id, peer.host, peer.port + 1)
+        assert raw.leader_of(peer.bootstrap, topic, 0) == (node.id, peer.host, peer.node_port(node.id))
 
         client = clients.ConfluentKafkaClient()
         values = [f"through-the-peer-{i}".encode() for i in range(5)]

@@ -130,6 +130,10 @@ class KroxyliciousProcess:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def node_port(self, node_id: int) -> int:
+        """Where Kroxylicious answers for broker `node_id` (its Metadata names this port)."""
+        return self.port + 1 + node_id - min(self.node_ids)
+
     @property
     def pid(self) -> int:
         assert self.proc is not None
