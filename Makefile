@@ -6,14 +6,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup setup-steps debs run demo test test-unit test-integration lint fmt bench clean kcat jars spark-jars \
-	chromium docs \
-	container-tools image prometheus helm kube-schemas sarama
+	chromium docs container-tools image prometheus helm kube-schemas sarama kroxylicious
 
 # The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
 # second `make setup` does nothing. Debian's packages come in one apt step (one `apt-get update`, not four).
 setup:
 	@$(MAKE) --no-print-directory -j4 setup-steps
-setup-steps: $(STAMP) jars debs spark-jars helm kube-schemas sarama
+setup-steps: $(STAMP) jars debs spark-jars helm kube-schemas sarama kroxylicious
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -25,6 +24,11 @@ $(STAMP): requirements.lock pyproject.toml
 # Kafka servers and tools from Maven Central into ~/.cache/txnguard (Maven's ~/.m2 underneath).
 jars: $(STAMP)
 	$(BIN)/txnguard kafka fetch > /dev/null
+
+# Kroxylicious (io.kroxylicious:kroxylicious-runtime), the benchmarks' peer proxy, with its runtime dependencies
+# into the same jar cache, and our launcher for it compiled there (txnguard.testing.kroxylicious); cached.
+kroxylicious: $(STAMP)
+	$(BIN)/python -m txnguard.testing.kroxylicious > /dev/null
 
 # Debian's packages, in one apt step that installs only what is missing:
 # - kcat (librdkafka's CLI), one of the real clients the tests drive;

@@ -17,6 +17,13 @@ and the broker), then measures, each side alternately so slow drift cancels:
    A third arm (unless --no-floor), the bare relay (bench/bare_relay.py: a uvloop byte pipe,
    no Kafka framing), measures the floor any user-space relay pays on this machine, so a
    ratio below the targets reads against what no relay at all could reach.
+   A fourth arm (unless --no-peer), Kroxylicious 0.12.0 (a Java/Netty Kafka proxy) pass-through with
+   no filters, its own JVM (txnguard.testing.kroxylicious), is the peer txnguard is held against.
+6. A transactional producer at saturation: ProducerPerformance --transactional-id
+   --transaction-duration-ms 50, 512 B records, in every arm (`--only txn`); the transactions it
+   committed are the commit markers in the log (end offset - records), so CPU per transaction is exact.
+7. One-record transaction loops per client family (txnguard.testing.short_transactions: Java 3.5.2,
+   confluent-kafka, kafka-python), as fast as each client goes, in every arm (`--only loops`).
 
 The cluster uses the harness's sidecar layout: the broker's PLAINTEXT listener advertises the
 bare relay's port (a byte pipe cannot rewrite Metadata), and its BROKER listener advertises
@@ -75,7 +82,10 @@ from txnguard.testing.clients import (
     tools_log_config,
 )
 from txnguard.testing.fixtures import fresh_topic
+from txnguard.testing.kroxylicious import VERSION as KROXYLICIOUS_VERSION
+from txnguard.testing.kroxylicious import KroxyliciousProcess
 from txnguard.testing.proxy import ProxyProcess
+from txnguard.testing.short_transactions import FAMILIES, run_loop
 
 KAFKA_VERSION = "3.5.2"
 JAVA_CLIENT = "3.5.2"
@@ -89,6 +99,7 @@ HOST = "127.0.0.1"
 RESULTS = Path(__file__).resolve().parent / "results"
 SIDES = ("direct", "proxy")
 FLOOR_SIDES = ("direct", "relay", "proxy")   # saturation with the bare relay: direct / bare relay / txnguard
+PEER = "kroxylicious"                        # the peer proxy's arm (saturation, txn, loops)
 RELAY_SCRIPT = Path(__file__).resolve().parent / "bare_relay.py"
 
 # The issue's targets. Printed next to the figures; never asserted.
@@ -101,13 +112,18 @@ TARGET_SAT_RATIO = 0.95             # saturation throughput through the proxy, p
 TARGET_SAT_PRODUCE_MS_PER_MIB = 4.0
 TARGET_SAT_CONSUME_MS_PER_MIB = 1.5
 
-PARTS = ("fixed", "e2e", "rtt", "idle", "saturation", "ab")   # --only chooses among these
-DEFAULT_PARTS = PARTS[:-1]          # "ab" needs --compare-rev
+PARTS = ("fixed", "e2e", "rtt", "idle", "saturation", "txn", "loops", "ab")   # --only chooses among these
+DEFAULT_PARTS = PARTS[:5]           # txn and loops on demand (they take as long again); "ab" needs --compare-rev
+ARM_PARTS = ("saturation", "txn", "loops")   # the parts that run the bare relay and the peer arms
 SAT_RECORD_SIZES = (1024, 16 * 1024)
 SAT_MIB = 200                       # payload per saturation run (the issue read 200,000 x 1 KiB)
 SAT_WARMUP_SHARE = 0.25             # the untimed warm-up run per side carries this share of SAT_MIB
 SAT_CONSUMER_TIMEOUT_MS = 60000     # ConsumerPerformance --timeout: the longest wait between returned records
 SAT_IDLE_BUSY_PCT = 80              # a saturation run with the machine less busy than this did not saturate it
+TXN_RECORD_SIZE = 512               # the transactional producer's records (as the issue measured)
+TXN_DURATION_MS = 50                # ProducerPerformance --transaction-duration-ms
+TXN_RECORDS = 100_000               # per transactional run (~3-4 s at ~29,000 records/s direct)
+LOOP_TRANSACTIONS = 200             # one-record transactions per loop run
 
 
 @dataclass(frozen=True)
@@ -120,17 +136,21 @@ class Settings:
     idle_connections: int = 5000
     open_concurrency: int = 200     # connections being opened at once (the proxy's backlog is 1024)
     rate: int = OFFERED_RATE        # ProducerPerformance --throughput, records/s
-    rounds: int = 3                 # saturation: direct+proxy rounds per record size
+    rounds: int = 3                 # saturation, txn, loops: rounds (one run of each arm) per record size / family
     sat_mib: float = SAT_MIB        # saturation: payload MiB per run
     record_sizes: tuple[int, ...] = SAT_RECORD_SIZES
     parts: tuple[str, ...] = DEFAULT_PARTS
     profile_cmd: str | None = None  # attached to the proxy around each proxied saturation run of round 0
     compare_rev: str | None = None  # "ab": a second proxy of this git revision, alternating with the first
-    floor: bool = True              # saturation: a bare relay arm beside direct and proxy
+    floor: bool = True              # saturation, txn, loops: a bare relay arm beside direct and proxy
+    peer: bool = True               # saturation, txn, loops: a Kroxylicious arm
+    txn_records: int = TXN_RECORDS  # txn: records per transactional ProducerPerformance run
+    loop_transactions: int = LOOP_TRANSACTIONS   # loops: transactions per loop run
+    families: tuple[str, ...] = FAMILIES         # loops: the client families
 
     @property
     def sat_sides(self) -> tuple[str, ...]:
-        return FLOOR_SIDES if self.floor else SIDES
+        return (*(FLOOR_SIDES if self.floor else SIDES), *((PEER,) if self.peer else ()))
 
     @property
     def records(self) -> int:
@@ -138,7 +158,8 @@ class Settings:
 
 
 DEFAULT = Settings("default", seconds_per_run=15, pairs=3, e2e_messages=2000, rtt_requests=2000)
-QUICK = Settings("quick", seconds_per_run=3, pairs=2, e2e_messages=500, rtt_requests=500, rounds=2, sat_mib=50)
+QUICK = Settings("quick", seconds_per_run=3, pairs=2, e2e_messages=500, rtt_requests=500, rounds=2, sat_mib=50,
+                 txn_records=20_000, loop_transactions=50)
 
 
 def say(text: str) -> None:
@@ -164,6 +185,25 @@ def proxy_cpu_times(pid: int) -> tuple[float, float]:
 def proxy_cpu_s(pid: int) -> float:
     """utime + stime of one process, in seconds."""
     return sum(proxy_cpu_times(pid))
+
+
+def jvm_cpu_split(pid: int) -> tuple[float, float]:
+    """(utime + stime of every thread but the JIT compilers, of the JIT compiler threads) of a JVM, seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    other = jit = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                name, rest = f.read().rsplit(")", 1)
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        fields = rest.split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if "CompilerThre" in name:  # "C1 CompilerThre", "C2 CompilerThre" (comm keeps 15 characters)
+            jit += cpu
+        else:
+            other += cpu
+    return other, jit
 
 
 def proxy_rss_kib(pid: int) -> int:
@@ -330,6 +370,7 @@ class Bench:
     admin: str
     stamp: str = ""
     relay: RelayProcess | None = None
+    peer: KroxyliciousProcess | None = None
 
     @property
     def pid(self) -> int:
@@ -337,10 +378,14 @@ class Bench:
         return self.proxy.proc.pid
 
     def pid_of(self, side: str) -> int:
-        """The process whose CPU a run of `side` is charged: the bare relay's for its arm, else the proxy's."""
+        """The process whose CPU a run of `side` is charged: the bare relay's or Kroxylicious's for their
+        arms, else txnguard's (a direct run is charged txnguard's idle process: ~0)."""
         if side == "relay":
             assert self.relay is not None
             return self.relay.proc.pid
+        if side == PEER:
+            assert self.peer is not None
+            return self.peer.pid
         return self.pid
 
     @property
@@ -352,10 +397,22 @@ class Bench:
             return self.direct_bootstrap
         if side == "relay":
             return self.cluster.sidecar_bootstrap
+        if side == PEER:
+            assert self.peer is not None
+            return self.peer.bootstrap
         return f"{HOST}:{self.listen}"
 
     def relay_counts(self) -> tuple[int, int, int]:
         return self.relay.counts() if self.relay is not None else (0, 0, 0)
+
+    def peer_counts(self) -> tuple[float, float]:
+        """(CPU seconds of Kroxylicious's threads but its JIT compilers, of its JIT compilers) so far.
+
+        The first is its route check: without its metrics endpoint (left off to keep it pass-through) it
+        counts no bytes, and /proc/<pid>/io misses Netty's recv/send system calls. The compilers go on
+        compiling for a second or so after a run of its own, so their CPU is kept apart (and reported).
+        """
+        return jvm_cpu_split(self.peer.pid) if self.peer is not None else (0.0, 0.0)
 
     def topic(self, kind: str, side: str) -> str:
         # Topics are created on the broker directly, so topic creation never counts against the proxy.
@@ -704,6 +761,13 @@ def _relayed(b: Bench, before: tuple[int, int, int]) -> dict[str, Any]:
             "relay_errors": errors}
 
 
+def _peer_io(b: Bench, before: tuple[float, float]) -> dict[str, float]:
+    """Kroxylicious's CPU seconds since `before` (0 without it), whichever arm ran: all but its JIT
+    compilers' (the route check), and its JIT compilers'."""
+    other, jit = b.peer_counts()
+    return {"peer_cpu_s": other - before[0], "peer_jit_cpu_s": jit - before[1]}
+
+
 def _per_request(cpu: dict[str, float], requests: float) -> dict[str, float]:
     """Proxy CPU per request (and its response) and requests per MiB: what the CPU per MiB is made of."""
     return {"proxy_requests": requests,
@@ -742,12 +806,12 @@ def profiled(b: Bench, template: str | None, name: str) -> Iterator[None]:
 def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: str | None = None) -> dict[str, Any]:
     """ProducerPerformance --throughput -1: the producer (Kafka's defaults, acks=all) is the only limit."""
     topic = b.topic(f"sat{size}", side)
-    before, relay_before = scrape_metrics(b.admin), b.relay_counts()
+    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
     with profiled(b, profile_cmd, f"profile-{size}-produce-{b.stamp}"), cpu_meter(b.pid_of(side)) as cpu:
         r = java_producer_performance(b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=size,
                                       throughput=-1, timeout_s=120 + records * size / MIB)  # >= 1 MiB/s
     via, requests = _through_proxy(b, before)
-    relayed = _relayed(b, relay_before)
+    relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
     payload = r.records * size / MIB
     written = end_offset(b, topic)
     problems = []
@@ -766,12 +830,12 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
     """ConsumerPerformance over `topic` from the beginning (its own new group), up to `records` records."""
     args = ["--bootstrap-server", b.bootstrap(side), "--topic", topic, "--messages", str(records),
             "--timeout", str(SAT_CONSUMER_TIMEOUT_MS), "--group", f"bench-{uuid.uuid4().hex[:10]}"]
-    before, relay_before = scrape_metrics(b.admin), b.relay_counts()
+    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
     with profiled(b, profile_cmd, f"profile-{size}-consume-{b.stamp}"), cpu_meter(b.pid_of(side)) as cpu:
         run = run_tool(consumer_perf_command(args),
                        timeout_s=60 + 2 * SAT_CONSUMER_TIMEOUT_MS / 1000 + records * size / MIB)
     via, requests = _through_proxy(b, before)
-    relayed = _relayed(b, relay_before)
+    relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
     stats = parse_consumer_performance(run.stdout)
     if stats is None:
         raise RuntimeError(f"ConsumerPerformance printed no result:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
@@ -815,6 +879,14 @@ def _route_problems(run: dict[str, Any], payload_mib: float) -> list[str]:
         out.append(f"{side} run: the bare relay carried only {relayed:.1f} of {payload_mib:.1f} MiB")
     if side != "relay" and both > 0.01 * payload_mib + 1:
         out.append(f"{side} run sent {both:.1f} MiB through the bare relay")
+    # Kroxylicious counts no bytes (see Bench.peer_counts): its Metadata rewrite was checked at start, and
+    # its CPU tells which runs it carried: a payload costs it several ms/MiB; idle, its JVM spends little
+    # (its JIT compilers, which go on after a run of its own, are not counted here).
+    peer_cpu = run.get("peer_cpu_s", 0.0)
+    if side == PEER and peer_cpu < max(0.02, 1e-3 * payload_mib):
+        out.append(f"{side} run: Kroxylicious used only {peer_cpu:.2f} s of CPU for {payload_mib:.1f} MiB")
+    if side != PEER and peer_cpu > 0.25 + 2e-3 * payload_mib:
+        out.append(f"{side} run: Kroxylicious used {peer_cpu:.2f} s of CPU meanwhile")
     return out
 
 
@@ -828,6 +900,9 @@ def _sat_line(kind: str, label: str, run: dict[str, Any]) -> str:
         carried = (f"relay CPU {run['proxy_cpu_s']:.2f} s [sys {run['proxy_sys_s']:.2f}] "
                    f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['relay_to_upstream_mib']:.0f} MiB up / "
                    f"{run['relay_to_client_mib']:.0f} MiB down relayed, {run['proxy_frame_mib']:.0f} MiB framed)")
+    elif run["side"] == PEER:
+        carried = (f"Kroxylicious CPU {run['proxy_cpu_s']:.2f} s [sys {run['proxy_sys_s']:.2f}] "
+                   f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB)")
     else:
         carried = (f"proxy CPU {run['proxy_cpu_s']:.2f} s [sys {run['proxy_sys_s']:.2f}] "
                    f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_frame_mib']:.0f} MiB framed, "
@@ -875,7 +950,7 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
     for i in range(s.rounds):
         # Which side goes first rotates (with two sides: alternates); with three sides and three rounds each
         # side takes each place once.
-        order = sides[i % len(sides):] + sides[:i % len(sides)]
+        order = rotated(sides, i)
         profile_cmd = s.profile_cmd if i == 0 else None  # a profiler costs CPU: its round's figures are not clean
         runs += [{**r, "round": i} for r in sat_pair(b, size, records, order, f"round {i}", profile_cmd)]
     keys = {"produce": ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p99_ms", "proxy_cpu_s",
@@ -889,15 +964,20 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
     # Each round's own proxied/direct ratio, so a reader sees the spread behind the ratio of medians.
     paired: dict[str, list[float]] = {}
     paired_floor: dict[str, dict[str, list[float]]] = {}
+    paired_peer: dict[str, dict[str, list[float]]] = {}
     for kind, key in (("produce", "mb_per_sec"), ("consume", "fetch_mb_per_sec")):
         paired[kind] = []
         paired_floor[kind] = {"relay/direct": [], "proxy/relay": []}
+        paired_peer[kind] = {f"{PEER}/direct": [], f"proxy/{PEER}": []}
         for i in range(s.rounds):
             by_side = {r["side"]: r[key] for r in runs if r["kind"] == kind and r["round"] == i}
             paired[kind].append(by_side["proxy"] / by_side["direct"])
             if "relay" in by_side:
                 paired_floor[kind]["relay/direct"].append(by_side["relay"] / by_side["direct"])
                 paired_floor[kind]["proxy/relay"].append(by_side["proxy"] / by_side["relay"])
+            if PEER in by_side:
+                paired_peer[kind][f"{PEER}/direct"].append(by_side[PEER] / by_side["direct"])
+                paired_peer[kind][f"proxy/{PEER}"].append(by_side["proxy"] / by_side[PEER])
     warnings = [p for r in runs for p in r["problems"]]
     for kind in ("produce", "consume"):
         busy = statistics.median(r["host_busy_pct"] for r in runs if r["kind"] == kind)
@@ -910,6 +990,8 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
            "paired_ratios": paired, "warnings": warnings}
     if "relay" in sides:
         out["paired_ratios_floor"] = paired_floor
+    if PEER in sides:
+        out["paired_ratios_peer"] = paired_peer
     return out
 
 
@@ -917,7 +999,7 @@ def saturation_phase(b: Bench, s: Settings) -> dict[str, Any]:
     say(f"\n[5/5] saturation: ProducerPerformance --throughput -1 (acks=all, Kafka's producer defaults), then "
         f"ConsumerPerformance over what it wrote; {s.sat_mib:g} MiB per run, record sizes "
         f"{', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds, "
-        + ("direct, bare relay and proxied in rotation" if s.floor else "direct and proxied alternating"))
+        + f"arms {', '.join(s.sat_sides)} in rotation")
     sizes = [saturation_size(b, s, size) for size in s.record_sizes]
     return {"sizes": sizes, "warnings": [w for x in sizes for w in x["warnings"]]}
 
@@ -968,7 +1050,31 @@ def saturation_rows(sat: dict[str, Any]) -> list[Row]:
         ]
         if "relay" in p:
             rows += floor_rows(n, p, c)
+        if PEER in p:
+            rows += sat_peer_rows(n, p, c)
     return rows
+
+
+def sat_peer_rows(n: str, p: dict[str, dict[str, float]], c: dict[str, dict[str, float]]) -> list[Row]:
+    """Kroxylicious beside direct and txnguard ("X | Y": X in the direct column, Y in the proxy one)."""
+    pd, pk, pp = (p[side]["mb_per_sec"] for side in ("direct", PEER, "proxy"))
+    cd, ck, cp = (c[side]["fetch_mb_per_sec"] for side in ("direct", PEER, "proxy"))
+    pkc, ppc = p[PEER]["proxy_cpu_ms_per_mib"], p["proxy"]["proxy_cpu_ms_per_mib"]
+    ckc, cpc = c[PEER]["proxy_cpu_ms_per_mib"], c["proxy"]["proxy_cpu_ms_per_mib"]
+    return [
+        Row(f"{n}: produce at saturation (MB/s), direct | Kroxylicious", pd, pk, pk / pd, "ratio", "", None),
+        Row(f"{n}: consume at saturation (fetch MB/s), direct | Kroxylicious", cd, ck, ck / cd, "ratio", "", None),
+        Row(f"{n}: produce at saturation (MB/s), Kroxylicious | txnguard", pk, pp, pp / pk, "ratio",
+            "ratio >= 1", pp >= pk),
+        Row(f"{n}: consume at saturation (fetch MB/s), Kroxylicious | txnguard", ck, cp, cp / ck, "ratio",
+            "ratio >= 1", cp >= ck),
+        Row(f"{n}: CPU per MiB produced (ms), Kroxylicious | txnguard", pkc, ppc, ppc / pkc, "ratio",
+            "below Kroxylicious", ppc < pkc),
+        Row(f"{n}: CPU per MiB consumed (ms), Kroxylicious | txnguard", ckc, cpc, cpc / ckc, "ratio",
+            "below Kroxylicious", cpc < ckc),
+        Row(f"{n}: kernel share of Kroxylicious CPU, produce (%)", None,
+            100 * p[PEER]["proxy_sys_s"] / max(p[PEER]["proxy_cpu_s"], 1e-9), None, "", "", None),
+    ]
 
 
 def _gap_share(direct: float, relay: float, proxy: float) -> float | None:
@@ -1020,7 +1126,314 @@ def saturation_notes(sat: dict[str, Any]) -> list[str]:
                        f"{f['produce']['relay/direct']}; consume {f['consume']['relay/direct']}; "
                        f"proxied/bare relay: produce {f['produce']['proxy/relay']}; "
                        f"consume {f['consume']['proxy/relay']}")
+        if "paired_ratios_peer" in x:
+            k = {kind: {key: ", ".join(f"x{r:.3f}" for r in v) for key, v in x["paired_ratios_peer"][kind].items()}
+                 for kind in ("produce", "consume")}
+            out.append(f"{_size_name(x['record_size'])}: per-round Kroxylicious/direct: produce "
+                       f"{k['produce'][f'{PEER}/direct']}; consume {k['consume'][f'{PEER}/direct']}; "
+                       f"txnguard/Kroxylicious: produce {k['produce'][f'proxy/{PEER}']}; "
+                       f"consume {k['consume'][f'proxy/{PEER}']}")
     return out
+
+
+# -- 6. a transactional producer at saturation ----------------------------------------------------
+
+
+def rotated(sides: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """Round i's order: the arms rotate, so with N arms and N rounds each arm takes each place once."""
+    return sides[i % len(sides):] + sides[:i % len(sides)]
+
+
+def per_round(runs: list[dict[str, Any]], key: str, rounds: int, num: str, den: str,
+              **match: Any) -> list[float]:
+    """Each round's own num/den ratio of `key` (among the runs matching `match`), so the spread shows."""
+    out = []
+    for i in range(rounds):
+        by_side = {r["side"]: r[key] for r in runs if r["round"] == i and all(r[k] == v for k, v in match.items())}
+        if num in by_side and den in by_side and by_side[den]:
+            out.append(by_side[num] / by_side[den])
+    return out
+
+
+def _ratios_text(ratios: list[float]) -> str:
+    return ", ".join(f"x{r:.3f}" for r in ratios)
+
+
+def _arm_label(side: str) -> str:
+    return {"direct": "direct", "relay": "bare relay", "proxy": "txnguard", PEER: "Kroxylicious"}[side]
+
+
+def _cpu_label(side: str) -> str:
+    return {"relay": "relay CPU", PEER: "Kroxylicious CPU"}.get(side, "proxy CPU")
+
+
+def txn_run(b: Bench, side: str, records: int) -> dict[str, Any]:
+    """Transactional ProducerPerformance, unthrottled, committing every TXN_DURATION_MS.
+
+    One partition, so each committed transaction left exactly one commit marker in the log:
+    transactions = end offset - records.
+    """
+    topic = b.topic("txn", side)
+    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
+    with cpu_meter(b.pid_of(side)) as cpu:
+        r = java_producer_performance(
+            b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=TXN_RECORD_SIZE, throughput=-1,
+            transactional_id=f"bench-txn-{side}-{uuid.uuid4().hex[:8]}", transaction_duration_ms=TXN_DURATION_MS,
+            timeout_s=120 + records * TXN_RECORD_SIZE / MIB)
+    via, requests = _through_proxy(b, before)
+    relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
+    payload = r.records * TXN_RECORD_SIZE / MIB
+    written = end_offset(b, topic)
+    stable = stable_offset(b, topic)
+    transactions = written - r.records
+    problems = []
+    if r.records != records or transactions < 1 or stable != written:
+        problems.append(f"txn {side}: {records} asked, the tool counted {r.records}, the log ends at {written} "
+                        f"(last stable offset {stable}): {transactions} commit markers")
+    run = {**asdict(r), **cpu, **_per_request(cpu, requests), **relayed, "side": side, "topic": topic,
+           "payload_mib": payload, "end_offset": written, "transactions": transactions, "proxy_frame_mib": via,
+           "relay_payload_mib": relayed["relay_to_upstream_mib"], "problems": problems,
+           "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload,
+           "proxy_cpu_ms_per_txn": 1000 * cpu["proxy_cpu_s"] / max(transactions, 1)}
+    run["problems"] += _route_problems(run, payload)
+    return run
+
+
+def stable_offset(b: Bench, topic: str) -> int:
+    _, host, port = raw.leader_of(b.direct_bootstrap, topic, 0)
+    with raw.RawClient(host, port) as c:
+        return int(c.list_offsets(topic, 0, read_committed=True))
+
+
+def _txn_line(label: str, run: dict[str, Any]) -> str:
+    cpu = "" if run["side"] == "direct" else (
+        f"  {_cpu_label(run['side'])} {run['proxy_cpu_s']:.2f} s [sys {run['proxy_sys_s']:.2f}] "
+        f"({run['proxy_cpu_ms_per_mib']:.2f} ms/MiB, {run['proxy_cpu_ms_per_txn']:.3f} ms/txn)")
+    return (f"  {label} {run['side']:12}: {run['records_per_sec']:9.0f} rec/s {run['mb_per_sec']:6.2f} MB/s "
+            f"p99 {run['p99_ms']} ms, {run['transactions']} transactions{cpu}  wall {run['wall_s']:.1f} s  "
+            f"host busy {run['host_busy_pct']:.0f}%" + ("  PROBLEM" if run["problems"] else ""))
+
+
+TXN_KEYS = ("records_per_sec", "mb_per_sec", "avg_latency_ms", "p99_ms", "transactions", "proxy_cpu_s",
+            "proxy_sys_s", "proxy_cpu_ms_per_mib", "proxy_cpu_ms_per_txn", "wall_s", "host_busy_pct")
+
+
+def txn_phase(b: Bench, s: Settings) -> dict[str, Any]:
+    sides = s.sat_sides
+    say(f"\n[6] transactional producer: ProducerPerformance --throughput -1 --transaction-duration-ms "
+        f"{TXN_DURATION_MS}, {s.txn_records} x {TXN_RECORD_SIZE} B per run, acks=all, {s.rounds} rounds, "
+        f"arms {', '.join(sides)} in rotation")
+    warm = max(1000, s.txn_records // 4)
+    for side in sides:  # untimed: the transaction coordinator's first producer ids, JIT, connections
+        say(_txn_line("warm-up", txn_run(b, side, warm)))
+    runs = []
+    for i in range(s.rounds):
+        for side in rotated(sides, i):
+            run = {**txn_run(b, side, s.txn_records), "round": i}
+            runs.append(run)
+            say(_txn_line(f"round {i}", run))
+    med = {side: {k: float(statistics.median(r[k] for r in runs if r["side"] == side)) for k in TXN_KEYS}
+           for side in sides}
+    paired = {f"{side}/direct": per_round(runs, "records_per_sec", s.rounds, side, "direct")
+              for side in sides if side != "direct"}
+    if PEER in sides:
+        paired[f"proxy/{PEER}"] = per_round(runs, "records_per_sec", s.rounds, "proxy", PEER)
+    warnings = [p for r in runs for p in r["problems"]]
+    for w in warnings:
+        say(f"  WARNING: {w}")
+    return {"record_size": TXN_RECORD_SIZE, "transaction_duration_ms": TXN_DURATION_MS,
+            "records": s.txn_records, "runs": runs, "median": med, "paired_ratios": paired, "warnings": warnings}
+
+
+def txn_rows(txn: dict[str, Any]) -> list[Row]:
+    med = txn["median"]
+    d = med["direct"]
+    rows = [Row("txn producer (records/s), direct | txnguard", d["records_per_sec"], med["proxy"]["records_per_sec"],
+                med["proxy"]["records_per_sec"] / d["records_per_sec"], "ratio", "ratio >= 0.95",
+                med["proxy"]["records_per_sec"] >= 0.95 * d["records_per_sec"])]
+    for side in ("relay", PEER):
+        if side in med:
+            rows.append(Row(f"txn producer (records/s), direct | {_arm_label(side)}", d["records_per_sec"],
+                            med[side]["records_per_sec"], med[side]["records_per_sec"] / d["records_per_sec"],
+                            "ratio", "", None))
+    if PEER in med:
+        k, p = med[PEER], med["proxy"]
+        rows += [
+            Row("txn producer (records/s), Kroxylicious | txnguard", k["records_per_sec"], p["records_per_sec"],
+                p["records_per_sec"] / k["records_per_sec"], "ratio", "ratio >= 1",
+                p["records_per_sec"] >= k["records_per_sec"]),
+            Row("txn producer CPU per MiB (ms), Kroxylicious | txnguard", k["proxy_cpu_ms_per_mib"],
+                p["proxy_cpu_ms_per_mib"], p["proxy_cpu_ms_per_mib"] / k["proxy_cpu_ms_per_mib"], "ratio",
+                "below Kroxylicious", p["proxy_cpu_ms_per_mib"] < k["proxy_cpu_ms_per_mib"]),
+            Row("txn producer CPU per transaction (ms), Kroxylicious | txnguard", k["proxy_cpu_ms_per_txn"],
+                p["proxy_cpu_ms_per_txn"], p["proxy_cpu_ms_per_txn"] / k["proxy_cpu_ms_per_txn"], "ratio", "", None),
+        ]
+    else:
+        rows.append(Row("txn producer CPU per MiB (ms)", None, med["proxy"]["proxy_cpu_ms_per_mib"], None, "", "",
+                        None))
+    if "relay" in med:
+        rows.append(Row("txn producer CPU per MiB (ms), bare relay | txnguard", med["relay"]["proxy_cpu_ms_per_mib"],
+                        med["proxy"]["proxy_cpu_ms_per_mib"],
+                        med["proxy"]["proxy_cpu_ms_per_mib"] - med["relay"]["proxy_cpu_ms_per_mib"], "diff", "", None))
+    rows.append(Row("txn producer transactions per run, direct | txnguard", d["transactions"],
+                    med["proxy"]["transactions"], None, "", "", None))
+    return rows
+
+
+# -- 7. one-record transaction loops per client family --------------------------------------------
+
+
+def loop_run(b: Bench, side: str, family: str, topic: str, transactions: int) -> dict[str, Any]:
+    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
+    with cpu_meter(b.pid_of(side)) as cpu:
+        result = run_loop(family, b.bootstrap(side), topic, f"bench-loop-{family}-{side}-{uuid.uuid4().hex[:8]}",
+                          transactions)
+    _, requests = _through_proxy(b, before)
+    relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
+    problems = []
+    # Route: every transaction is several requests (AddPartitionsToTxn, Produce, EndTxn), each tens of bytes.
+    if side == "proxy" and requests < 3 * result.transactions:
+        problems.append(f"loop {family} via txnguard: only {requests:.0f} requests through it")
+    if side != "proxy" and requests > 0:
+        problems.append(f"loop {family} {side}: {requests:.0f} requests through txnguard")
+    carried = relayed["relay_to_upstream_mib"] * MIB
+    if side == "relay" and carried < 100 * result.transactions:
+        problems.append(f"loop {family} via the bare relay: only {carried:.0f} bytes carried")
+    if side != "relay" and carried > 64 * 1024:
+        problems.append(f"loop {family} {side}: {carried:.0f} bytes through the bare relay")
+    if side == PEER and relayed["peer_cpu_s"] < 0.02:
+        problems.append(f"loop {family} via Kroxylicious: it used only {relayed['peer_cpu_s']:.2f} s of CPU")
+    if side != PEER and relayed["peer_cpu_s"] > 0.25:
+        problems.append(f"loop {family} {side}: Kroxylicious used {relayed['peer_cpu_s']:.2f} s of CPU meanwhile")
+    return {**cpu, **relayed, "side": side, "family": family, "transactions": result.transactions,
+            "seconds": result.seconds, "per_second": result.per_second, "proxy_requests": requests,
+            "proxy_cpu_ms_per_txn": 1000 * cpu["proxy_cpu_s"] / max(result.transactions, 1), "problems": problems}
+
+
+def loops_phase(b: Bench, s: Settings) -> dict[str, Any]:
+    sides = s.sat_sides
+    say(f"\n[7] one-record transaction loops: {s.loop_transactions} transactions per run, families "
+        f"{', '.join(s.families)}, {s.rounds} rounds, arms {', '.join(sides)} in rotation")
+    topics = {side: b.topic("loop", side) for side in sides}
+    runs = []
+    unavailable: dict[str, str] = {}  # family -> why it could not run through Kroxylicious
+    for family in s.families:
+        for side in sides:  # untimed: the client's and the arm's first connections, the JIT
+            try:
+                loop_run(b, side, family, topics[side], max(10, s.loop_transactions // 5))
+            except RuntimeError as e:
+                if side != PEER:
+                    raise
+                # A client the peer cannot serve is a finding, not a reason to lose the run.
+                unavailable[family] = next(line for line in reversed(str(e).splitlines()) if line.strip())[:300]
+                say(f"  {family:16} warm-up {side:12}: FAILED: {unavailable[family]}")
+        arms = tuple(side for side in sides if not (side == PEER and family in unavailable))
+        for i in range(s.rounds):
+            for side in rotated(arms, i):
+                run = {**loop_run(b, side, family, topics[side], s.loop_transactions), "round": i}
+                runs.append(run)
+                cpu = "" if side == "direct" else (f"  {_cpu_label(side)} {run['proxy_cpu_s']:.2f} s "
+                                                   f"({run['proxy_cpu_ms_per_txn']:.3f} ms/txn)")
+                say(f"  {family:16} round {i} {side:12}: {run['per_second']:7.1f} txn/s{cpu}  "
+                    f"host busy {run['host_busy_pct']:.0f}%" + ("  PROBLEM" if run["problems"] else ""))
+    med = {family: {side: {k: float(statistics.median(r[k] for r in runs if r["family"] == family
+                                                      and r["side"] == side))
+                           for k in ("per_second", "proxy_cpu_ms_per_txn", "host_busy_pct")}
+                    for side in sides if any(r["family"] == family and r["side"] == side for r in runs)}
+           for family in s.families}
+    paired = {family: {f"{side}/direct": per_round(runs, "per_second", s.rounds, side, "direct", family=family)
+                       for side in sides if side != "direct"} for family in s.families}
+    if PEER in sides:
+        for family in s.families:
+            paired[family][f"proxy/{PEER}"] = per_round(runs, "per_second", s.rounds, "proxy", PEER, family=family)
+    warnings = [p for r in runs for p in r["problems"]]
+    for w in warnings:
+        say(f"  WARNING: {w}")
+    warnings += [f"loop {family}: the Kroxylicious arm failed: {why}" for family, why in unavailable.items()]
+    return {"transactions": s.loop_transactions, "families": list(s.families), "runs": runs, "median": med,
+            "paired_ratios": paired, "peer_failed": unavailable, "warnings": warnings}
+
+
+def loops_rows(loops: dict[str, Any]) -> list[Row]:
+    rows = []
+    for family, med in loops["median"].items():
+        d, p = med["direct"]["per_second"], med["proxy"]["per_second"]
+        rows.append(Row(f"{family} loop (txn/s), direct | txnguard", d, p, p / d, "ratio", "ratio >= 1", p >= d))
+        if PEER in med:
+            k = med[PEER]["per_second"]
+            kc, pc = med[PEER]["proxy_cpu_ms_per_txn"], med["proxy"]["proxy_cpu_ms_per_txn"]
+            rows += [Row(f"{family} loop (txn/s), direct | Kroxylicious", d, k, k / d, "ratio", "", None),
+                     Row(f"{family} loop (txn/s), Kroxylicious | txnguard", k, p, p / k, "ratio", "", None),
+                     Row(f"{family} loop CPU per transaction (ms), Kroxylicious | txnguard", kc, pc, pc / kc, "ratio",
+                         "<= 0.25 ms", pc <= 0.25)]
+        else:
+            rows.append(Row(f"{family} loop CPU per transaction (ms)", None, med["proxy"]["proxy_cpu_ms_per_txn"],
+                            None, "", "<= 0.25 ms", med["proxy"]["proxy_cpu_ms_per_txn"] <= 0.25))
+        if "relay" in med:
+            r = med["relay"]["per_second"]
+            rows.append(Row(f"{family} loop (txn/s), direct | bare relay", d, r, r / d, "ratio", "", None))
+    return rows
+
+
+def arm_notes(result: dict[str, Any]) -> list[str]:
+    """Per-round ratios of the txn and loops parts, so the spread behind each ratio of medians shows."""
+    out = []
+    if "transactional_producer" in result:
+        for name, ratios in result["transactional_producer"]["paired_ratios"].items():
+            out.append(f"txn producer per-round {_pair_label(name)}: {_ratios_text(ratios)}")
+    if "transaction_loops" in result:
+        for family, pairs in result["transaction_loops"]["paired_ratios"].items():
+            out.append(f"{family} loop per-round " + "; ".join(
+                f"{_pair_label(name)} {_ratios_text(ratios)}" for name, ratios in pairs.items()))
+    return out
+
+
+def _pair_label(name: str) -> str:
+    num, den = name.split("/")
+    return f"{_arm_label(num)}/{_arm_label(den)}"
+
+
+def peer_table(result: dict[str, Any]) -> str | None:
+    """The side-by-side table (markdown) of the parts run with the Kroxylicious arm: direct's figure, the
+    other arms' ratios to it, and each proxy's CPU (medians)."""
+    sides = ("direct", "relay", "proxy", PEER)
+    lines = []
+
+    def row(name: str, by_side: dict[str, dict[str, float]], key: str, unit: str, failed: bool = False) -> None:
+        if "direct" not in by_side or not (PEER in by_side or failed):
+            return
+        d = by_side["direct"][key]
+        cells = [f"{_num(d)} {unit}"] + [f"x{by_side[side][key] / d:.3f}" if side in by_side else
+                                         ("fails" if side == PEER and failed else "-") for side in sides[1:]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    def cpu_row(name: str, by_side: dict[str, dict[str, float]], key: str) -> None:
+        if PEER not in by_side:
+            return
+        cells = [""] + [f"{by_side[side][key]:.3f}" if side in by_side else "-" for side in sides[1:]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    for x in result.get("saturation", {}).get("sizes", []):
+        n = _size_name(x["record_size"])
+        p, c = x["median"]["produce"], x["median"]["consume"]
+        row(f"produce at saturation, {n} (MB/s)", p, "mb_per_sec", "MB/s")
+        row(f"consume at saturation, {n} (fetch MB/s)", c, "fetch_mb_per_sec", "MB/s")
+        cpu_row(f"CPU per MiB produced, {n} (ms)", p, "proxy_cpu_ms_per_mib")
+        cpu_row(f"CPU per MiB consumed, {n} (ms)", c, "proxy_cpu_ms_per_mib")
+    if "transactional_producer" in result:
+        med = result["transactional_producer"]["median"]
+        row(f"transactional producer, {TXN_RECORD_SIZE} B, {TXN_DURATION_MS} ms transactions (records/s)", med,
+            "records_per_sec", "rec/s")
+        cpu_row("CPU per MiB, transactional producer (ms)", med, "proxy_cpu_ms_per_mib")
+        cpu_row("CPU per transaction, transactional producer (ms)", med, "proxy_cpu_ms_per_txn")
+    failed = result.get("transaction_loops", {}).get("peer_failed", {})
+    for family, med in result.get("transaction_loops", {}).get("median", {}).items():
+        row(f"one-record transaction loop, {family} (txn/s)", med, "per_second", "txn/s", family in failed)
+        cpu_row(f"CPU per transaction, {family} loop (ms)", med, "proxy_cpu_ms_per_txn")
+    if not lines:
+        return None
+    head = f"| | direct | bare relay | txnguard | Kroxylicious {KROXYLICIOUS_VERSION} |"
+    return "\n".join([head, "| --- | --- | --- | --- | --- |", *lines])
 
 
 # -- two proxy revisions, one load -------------------------------------------------------------------
@@ -1246,7 +1659,8 @@ def proxy_source(rev: str | None, tmp: Path) -> tuple[dict[str, str], dict[str, 
     return env, {"source": f"git archive {rev}", "commit": commit, "head": head}
 
 
-def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, relay: bool = False) -> Bench:
+def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, relay: bool = False,
+          peer: bool = False) -> Bench:
     say(f"starting Kafka {KAFKA_VERSION} (1 node, sidecar layout) in {tmp} ...")
     cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka", sidecars=True)
     listen, admin_port = proxy_ports()
@@ -1261,14 +1675,29 @@ def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, r
         if relay:
             assert node.sidecar_port is not None
             b.relay = RelayProcess(node.sidecar_port, node.address, tmp / "relay.log")
+        if peer:
+            # Kroxylicious's upstream is the BROKER listener too: it rewrites the broker's own address.
+            b.peer = KroxyliciousProcess(b.direct_bootstrap, [n.id for n in cluster.nodes], tmp / "kroxylicious")
+            b.peer.start()
+            # Its route check: its Metadata names its own port for the broker, so a client given only its
+            # bootstrap reaches the broker through it alone.
+            leader = raw.leader_of(b.peer.bootstrap, b.topic("route", PEER), 0)
+            if leader[1:] != (b.peer.host, b.peer.node_port(leader[0])):
+                raise RuntimeError(f"Kroxylicious's Metadata names {leader} for the broker, not its own port")
     except BaseException:
         # The caller only learns of the cluster (through its folder), not of these processes.
         if b.proxy.proc is not None and b.proxy.proc.poll() is None:
             b.proxy.terminate(timeout=10)
+        if b.relay is not None:
+            b.relay.stop()
+        if b.peer is not None:
+            b.peer.stop()
         raise
     say(f"broker: direct {b.direct_bootstrap} (BROKER listener), PLAINTEXT {node.address} advertised as "
         f"{HOST}:{node.sidecar_port}; proxy pid {b.pid} on {HOST}:{listen} (broker 1 via {listen + 2}), admin {admin}"
-        + (f"; bare relay pid {b.relay.proc.pid} on {HOST}:{node.sidecar_port} -> {node.address}" if b.relay else ""))
+        + (f"; bare relay pid {b.relay.proc.pid} on {HOST}:{node.sidecar_port} -> {node.address}" if b.relay else "")
+        + (f"; Kroxylicious {KROXYLICIOUS_VERSION} pid {b.peer.pid} on {b.peer.bootstrap} (broker {node.id} via "
+           f"{b.peer.port + 1}, heap {b.peer.heap})" if b.peer else ""))
     return b
 
 
@@ -1278,6 +1707,10 @@ def stop(b: Bench | None, cluster_dir: Path) -> None:
         say(f"proxy stopped (exit {code})")
     if b is not None and b.relay is not None:
         say(f"bare relay stopped (exit {b.relay.stop()})")
+    if b is not None and b.peer is not None:
+        problems = [line for line in b.peer.log_tail(200).splitlines() if " WARN " in line or " ERROR " in line]
+        say(f"Kroxylicious stopped (exit {b.peer.stop()}); {len(problems)} WARN/ERROR lines in its log"
+            + "".join(f"\n  | {line[:300]}" for line in problems[:5]))
     cluster = b.cluster if b is not None else None
     if cluster is None and (cluster_dir / "cluster.json").exists():
         cluster = kafka.Cluster.load(cluster_dir)  # kafka.up failed after writing its folder
@@ -1293,6 +1726,8 @@ PHASES: dict[str, tuple[str, Callable[[Bench, Settings], dict[str, Any]], Callab
     "rtt": ("produce_rtt", rtt_phase, rtt_rows),
     "idle": ("idle_connections", idle_phase, idle_rows),
     "saturation": ("saturation", saturation_phase, saturation_rows),
+    "txn": ("transactional_producer", txn_phase, txn_rows),
+    "loops": ("transaction_loops", loops_phase, loops_rows),
     "ab": ("ab", ab_phase, ab_rows),
 }
 
@@ -1308,7 +1743,8 @@ def measure(b: Bench, s: Settings) -> dict[str, Any]:
         out[key] = result
         rows += to_rows(result)
         out["warnings"] += result.get("warnings", [])
-    out["notes"] = saturation_notes(out["saturation"]) if "saturation" in out else []
+    out["notes"] = (saturation_notes(out["saturation"]) if "saturation" in out else []) + arm_notes(out)
+    out["peer_table"] = peer_table(out)
     out.update(summary=[asdict(r) for r in rows], table=format_table(rows),
                proxy_metrics=interesting_metrics(scrape_metrics(b.admin)))
     return out
@@ -1322,6 +1758,9 @@ def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
     say("(Java tool percentiles are truncated to whole ms; the raw RTT rows resolve microseconds.)")
     for note in result.get("notes", []):
         say(note)
+    if result.get("peer_table"):
+        say("\nSide by side (medians; ratios to direct; CPU of each relay's or proxy's own process):")
+        say(result["peer_table"])
     for w in result["warnings"]:
         say(f"WARNING: {w}")
     say(f"\nproxy log levels {log['levels']}; warnings/errors {log['problem_events'] or 'none'}; "
@@ -1357,19 +1796,30 @@ def main() -> int:
                         help=f"ProducerPerformance offered rate in records/s (default {OFFERED_RATE}); "
                              "lower it if the direct runs do not reach it")
     parser.add_argument("--only", default=",".join(DEFAULT_PARTS),
-                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all but ab); "
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: "
+                             f"{','.join(DEFAULT_PARTS)}); "
                              "'fixed' is the fixed-rate ProducerPerformance; 'ab' compares this proxy with the one "
                              "of --compare-rev at saturation (produce), alternating in one run")
     parser.add_argument("--records", default=",".join(str(x) for x in SAT_RECORD_SIZES),
                         help="saturation record sizes in bytes, comma-separated (default 1024,16384)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="saturation rounds (a direct and a proxied run each) per record size (default 3; "
-                             "2 with --quick)")
+                        help="saturation, txn and loops rounds (one run of each arm each) per record size or "
+                             "family (default 3; 2 with --quick)")
     parser.add_argument("--sat-mib", type=float, default=None,
                         help=f"saturation payload per run in MiB (default {SAT_MIB}; 50 with --quick)")
     parser.add_argument("--no-floor", action="store_true",
-                        help="saturation without the bare relay arm (bench/bare_relay.py): direct and proxied only, "
-                             "a third less time")
+                        help="saturation, txn and loops without the bare relay arm (bench/bare_relay.py)")
+    parser.add_argument("--no-peer", action="store_true",
+                        help=f"saturation, txn and loops without the Kroxylicious {KROXYLICIOUS_VERSION} arm "
+                             "(make kroxylicious fetches it)")
+    parser.add_argument("--txn-records", type=int, default=None,
+                        help=f"txn: records of {TXN_RECORD_SIZE} B per transactional ProducerPerformance run "
+                             f"(default {TXN_RECORDS:,}; {QUICK.txn_records:,} with --quick)")
+    parser.add_argument("--loop-transactions", type=int, default=None,
+                        help=f"loops: one-record transactions per loop run (default {LOOP_TRANSACTIONS}; "
+                             f"{QUICK.loop_transactions} with --quick)")
+    parser.add_argument("--families", default=",".join(FAMILIES),
+                        help=f"loops: client families, comma-separated (default {','.join(FAMILIES)})")
     parser.add_argument("--proxy-rev", default=None,
                         help="run the proxy of this git revision (git archive into the temporary folder) instead "
                              "of the working tree's src/")
@@ -1390,12 +1840,17 @@ def main() -> int:
         base, rate=args.rate, parts=parts, record_sizes=tuple(int(x) for x in args.records.split(",") if x.strip()),
         rounds=args.rounds if args.rounds is not None else base.rounds,
         sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
-        compare_rev=args.compare_rev, floor=not args.no_floor,
+        compare_rev=args.compare_rev, floor=not args.no_floor, peer=not args.no_peer,
+        txn_records=args.txn_records if args.txn_records is not None else base.txn_records,
+        loop_transactions=args.loop_transactions if args.loop_transactions is not None else base.loop_transactions,
+        families=tuple(f.strip() for f in args.families.split(",") if f.strip()),
     )
     if ("ab" in parts) != (args.compare_rev is not None):
         parser.error("--only ab and --compare-rev go together")
     if s.rounds < 1 or s.sat_mib <= 0 or not s.record_sizes or min(s.record_sizes) < 1:
         parser.error("--rounds, --sat-mib and --records must be positive")
+    if s.txn_records < 1 or s.loop_transactions < 1 or not s.families or set(s.families) - set(FAMILIES):
+        parser.error(f"--txn-records and --loop-transactions must be positive; --families among {','.join(FAMILIES)}")
     signal.signal(signal.SIGTERM, _sigterm)
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     soft, hard = raise_fd_limit()
@@ -1417,7 +1872,8 @@ def main() -> int:
     try:
         proxy_env, result["proxy_source"] = proxy_source(args.proxy_rev, tmp)
         say(f"proxy code: {result['proxy_source']}")
-        b = start(tmp, proxy_log, proxy_env, relay=s.floor and "saturation" in s.parts)
+        arms = bool(set(ARM_PARTS) & set(s.parts))
+        b = start(tmp, proxy_log, proxy_env, relay=s.floor and arms, peer=s.peer and arms)
         b.stamp = stamp
         result.update(measure(b, s))
         result["warnings"] = early + result["warnings"]

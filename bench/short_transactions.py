@@ -13,13 +13,16 @@ round, each with exactly one tap hop:
     sidecar   client -> tap -> txnguard sidecar -> broker   the tap counts what the client received
               (a sidecar reuses no evidence by default: every write is checked with the
               coordinator and the leader, so it costs more per transaction)
+    kroxylicious  client -> Kroxylicious 0.12.0 (pass-through, no filters) -> tap -> broker
+              (with --peer: the peer proxy proxy_overhead.py measures too; the tap counts what
+              the client received, since Kroxylicious passes every answer on)
 
 The loop writes one record to partition 0 per transaction, as fast as the client goes.
 Printed per family: transactions/s per mode (median of rounds), ratios to direct, the
 CONCURRENT_TRANSACTIONS answers the client received, the proxies' absorptions, and the
 proxy CPU per transaction (from /proc).
 
-    .venv/bin/python bench/short_transactions.py --transactions 300 --rounds 3
+    .venv/bin/python bench/short_transactions.py --transactions 300 --rounds 3 [--peer]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from txnguard.testing import kafka, raw
 from txnguard.testing.bounce import free_port
+from txnguard.testing.kroxylicious import KroxyliciousProcess
 from txnguard.testing.proxy import ProxyProcess
 from txnguard.testing.short_transactions import FAMILIES, ConcurrentTap, run_loop
 
@@ -86,10 +90,11 @@ def main() -> None:
     ap.add_argument("--with-off", action="store_true", help="also a gateway with absorption off")
     ap.add_argument("--compare-rev", default=None,
                     help="also a gateway running the proxy of this git revision (mode gateway_base), side by side")
+    ap.add_argument("--peer", action="store_true", help="also Kroxylicious (make kroxylicious fetches it)")
     args = ap.parse_args()
     families = args.families.split(",")
     modes = ["direct", "gateway", *(["gateway_off"] if args.with_off else []),
-             *(["gateway_base"] if args.compare_rev else [])]
+             *(["gateway_base"] if args.compare_rev else []), *(["kroxylicious"] if args.peer else [])]
     tmp = Path(tempfile.mkdtemp(prefix="short-txn-"))
     cluster = kafka.up("3.5.2", 1, tmp / "kafka", sidecars=True, die_with_parent=True)
     node = cluster.nodes[0]
@@ -105,22 +110,36 @@ def main() -> None:
             env, source = proxy_source(args.compare_rev, tmp)
             print(f"gateway_base: {source}", flush=True)
             proxies["gateway_base"] = start_gateway(tapped, tmp, 2000, env)
+        peer = KroxyliciousProcess(tapped, [node.id], tmp).start() if args.peer else None
+        failed: dict[str, str] = {}  # family -> why it could not run through Kroxylicious
         try:
             raw.create_topic(cluster.live_bootstrap(), "short", 1, -1, None)
             for family in families:
                 for rnd in range(args.rounds):
                     for mode in modes[rnd % len(modes):] + modes[:rnd % len(modes)]:  # rotated per round
+                        if mode == "kroxylicious" and family in failed:
+                            continue
                         proxy = proxies.get(mode)
-                        bootstrap = tapped if proxy is None else f"127.0.0.1:{proxy[1]}"
+                        bootstrap = (peer.bootstrap if mode == "kroxylicious" and peer else
+                                     tapped if proxy is None else f"127.0.0.1:{proxy[1]}")
+                        pid = peer.pid if mode == "kroxylicious" and peer else (
+                            proxy[0].proc.pid if proxy and proxy[0].proc else None)
                         before = metric_sum(proxy[2], ABSORPTIONS, "ending") if proxy else {}
-                        cpu_before = cpu_seconds(proxy[0].proc.pid) if proxy and proxy[0].proc else 0.0
+                        cpu_before = cpu_seconds(pid) if pid else 0.0
                         tap_before = tap.count
-                        result = run_loop(family, bootstrap, "short", f"short-{family}-{mode}-{rnd}",
-                                          args.transactions)
+                        try:
+                            result = run_loop(family, bootstrap, "short", f"short-{family}-{mode}-{rnd}",
+                                              args.transactions)
+                        except RuntimeError as e:
+                            if mode != "kroxylicious":
+                                raise
+                            failed[family] = next(x for x in reversed(str(e).splitlines()) if x.strip())[:300]
+                            print(f"{family} through Kroxylicious failed: {failed[family]}", flush=True)
+                            continue
                         time.sleep(0.2)  # the last answers through the tap
                         broker_said = tap.count - tap_before
                         after = metric_sum(proxy[2], ABSORPTIONS, "ending") if proxy else {}
-                        cpu = cpu_seconds(proxy[0].proc.pid) - cpu_before if proxy and proxy[0].proc else 0.0
+                        cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
                         spent = sum(after.get(e, 0) - before.get(e, 0) for e in ("budget_spent", "behind_another"))
                         # What the client received: direct and with absorption off, every refusal the
                         # broker sent; through an absorbing gateway, those it gave up on and those it
@@ -136,28 +155,40 @@ def main() -> None:
         finally:
             for proxy_process, _, _ in proxies.values():
                 proxy_process.terminate()
+            if peer is not None:
+                peer.stop()
             cluster.down()
     print(f"\nload average at the end: {os.getloadavg()}")
-    print(f"| client | {' | '.join(f'{m} txn/s' for m in modes)} | "
-          f"{' | '.join(f'{m} / direct' for m in modes[1:])} | "
-          f"{' | '.join(f'51 received by client, {m}' for m in modes)} | absorbed by gateway | "
-          f"CPU ms/txn ({' / '.join(modes[1:])}) |")
-    print("|" + " --- |" * (3 * len(modes) + 2))
-    for family in families:
-        mine = [r for r in rows if r["family"] == family]
-        rate = {m: statistics.median(r["per_second"] for r in mine if r["mode"] == m) for m in modes}
-        seen = {m: int(sum(r["client_saw_concurrent"] for r in mine if r["mode"] == m)) for m in modes}
-        absorbed = sum(r["absorbed"] for r in mine if r["mode"] == "gateway")
-        cpu = " / ".join(f'{statistics.median(r["proxy_cpu_ms_per_txn"] for r in mine if r["mode"] == m):.3f}'
-                         for m in modes[1:])
-        ratios = " | ".join(f"x{rate[m] / rate['direct']:.2f}" for m in modes[1:])
-        print(f"| {family} | {' | '.join(f'{rate[m]:.1f}' for m in modes)} | "
-              f"{ratios} | "
-              f"{' | '.join(str(seen[m]) for m in modes)} | {absorbed:.0f} | {cpu} |")
+    _print_table(rows, modes, families)
+    for family, why in failed.items():
+        print(f"{family} through Kroxylicious: {why}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"short-transactions-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"transactions": args.transactions, "rounds": args.rounds, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"transactions": args.transactions, "rounds": args.rounds, "rows": rows,
+                               "kroxylicious_failed": failed}, indent=1))
     print(f"\nwritten {out}")
+
+
+def _print_table(rows: list[dict[str, Any]], modes: list[str], families: list[str]) -> None:
+    proxied = modes[1:]
+    print(f"| client | {' | '.join(f'{m} txn/s' for m in modes)} | "
+          f"{' | '.join(f'{m} / direct' for m in proxied)} | "
+          f"{' | '.join(f'51 received by client, {m}' for m in modes)} | absorbed by gateway | "
+          f"{' | '.join(f'{m} CPU ms/txn' for m in proxied)} |")
+    print("|" + " --- |" * (1 + len(modes) + 2 * len(proxied) + len(modes) + 1))
+    for family in families:
+        mine = [r for r in rows if r["family"] == family]
+        ran = [m for m in modes if any(r["mode"] == m for r in mine)]
+        rate = {m: statistics.median(r["per_second"] for r in mine if r["mode"] == m) for m in ran}
+        seen = {m: str(int(sum(r["client_saw_concurrent"] for r in mine if r["mode"] == m))) for m in ran}
+        cpu = {m: f"{statistics.median(r['proxy_cpu_ms_per_txn'] for r in mine if r['mode'] == m):.3f}"
+               for m in ran}
+        absorbed = sum(r["absorbed"] for r in mine if r["mode"] == "gateway")
+        ratios = " | ".join(f"x{rate[m] / rate['direct']:.2f}" if m in rate else "fails" for m in proxied)
+        print(f"| {family} | {' | '.join(f'{rate[m]:.1f}' if m in rate else 'fails' for m in modes)} | "
+              f"{ratios} | "
+              f"{' | '.join(seen.get(m, '-') for m in modes)} | {absorbed:.0f} | "
+              f"{' | '.join(cpu.get(m, '-') for m in proxied)} |")
 
 
 if __name__ == "__main__":

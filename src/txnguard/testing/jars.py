@@ -21,15 +21,10 @@ _POM = """<?xml version="1.0" encoding="UTF-8"?>
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>txnguard.cache</groupId>
-  <artifactId>{artifact}-{version}</artifactId>
+  <artifactId>{name}</artifactId>
   <version>1</version>
   <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>{artifact}</artifactId>
-      <version>{version}</version>
-    </dependency>{extra}
+  <dependencies>{dependencies}
   </dependencies>
 </project>
 """
@@ -45,13 +40,13 @@ _DEPENDENCY = """
     </dependency>"""
 
 
-def _log_binding(artifact: str, version: str) -> str:
+def _log_binding(artifact: str, version: str) -> list[tuple[str, str, str]]:
     major = int(version.split(".")[0])
     if major >= 4:
-        return _DEPENDENCY.format(group="org.apache.logging.log4j", artifact="log4j-slf4j-impl", version="2.25.4")
+        return [("org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.4")]
     if artifact == "kafka_2.13":
-        return _DEPENDENCY.format(group="org.slf4j", artifact="slf4j-reload4j", version="1.7.36")
-    return ""
+        return [("org.slf4j", "slf4j-reload4j", "1.7.36")]
+    return []
 
 
 class JarResolutionError(RuntimeError):
@@ -64,7 +59,13 @@ def cache_root() -> Path:
 
 def resolve(artifact: str, version: str) -> Path:
     """Return a folder holding `org.apache.kafka:artifact:version` and its runtime deps."""
-    target = cache_root() / "jars" / f"{artifact}-{version}"
+    return resolve_coordinates(f"{artifact}-{version}",
+                               [("org.apache.kafka", artifact, version), *_log_binding(artifact, version)])
+
+
+def resolve_coordinates(name: str, coordinates: list[tuple[str, str, str]]) -> Path:
+    """A folder `name` of the jar cache holding these (group, artifact, version)s and their runtime deps."""
+    target = cache_root() / "jars" / name
     marker = target / ".complete"
     if marker.exists():
         return target
@@ -75,10 +76,10 @@ def resolve(artifact: str, version: str) -> Path:
         )
     if shutil.which("java") is None:
         raise JarResolutionError("Java is not on PATH: Kafka needs Java 17 (apt-get install openjdk-17-jre-headless)")
-    work = cache_root() / "poms" / f"{artifact}-{version}"
+    work = cache_root() / "poms" / name
     work.mkdir(parents=True, exist_ok=True)
-    extra = _log_binding(artifact, version)
-    (work / "pom.xml").write_text(_POM.format(artifact=artifact, version=version, extra=extra))
+    dependencies = "".join(_DEPENDENCY.format(group=g, artifact=a, version=v) for g, a, v in coordinates)
+    (work / "pom.xml").write_text(_POM.format(name=name, dependencies=dependencies))
     tmp = target.with_name(target.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     proc = subprocess.run(
@@ -88,10 +89,8 @@ def resolve(artifact: str, version: str) -> Path:
     )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise JarResolutionError(
-            f"mvn could not resolve org.apache.kafka:{artifact}:{version} "
-            f"(is Maven Central reachable?):\n{tail}"
-        )
+        wanted = ", ".join(":".join(c) for c in coordinates)
+        raise JarResolutionError(f"mvn could not resolve {wanted} (is Maven Central reachable?):\n{tail}")
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     marker.write_text("ok\n")

@@ -20,10 +20,14 @@ from txnguard.testing import jars
 SOURCES = Path(__file__).parent / "java"
 
 
-def compiled(program: str, version: str) -> tuple[Path, str]:
-    """(class folder, kafka-clients classpath) for `program` (a file stem in testing/java/) at `version`."""
+def compiled(program: str, version: str, classpath: str | None = None) -> tuple[Path, str]:
+    """(class folder, classpath) for `program` (a file stem in testing/java/) at `version`.
+
+    The classpath is Kafka's tools (kafka-clients) of `version` unless given: then `version` only names it.
+    """
     source = SOURCES / f"{program}.java"
-    classpath = jars.classpath(jars.resolve("kafka-tools", version))
+    if classpath is None:
+        classpath = jars.classpath(jars.resolve("kafka-tools", version))
     digest = hashlib.sha256(source.read_bytes() + version.encode()).hexdigest()[:12]
     out = jars.cache_root() / "java-programs" / program / f"{version}-{digest}"
     if not (out / f"{program}.class").exists():
