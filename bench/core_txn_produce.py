@@ -26,7 +26,7 @@ from txnguard.codecs import schemas
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy.config import ProxyConfig
+from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.testing.raw import build_batch
@@ -65,8 +65,8 @@ def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, fl
     """Seconds of thread CPU per Produce: (the request, its response). Requests go in runs of 90 (the
     in-flight limit is 100), then their responses, each run timed as a whole."""
     metrics = ProxyMetrics()
-    guard = TransactionGuard(ProxyConfig(audit_path="/dev/null" if audit else None), metrics, policy_from_config({}),
-                             None)
+    config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),), audit_path="/dev/null" if audit else None)
+    guard = TransactionGuard(config, metrics, policy_from_config({}), None)
     now = int(time.time() * 1000)
     guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, now)
     guard.registry.added(TXN, PID, EPOCH, now, partitions={(TOPIC, p) for p in range(partitions)})

@@ -26,7 +26,7 @@ from connection_playbook import (
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy.config import ProxyConfig
+from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.decisions import Answer
@@ -50,8 +50,8 @@ class _Shell:
     def __init__(self, tmp: Path, name: str, fast: bool, policy: dict[str, Any]) -> None:
         self.audit_path = tmp / f"{name}.jsonl"
         self.metrics = ProxyMetrics()
-        self.guard = TransactionGuard(ProxyConfig(audit_path=str(self.audit_path)), self.metrics,
-                                      policy_from_config(policy), None)
+        config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),), audit_path=str(self.audit_path))
+        self.guard = TransactionGuard(config, self.metrics, policy_from_config(policy), None)
         clock = FakeClock()
         self.guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, clock.wall_ms())
         self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), partitions={T0, T1, T2})
