@@ -51,8 +51,8 @@ class UnsupportedApi(Exception):
     """
 
     def __init__(self, api_key: int, version: int, offered: tuple[int, int] | None) -> None:
-        have = f"offers v{offered[0]}-v{offered[1]}" if offered else "does not list it"
-        super().__init__(f"the broker {have} for API {api_key} (wanted v{version})")
+        super().__init__(f"the broker offers API {api_key} v{offered[0]}-v{offered[1]}, not v{version}" if offered
+                         else f"the broker's ApiVersions does not list API {api_key}")
         self.api_key = api_key
         self.version = version
         self.offered = offered
