@@ -188,9 +188,13 @@ class Cluster:
         node = self.node(node_id)
         if _alive(node.pid):
             return
-        _check_port_free(node.host, node.port)
+        # A SIGKILLed node's accepted connections linger on its port for a while (in ZooKeeper mode the
+        # controller's connection to every broker, itself included, lands on the broker's port).
+        _wait_port_free(node.host, node.port)
         if not self.zookeeper:
             _check_port_free(node.host, node.controller_port)
+        else:
+            self._wait_unregistered(node_id)
         classpath = jars.classpath(jars.resolve("kafka_2.13", self.version))
         nd = self.node_dir(node_id)
         log = open(nd / "server.log", "ab")  # noqa: SIM115 - handed to the child process
@@ -293,6 +297,30 @@ class Cluster:
                 raise HarnessError(f"ZooKeeper did not open {host}:{port} within {timeout_s:.0f}s:\n"
                                    f"{self._zk_tail()}")
             time.sleep(0.1)
+
+    def _wait_unregistered(self, node_id: int, timeout_s: float = 30.0) -> None:
+        """A SIGKILLed broker's registration (an ephemeral znode) lives until its ZooKeeper session expires
+        (zookeeper.session.timeout.ms, 6 s here); a broker started before that dies with "node already
+        exists". ZooKeeper's `dump` command lists every session's ephemeral nodes."""
+        if not _alive(self.zookeeper_pid):
+            return
+        host, port = self.nodes[0].host, self.zookeeper_port
+        assert port is not None
+        path = f"/brokers/ids/{node_id}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((host, port), timeout=2) as s:
+                    s.sendall(b"dump")
+                    out = b""
+                    while chunk := s.recv(65536):
+                        out += chunk
+            except OSError:
+                return  # ZooKeeper cannot say: let the broker try
+            if path not in out.decode(errors="replace").split():
+                return
+            time.sleep(0.2)
+        raise HarnessError(f"broker {node_id} is still registered in ZooKeeper after {timeout_s:.0f}s")
 
     def stop_zookeeper(self) -> None:
         _terminate(self.zookeeper_pid, STOP_GRACE_S)
@@ -536,6 +564,7 @@ def _zookeeper_config(cluster: Cluster, host: str) -> None:
         "syncLimit": "5",
         "maxClientCnxns": "0",
         "admin.enableServer": "false",
+        "4lw.commands.whitelist": "dump,ruok,srvr",  # `dump`: the harness waits for a killed broker's znode to go
     }))
 
 
@@ -761,6 +790,18 @@ def _port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _wait_port_free(host: str, port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _check_port_free(host, port)
+            return
+        except HarnessError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _check_port_free(host: str, port: int) -> None:
