@@ -5,10 +5,10 @@ They show the harness and the client adapters work, and fix what "correct" and
 
 Coverage:
 * Python transactional clients: the full 3x3 cross product of broker version
-  (3.5.2, 3.9.2, 4.3.1) and client (kafka-python, confluent-kafka, aiokafka); in
+  (3.5.2, 3.9.2, 4.4.0) and client (kafka-python, confluent-kafka, aiokafka); in
   every cell all three read_committed consumers (confluent-kafka, kafka-python,
   kcat) read the result.
-* kcat plain produce and metadata: broker 4.3.1.
+* kcat plain produce and metadata: broker 4.4.0.
 * Java clients, broker 3.5.2: the 3.5.2 TransactionalMessageCopier (5,000 records),
   the 2.8.2 copier (1,000 records, seeded by the 2.8.2 VerifiableProducer), the
   3.5.2 transactional ProducerPerformance, and TransactionsCommand find-hanging.
@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.filterwarnings(r"ignore:.*is deprecated\. Use files\(\) instead:DeprecationWarning"),
 ]
 
-BROKER_VERSIONS = ("3.5.2", "3.9.2", "4.3.1")
+BROKER_VERSIONS = ("3.5.2", "3.9.2", "4.4.0")
 NameFactory = Callable[[str], str]
 
 
@@ -81,7 +81,7 @@ def test_python_client_commit_and_abort(
 
 
 def test_kcat_produce_and_metadata(kafka_pool: ClusterPool, unique_name: NameFactory) -> None:
-    cluster = kafka_pool.get("4.3.1", 1)
+    cluster = kafka_pool.get("4.4.0", 1)
     topic = fresh_topic(cluster, unique_name("kcat"), partitions=2)
     kcat = clients.Kcat()
     values = _values("plain", 10)

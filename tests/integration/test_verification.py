@@ -1,6 +1,6 @@
 """KIP-890 part 1 outside the broker: each scenario shows the failure direct to the brokers, then its
-prevention through the proxy, on Kafka 3.5.2 (no native verification) and on 3.9.2 with
-transaction.partition.verification.enable=false.
+prevention through the proxy, on Kafka 3.5.2 (no native verification), on 3.9.2 with
+transaction.partition.verification.enable=false, and on 3.0.2 and 3.4.1 in ZooKeeper mode.
 
     client ──InitProducerId──▶ coordinator
     client ──Produce(txn batch, partition never added)──▶ leader
@@ -20,15 +20,19 @@ from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stabl
 pytestmark = pytest.mark.integration
 
 UNVERIFIED_BROKERS = [
-    pytest.param(("3.5.2", {}), id="kafka-3.5.2"),
-    pytest.param(("3.9.2", {"transaction.partition.verification.enable": "false"}), id="kafka-3.9.2-verification-off"),
+    pytest.param(("3.5.2", {}, False), id="kafka-3.5.2"),
+    pytest.param(("3.9.2", {"transaction.partition.verification.enable": "false"}, False),
+                 id="kafka-3.9.2-verification-off"),
+    # ZooKeeper mode, the clusters most users of pre-3.6 brokers run (Kafka 2.8.2: test_kafka_28.py).
+    pytest.param(("3.0.2", {}, True), id="kafka-3.0.2-zookeeper"),
+    pytest.param(("3.4.1", {}, True), id="kafka-3.4.1-zookeeper"),
 ]
 
 
 @pytest.fixture(params=UNVERIFIED_BROKERS)
 def cluster(request, kafka_pool):
-    version, config = request.param
-    return kafka_pool.get(version, 1, config)
+    version, config, zookeeper = request.param
+    return kafka_pool.get(version, 1, config, zookeeper=zookeeper)
 
 
 def test_s1_partition_never_added_hangs_direct_and_is_rejected_through_the_proxy(cluster, start_proxy,
@@ -158,8 +162,9 @@ def test_verify_only_asks_the_coordinator_the_brokers_own_question(cluster, star
     assert actor.end(commit=True) == ErrorCode.none
 
     # Kafka 3.5 offers AddPartitionsToTxn v4 only between brokers: the proxy falls back to DescribeTransactions.
-    asked, not_asked = (("add_partitions_to_txn_verify_only", "describe_transactions") if cluster.version != "3.5.2"
-                        else ("describe_transactions", "add_partitions_to_txn_verify_only"))
+    before_3_6 = tuple(int(x) for x in cluster.version.split(".")[:2]) < (3, 6)  # no v4 for clients before 3.6
+    asked, not_asked = (("describe_transactions", "add_partitions_to_txn_verify_only") if before_3_6
+                        else ("add_partitions_to_txn_verify_only", "describe_transactions"))
     assert proxy.metric("txnguard_coordinator_requests_total", {"api": asked}) >= 2
     assert proxy.metric("txnguard_coordinator_requests_total", {"api": not_asked}) == 0
     # DescribeTransactions' "Ongoing" is kept for the rest of the transaction (evidence "cache"); VerifyOnly

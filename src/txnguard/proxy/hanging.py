@@ -8,6 +8,10 @@ own connections (never a client's):
   in batches of 500 partitions;
 * ListTransactions on every broker, filtered to the candidates' producer ids;
 * FindCoordinator + DescribeTransactions for their transactional ids;
+* on brokers that lack ListTransactions (Kafka < 3.0: each connection reads the broker's ApiVersions and
+  never sends what it does not list), the candidates are reported unconfirmed (verification/hanging.py
+  UNCONFIRMED): DescribeProducers alone cannot tell a hanging transaction from one whose abort marker
+  is still being written;
 * for an abort: DescribeProducers on the partition's leader to find the producer whose open
   transaction starts at the hanging transaction's start offset, then WriteTxnMarkers (abort,
   TransactionResult=false) to the leader with its producer id, epoch and coordinator epoch (0 when
@@ -45,7 +49,7 @@ from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyMode
-from txnguard.proxy.kafka_client import BrokerConnections, UpstreamError
+from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamError
 from txnguard.verification.audit import hanging_record
 from txnguard.verification.hanging import (
     AbortSpec,
@@ -125,6 +129,7 @@ class ScanResult:
     described: int                        # partitions whose producers were described
     oldest_open_age_ms: int | None
     errors: dict[TopicPartition, str] = field(default_factory=dict)  # partitions that answered an error
+    unconfirmed: bool = False  # the brokers lack ListTransactions (Kafka < 3.0): candidates reported as they are
 
 
 class ClusterAdmin:
@@ -296,19 +301,25 @@ async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: in
     partitions.sort(key=lambda tp: (str(target(tp)), tp))
     hs = HangingScan(partitions, max_transaction_timeout_ms)
     errors: dict[TopicPartition, str] = {}
+    unconfirmed = False
     step: Step = hs.start()
     while not isinstance(step, Done):
         if isinstance(step, AskProducers):
             answers = await _describe_batch(admin, step.partitions, target, errors)
             step = hs.producers_answered(answers, clock())
         elif isinstance(step, AskTransactionalIds):
-            step = hs.transactional_ids_answered(await admin.list_transactions(view.brokers.values(),
-                                                                               step.producer_ids))
+            try:
+                listings = await admin.list_transactions(view.brokers.values(), step.producer_ids)
+            except UnsupportedApi:  # Kafka < 3.0: never sent; the candidates stand unconfirmed
+                step, unconfirmed = hs.transactional_ids_unavailable(), True
+                continue
+            step = hs.transactional_ids_answered(listings)
         elif isinstance(step, AskDescriptions):
             step = hs.descriptions_answered(await admin.describe_transactions(step.transactional_ids))
     if scope.local_broker:  # partitions the local broker does not hold are not in its scope
         errors = {tp: e for tp, e in errors.items() if e not in NOT_HELD}
-    return ScanResult(step.findings, clock(), len(partitions), hs.described_partitions, hs.oldest_open_age_ms, errors)
+    return ScanResult(step.findings, clock(), len(partitions), hs.described_partitions, hs.oldest_open_age_ms, errors,
+                      unconfirmed)
 
 
 async def _describe_batch(admin: ClusterAdmin, partitions: Sequence[TopicPartition],
@@ -540,6 +551,10 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err
             return 1
         for tp, problem in sorted(result.errors.items()):
             print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
+        if result.unconfirmed:
+            print("txnguard hanging: the brokers lack ListTransactions and DescribeTransactions (Kafka < 3.0): "
+                  "open transactions older than --max-transaction-timeout are listed unconfirmed by their "
+                  "coordinator (one whose abort marker is still being written would be listed too)", file=err)
         aborted: list[dict[str, Any]] = []
         status = 1 if result.errors else 0
         if not args.json:  # what was found first, then what is done about it
@@ -559,6 +574,7 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err
                 "scanned_partitions": result.partitions, "described_partitions": result.described,
                 "oldest_open_transaction_age_ms": result.oldest_open_age_ms,
                 "max_transaction_timeout_ms": args.max_transaction_timeout * 60_000,
+                "unconfirmed": result.unconfirmed,
                 "errors": {f"{t}-{p}": problem for (t, p), problem in sorted(result.errors.items())},
             }
             if args.abort:

@@ -15,6 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 import scramp
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
@@ -42,8 +43,30 @@ class UpstreamAuthError(UpstreamError):
         self.code = code
 
 
+class UnsupportedApi(Exception):
+    """The broker does not list this API (or this version of it) in its ApiVersions: the request was not sent.
+
+    A definite answer, never "no answer yet": a broker closes the connection on an API key it does not
+    know (Kafka 2.8 on DescribeTransactions: `Unexpected api key: 65`), and asking again changes nothing.
+    """
+
+    def __init__(self, api_key: int, version: int, offered: tuple[int, int] | None) -> None:
+        super().__init__(f"the broker offers API {api_key} v{offered[0]}-v{offered[1]}, not v{version}" if offered
+                         else f"the broker's ApiVersions does not list API {api_key}")
+        self.api_key = api_key
+        self.version = version
+        self.offered = offered
+
+
+ApiRanges = dict[int, tuple[int, int]]
+
+
 class BrokerConnection(asyncio.Protocol):
-    """One pipelined connection; responses are matched to requests in order."""
+    """One pipelined connection; responses are matched to requests in order.
+
+    `api_versions` is what the broker listed in its ApiVersions answer on this connection (None until
+    asked, or when the answer could not be read): a request outside it is never sent (`UnsupportedApi`).
+    """
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
@@ -51,6 +74,27 @@ class BrokerConnection(asyncio.Protocol):
         self._waiting: deque[tuple[int, int, int, asyncio.Future[Any]]] = deque()
         self._ids = itertools.count(1)
         self.closed = asyncio.get_running_loop().create_future()
+        self.api_versions: ApiRanges | None = None
+
+    async def learn_api_versions(self, timeout: float) -> ApiRanges | None:
+        """Ask ApiVersions (v3, every broker from 2.4 answers it) once; None when the answer is unreadable."""
+        if self.api_versions is None:
+            try:
+                resp = await self.request(ApiVersionsRequest(client_software_name="txnguard",
+                                                             client_software_version="proxy"), timeout)
+            except CodecError:
+                return None
+            if resp.error_code == ErrorCode.none:
+                self.api_versions = {int(k.api_key): (int(k.min_version), int(k.max_version))
+                                     for k in resp.api_keys}
+        return self.api_versions
+
+    def supports(self, api_key: int, version: int) -> bool:
+        """Listed by the broker (True while its list is unknown: the broker judges, as before)."""
+        if self.api_versions is None:
+            return True
+        offered = self.api_versions.get(api_key)
+        return offered is not None and offered[0] <= version <= offered[1]
 
     @classmethod
     async def open(
@@ -167,10 +211,14 @@ class BrokerConnection(asyncio.Protocol):
         """Send one request; return (api key, version, response frame without its length)."""
         if not self.is_open or self._transport is None:
             raise UpstreamError("connection is closed")
+        api_key, version = int(payload.__api_key__), int(payload.__version__)
+        if not self.supports(api_key, version):
+            assert self.api_versions is not None
+            raise UnsupportedApi(api_key, version, self.api_versions.get(api_key))
         correlation_id = next(self._ids)
         frame = schemas.encode_request(payload, correlation_id, CLIENT_ID)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting.append((correlation_id, int(payload.__api_key__), int(payload.__version__), fut))
+        self._waiting.append((correlation_id, api_key, version, fut))
         self._transport.write(frame)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
@@ -190,11 +238,14 @@ class BrokerConnections:
     """
 
     def __init__(self, *, ssl_context: Any = None, connect_timeout_s: float = 10.0,
-                 auth: UpstreamAuth | None = None, on_open: Any = None) -> None:
+                 auth: UpstreamAuth | None = None, on_open: Any = None, on_versions: Any = None) -> None:
         self.ssl_context = ssl_context
         self.connect_timeout_s = connect_timeout_s
         self.auth = auth
         self.on_open = on_open  # called after each successful open (e.g. SASL proved)
+        # Every connection asks the broker's ApiVersions right after it opens (a broker restarted with
+        # another version answers differently: a rolling upgrade), and calls this with (address, ranges).
+        self.on_versions = on_versions
         self._open: dict[Any, BrokerConnection] = {}
         self._opening: dict[Any, asyncio.Future[BrokerConnection]] = {}
 
@@ -212,6 +263,13 @@ class BrokerConnections:
                                                timeout=self.connect_timeout_s, auth=self.auth)
             if self.on_open is not None:
                 self.on_open()
+            try:
+                ranges = await conn.learn_api_versions(self.connect_timeout_s)
+            except BaseException:
+                conn.close()
+                raise
+            if self.on_versions is not None and ranges is not None:
+                self.on_versions(address, ranges)
             self._open[address] = conn
             fut.set_result(conn)
             return conn

@@ -178,6 +178,12 @@ class ProxyMetrics:
         for outcome in ("ok", "failed"):
             self.hanging_scans.labels(outcome)
 
+        # Each broker's ApiVersions, as the proxy's own connections read them (proxy/capabilities.py).
+        self.broker_api_missing = Gauge(
+            "txnguard_broker_api_missing", "1 when the broker's ApiVersions does not list an API the proxy's "
+            "evidence needs (DescribeTransactions, ListTransactions: Kafka < 3.0), else 0; never sent to it",
+            ["broker", "api"], registry=r)
+
         # The proxy's own principal refused by Kafka (proxy/access.py): each names one missing ACL.
         self.authorization_failures = Counter(
             "txnguard_verification_authorization_failures", "The proxy's own verification requests refused by "

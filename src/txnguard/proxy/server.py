@@ -371,7 +371,8 @@ class Proxy:
         age = time.monotonic() - self.last_metadata_ok
         if age > self.config.ready_max_metadata_age_s:
             return False, f"last successful Metadata request {age:.0f}s ago"
-        return True, "ok"
+        lacks = self.guard.verifier.capabilities.detail()  # ready still: it decides from the evidence it has
+        return True, "ok" if lacks is None else f"ok; {lacks}"
 
     async def _metadata_loop(self) -> None:
         while True:

@@ -43,10 +43,12 @@ from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
 from txnguard.proxy import logs
 from txnguard.proxy.access import AccessMonitor
+from txnguard.proxy.capabilities import BrokerCapabilities
 from txnguard.proxy.config import CoordinatorEvidence, HostPort, UpstreamAuth
-from txnguard.proxy.kafka_client import BrokerConnections, UpstreamAuthError, UpstreamError
+from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.access import MissingAcl, missing_acl, refused
+from txnguard.verification.capabilities import DESCRIBE_TRANSACTIONS
 from txnguard.verification.judge import (
     coordinator_unreachable,
     error_name,
@@ -125,9 +127,13 @@ class Verifier:
         self.connect_timeout_s = connect_timeout_s
         # Where the proxy itself connects for an address a broker advertised (identity by default).
         self.address_of = address_of or (lambda host, port: HostPort(host, port))
+        # What each broker lists in ApiVersions (read on every connection the proxy opens): said once, and
+        # an API a broker lacks is never sent to it (kafka_client.UnsupportedApi).
+        self.capabilities = BrokerCapabilities(metrics)
         self._connections = BrokerConnections(
             ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth,
-            on_open=(lambda: self.access.proved(("AUTHENTICATE", "SASL", auth.mechanism))) if auth else None)
+            on_open=(lambda: self.access.proved(("AUTHENTICATE", "SASL", auth.mechanism))) if auth else None,
+            on_versions=self.capabilities.learned)
         self._coordinators: dict[str, HostPort] = {}
         self._describe: dict[HostPort, _Batcher] = {}
         self._producers: dict[HostPort, _Batcher] = {}
@@ -179,8 +185,14 @@ class Verifier:
         return address
 
     async def describe(self, txn_id: str) -> DescribedTransaction:
-        """The coordinator's view of a transaction (DescribeTransactions)."""
+        """The coordinator's view of a transaction (DescribeTransactions).
+
+        Raises UnsupportedApi, without sending anything, when the coordinator does not list
+        DescribeTransactions (Kafka < 3.0): a definite "cannot be asked", never a retriable silence.
+        """
         async def ask(address: HostPort) -> DescribedTransaction:
+            if self.capabilities.lacks(address, DESCRIBE_TRANSACTIONS):
+                raise UnsupportedApi(DESCRIBE_TRANSACTIONS, 0, None)
             desc: DescribedTransaction | None = await self._ask_batched(
                 self._describe, "describe_transactions", self._send_describe, address, txn_id)
             if desc is None:
@@ -285,7 +297,8 @@ class Verifier:
         self._connections.drop(address)
 
     async def _send_describe(self, address: HostPort, ids: list[str]) -> dict[str, DescribedTransaction]:
-        conn = await self._connections.get(address)
+        conn = await self._connections.get(address)  # a fresh connection reads ApiVersions first: request_raw
+        # refuses (UnsupportedApi) what the broker does not list
         request = DescribeTransactionsRequest(transactional_ids=tuple(TransactionalId(i) for i in ids))
         _, _, frame = await conn.request_raw(request, self.timeout_s)
         # Response header v1: correlation id, then tagged fields (empty: one zero byte).
@@ -378,6 +391,14 @@ class Verifier:
             assert isinstance(e, _CoordinatorError)
             v = Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
                         f"FindCoordinator answered {error_name(e.code)}", error_name(e.code))
+            return {tp: v for tp in pending}, None
+        except UnsupportedApi as e:
+            # Kafka 2.8: no DescribeTransactions. Whatever local (gateway) or leader (sidecar) evidence there
+            # was has been looked at already; without it the write is refused as not added, at once.
+            v = Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.NONE,
+                        f"no evidence that the partition was added: the coordinator cannot be asked ({e}; "
+                        "DescribeTransactions came with Kafka 3.0) and neither this proxy's own traffic nor the "
+                        "leader shows it in this transaction", "UNSUPPORTED_VERSION")
             return {tp: v for tp in pending}, None
         except (TimeoutError, UpstreamError, OSError, CodecError) as e:
             v = coordinator_unreachable(f"no answer from the coordinator: {e!r}")

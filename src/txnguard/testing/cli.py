@@ -17,10 +17,15 @@ from txnguard.testing import jars, kafka
 def _kafka_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k = sub.add_parser("kafka", help="start and stop real Kafka clusters for tests and demos")
     ks = k.add_subparsers(dest="action", required=True)
-    up = ks.add_parser("up", help="start an N-node KRaft cluster and print its bootstrap address as JSON")
+    up = ks.add_parser("up", help="start an N-node KRaft (or --zookeeper) cluster and print its bootstrap "
+                                   "address as JSON")
     up.add_argument("--version", default="3.5.2")
     up.add_argument("--nodes", type=int, default=1)
     up.add_argument("--dir", required=True)
+    up.add_argument("--zookeeper", action="store_true",
+                    help="ZooKeeper mode (Kafka 2.8-3.9): a ZooKeeper server, then brokers with zookeeper.connect")
+    up.add_argument("--sidecars", action="store_true",
+                    help="brokers advertise a sidecar port per node (where a txnguard sidecar is to listen)")
     up.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker setting, repeatable")
     up.add_argument("--timeout", type=float, default=kafka.READY_TIMEOUT_S)
@@ -33,6 +38,7 @@ def _kafka_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--nodes", type=int, default=1)
     run.add_argument("--dir", default=".run/kafka")
     run.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--zookeeper", action="store_true", help="ZooKeeper mode (Kafka 2.8-3.9)")
 
 
 def _dev_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +46,7 @@ def _dev_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dev.add_argument("--version", default="3.5.2")
     dev.add_argument("--nodes", type=int, default=1)
     dev.add_argument("--dir", default=".run/kafka")
+    dev.add_argument("--zookeeper", action="store_true", help="ZooKeeper mode (Kafka 2.8-3.9)")
     dev.add_argument("--listen", default="127.0.0.1:19092")
     dev.add_argument("--admin", default="127.0.0.1:19000")
     dev.add_argument("--audit", default=".run/audit.jsonl")
@@ -61,7 +68,7 @@ def _dev(args: argparse.Namespace) -> int:
     from txnguard.proxy import config
     from txnguard.proxy.main import run
 
-    cluster = kafka.up(args.version, args.nodes, args.dir)
+    cluster = kafka.up(args.version, args.nodes, args.dir, zookeeper=args.zookeeper)
     try:
         Path(args.audit).parent.mkdir(parents=True, exist_ok=True)
         cfg = config.load(None, {"upstream": cluster.bootstrap_servers, "listen": args.listen,
@@ -78,14 +85,16 @@ def _dev(args: argparse.Namespace) -> int:
 
 def _run_kafka(args: argparse.Namespace) -> int:
     if args.action == "up":
-        cluster = kafka.up(args.version, args.nodes, args.dir, kafka.parse_config(args.config), args.timeout)
+        cluster = kafka.up(args.version, args.nodes, args.dir, kafka.parse_config(args.config), args.timeout,
+                           sidecars=args.sidecars, zookeeper=args.zookeeper)
         print(json.dumps(cluster.summary()), flush=True)
     elif args.action == "down":
         kafka.down(args.dir)
     elif args.action == "status":
         print(json.dumps(kafka.Cluster.load(args.dir).status()))
     elif args.action == "run":
-        cluster = kafka.up(args.version, args.nodes, args.dir, kafka.parse_config(args.config))
+        cluster = kafka.up(args.version, args.nodes, args.dir, kafka.parse_config(args.config),
+                           zookeeper=args.zookeeper)
         try:
             print(f"Kafka {cluster.version} is up. bootstrap.servers={cluster.bootstrap_servers}", flush=True)
             print("Press Ctrl-C to stop.", flush=True)

@@ -38,22 +38,26 @@ class ClusterPool:
             OrderedDict()
 
     def get(self, version: str, nodes: int = 1, config: dict[str, str] | None = None,
-            sidecars: bool = False, scram_users: dict[str, str] | None = None, acls: bool = False) -> kafka.Cluster:
-        # SCRAM users and ACLs make a cluster of its own kind: the key holds them (users sorted, in the config part).
+            sidecars: bool = False, scram_users: dict[str, str] | None = None, acls: bool = False,
+            zookeeper: bool = False) -> kafka.Cluster:
+        # SCRAM users, ACLs and ZooKeeper mode make a cluster of its own kind: the key holds them (users
+        # sorted, in the config part).
         key = (version, nodes, sidecars, tuple(sorted({**(config or {}), **{
-            f"scram-user:{u}": pw for u, pw in (scram_users or {}).items()}, **({"acls": "on"} if acls else {})}
-            .items())))
+            f"scram-user:{u}": pw for u, pw in (scram_users or {}).items()}, **({"acls": "on"} if acls else {}),
+            **({"mode": "zookeeper"} if zookeeper else {})}.items())))
         cluster = self._clusters.get(key)
         if cluster is None:
             while len(self._clusters) >= self.max_alive:
                 _, oldest = self._clusters.popitem(last=False)
                 oldest.down()
-            directory = self.root / f"kafka-{version}-{nodes}n{'-sidecar' if sidecars else ''}-{next(_counter)}"
+            directory = self.root / (f"kafka-{version}-{nodes}n{'-zk' if zookeeper else ''}"
+                                     f"{'-sidecar' if sidecars else ''}-{next(_counter)}")
             cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars, die_with_parent=True,
-                               scram_users=scram_users, acls=acls)
+                               scram_users=scram_users, acls=acls, zookeeper=zookeeper)
             self._clusters[key] = cluster
         else:
             # A test may have stopped a node and failed before restarting it.
+            cluster.start_zookeeper()
             for n in cluster.nodes:
                 if not kafka._alive(n.pid):
                     cluster.start_node(n.id)

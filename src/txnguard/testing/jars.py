@@ -12,9 +12,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-# The versions the project tests against. 4.4.0 of kafka_2.13 exists on Maven
-# Central but its kafka-tools does not, so the newest complete 4.x is 4.3.1.
-KAFKA_VERSIONS = ("3.5.2", "3.9.2", "4.3.1")
+# The versions the project tests against (KRaft servers and their tools), and the ZooKeeper-mode
+# servers (kafka_2.13 carries the ZooKeeper its POM names: 2.8.2 -> 3.5.9, 3.0.2 -> 3.6.3,
+# 3.4.1 -> 3.6.4).
+KAFKA_VERSIONS = ("3.5.2", "3.9.2", "4.3.1", "4.4.0")
+ZOOKEEPER_KAFKA_VERSIONS = ("2.8.2", "3.0.2", "3.4.1")
 JAVA_CLIENT_VERSIONS = ("2.8.2", "3.5.2")
 
 _POM = """<?xml version="1.0" encoding="UTF-8"?>
@@ -110,6 +112,8 @@ def resolve_all() -> list[Path]:
     for v in KAFKA_VERSIONS:
         out.append(resolve("kafka_2.13", v))
         out.append(resolve("kafka-tools", v))
+    for v in ZOOKEEPER_KAFKA_VERSIONS:
+        out.append(resolve("kafka_2.13", v))
     for v in JAVA_CLIENT_VERSIONS:
         out.append(resolve("kafka-tools", v))
     return out

@@ -1,12 +1,19 @@
-"""Start, stop and inspect real Apache Kafka clusters (KRaft, loopback) from Maven Central jars.
+"""Start, stop and inspect real Apache Kafka clusters (KRaft or ZooKeeper, loopback) from Maven Central jars.
 
 A cluster lives in a folder: `cluster.json` (ports, pids, version), one
 `node-N/` per node with its `server.properties`, data and `server.log`. The
 folder is the handle: `up` writes it, `down` and `status` read it, so a
 cluster started by one process (the CLI) can be stopped by another.
 
-Every node is a combined broker+controller. Three nodes form a 3-voter quorum,
-so the cluster survives the loss of any one node.
+KRaft (the default): every node is a combined broker+controller. Three nodes form a
+3-voter quorum, so the cluster survives the loss of any one node.
+
+ZooKeeper mode (`zookeeper=True`; Kafka 2.8-3.9, the clusters most users of pre-3.6 brokers
+run): one ZooKeeper server in `zookeeper/` (org.apache.zookeeper.server.ZooKeeperServerMain
+from the jar the Kafka POM names, already on the broker's classpath: 2.8.2 -> 3.5.9,
+3.0.2-3.3.2 -> 3.6.3, 3.4.1 -> 3.6.4), then N brokers with `zookeeper.connect`; one of them
+is elected controller through ZooKeeper. ZooKeeper itself is not one of the nodes: stop,
+kill and restart act on brokers, and `down` stops the brokers and then ZooKeeper.
 """
 
 from __future__ import annotations
@@ -96,6 +103,17 @@ class Cluster:
     # Test sessions set this: if the process that started a node dies (a killed pytest), the
     # kernel stops the node too. The CLI's clusters must outlive the CLI, so it does not.
     die_with_parent: bool = False
+    # ZooKeeper mode: the ZooKeeper server's client port and pid (None in KRaft mode).
+    zookeeper_port: int | None = None
+    zookeeper_pid: int | None = None
+
+    @property
+    def zookeeper(self) -> bool:
+        return self.zookeeper_port is not None
+
+    @property
+    def zookeeper_connect(self) -> str | None:
+        return f"{self.nodes[0].host}:{self.zookeeper_port}" if self.zookeeper else None
 
     # -- addresses -----------------------------------------------------------
 
@@ -124,12 +142,18 @@ class Cluster:
         return ",".join(n.address for n in self.nodes if _alive(n.pid)) or self.bootstrap_servers
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap_servers,
             "nodes": [{"id": n.id, "host": n.host, "port": n.port} for n in self.nodes],
             "version": self.version,
+            "mode": "zookeeper" if self.zookeeper else "kraft",
             "dir": self.dir,
         }
+        if self.zookeeper:
+            out["zookeeper_connect"] = self.zookeeper_connect
+        if any(n.sidecar_port is not None for n in self.nodes):
+            out["sidecar_bootstrap"] = self.sidecar_bootstrap
+        return out
 
     # -- persistence ------------------------------------------------------------
 
@@ -164,8 +188,13 @@ class Cluster:
         node = self.node(node_id)
         if _alive(node.pid):
             return
-        _check_port_free(node.host, node.port)
-        _check_port_free(node.host, node.controller_port)
+        # A SIGKILLed node's accepted connections linger on its port for a while (in ZooKeeper mode the
+        # controller's connection to every broker, itself included, lands on the broker's port).
+        _wait_port_free(node.host, node.port)
+        if not self.zookeeper:
+            _check_port_free(node.host, node.controller_port)
+        else:
+            self._wait_unregistered(node_id)
         classpath = jars.classpath(jars.resolve("kafka_2.13", self.version))
         nd = self.node_dir(node_id)
         log = open(nd / "server.log", "ab")  # noqa: SIM115 - handed to the child process
@@ -234,9 +263,78 @@ class Cluster:
         self.start_node(node_id)
         self.wait_ready(timeout_s)
 
+    # -- ZooKeeper (ZooKeeper mode only) ---------------------------------------------------------
+
+    @property
+    def zookeeper_dir(self) -> Path:
+        return self.path / "zookeeper"
+
+    def start_zookeeper(self, timeout_s: float = 30.0) -> None:
+        """ZooKeeperServerMain from the broker's own classpath (the ZooKeeper its Kafka POM names)."""
+        if not self.zookeeper or _alive(self.zookeeper_pid):
+            return
+        host, port = self.nodes[0].host, self.zookeeper_port
+        assert port is not None
+        _check_port_free(host, port)
+        zd = self.zookeeper_dir
+        log = open(zd / "zookeeper.log", "ab")  # noqa: SIM115 - handed to the child process
+        proc = subprocess.Popen(
+            ["java", "-Xmx128m", "-Xms64m", f"-Dlog4j.configuration=file:{zd / 'log4j.properties'}",
+             f"-Dlog4j2.configurationFile={zd / 'log4j2.properties'}", "-Dzookeeper.admin.enableServer=false",
+             "-cp", jars.classpath(jars.resolve("kafka_2.13", self.version)),
+             "org.apache.zookeeper.server.ZooKeeperServerMain", str(zd / "zoo.cfg")],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )
+        log.close()
+        self.zookeeper_pid = proc.pid
+        self.save()
+        deadline = time.monotonic() + timeout_s
+        while not _port_open(host, port):
+            if not _alive(self.zookeeper_pid):
+                raise HarnessError(f"ZooKeeper exited early; last lines of its log:\n{self._zk_tail()}")
+            if time.monotonic() > deadline:
+                raise HarnessError(f"ZooKeeper did not open {host}:{port} within {timeout_s:.0f}s:\n"
+                                   f"{self._zk_tail()}")
+            time.sleep(0.1)
+
+    def _wait_unregistered(self, node_id: int, timeout_s: float = 30.0) -> None:
+        """A SIGKILLed broker's registration (an ephemeral znode) lives until its ZooKeeper session expires
+        (zookeeper.session.timeout.ms, 6 s here); a broker started before that dies with "node already
+        exists". ZooKeeper's `dump` command lists every session's ephemeral nodes."""
+        if not _alive(self.zookeeper_pid):
+            return
+        host, port = self.nodes[0].host, self.zookeeper_port
+        assert port is not None
+        path = f"/brokers/ids/{node_id}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((host, port), timeout=2) as s:
+                    s.sendall(b"dump")
+                    out = b""
+                    while chunk := s.recv(65536):
+                        out += chunk
+            except OSError:
+                return  # ZooKeeper cannot say: let the broker try
+            if path not in out.decode(errors="replace").split():
+                return
+            time.sleep(0.2)
+        raise HarnessError(f"broker {node_id} is still registered in ZooKeeper after {timeout_s:.0f}s")
+
+    def stop_zookeeper(self) -> None:
+        _terminate(self.zookeeper_pid, STOP_GRACE_S)
+        self.zookeeper_pid = None
+        self.save()
+
+    def _zk_tail(self, lines: int = 40) -> str:
+        log = self.zookeeper_dir / "zookeeper.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
     def down(self) -> None:
         """Stop every node: SIGTERM to all at once (one at a time, the last waits for the others'
-        timeouts), wait, then SIGKILL whatever is left."""
+        timeouts), wait, then SIGKILL whatever is left. ZooKeeper last: brokers shut down cleanly
+        only while they can reach it."""
         running = [n.pid for n in self.nodes if n.pid is not None and _alive(n.pid)]
         for pid in running:
             with contextlib.suppress(ProcessLookupError):
@@ -250,6 +348,8 @@ class Cluster:
             _terminate(n.pid, 0)  # SIGKILL only what ignored SIGTERM
             n.pid = None
         self.save()
+        if self.zookeeper:
+            self.stop_zookeeper()
 
     def status(self) -> dict[str, Any]:
         out = self.summary()
@@ -257,12 +357,18 @@ class Cluster:
             entry["pid"] = n.pid
             entry["alive"] = _alive(n.pid)
             entry["listening"] = _port_open(n.host, n.port)
+        if self.zookeeper:
+            assert self.zookeeper_port is not None
+            out["zookeeper"] = {"pid": self.zookeeper_pid, "alive": _alive(self.zookeeper_pid),
+                                "listening": _port_open(self.nodes[0].host, self.zookeeper_port)}
         return out
 
     # -- readiness ---------------------------------------------------------------------
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Every live broker registered in metadata, and a transactional id gets a producer id."""
+        """Every live broker registered in metadata, a transactional id gets a producer id, and a group
+        has a coordinator (__consumer_offsets exists and is loaded: a confluent-kafka client's first
+        send_offsets_to_transaction on a fresh cluster can otherwise hang while it is being created)."""
         deadline = time.monotonic() + timeout_s
         live = [n for n in self.nodes if n.pid is not None]
         for n in live:
@@ -278,9 +384,10 @@ class Cluster:
             for n in live:
                 self._check_alive(n)
             try:
-                if self._registered(live[0]) >= want and self._transactions_work(live[0]):
+                if self._registered(live[0]) >= want and self._transactions_work(live[0]) \
+                        and self._groups_work(live[0]):
                     return
-                last = "brokers not all registered, or the transaction coordinator is not ready"
+                last = "brokers not all registered, or the transaction or group coordinator is not ready"
             except (OSError, RawProtocolError) as e:
                 last = repr(e)
             if time.monotonic() > deadline:
@@ -306,6 +413,10 @@ class Cluster:
         with RawClient(host, port, timeout=10) as c:
             r = c.init_producer_id("txnguard-harness-probe", 10000)
             return bool(r.error_code == ErrorCode.none)
+
+    def _groups_work(self, n: Node) -> bool:
+        with RawClient(n.host, n.port, timeout=10) as c:
+            return bool(c.find_coordinator("txnguard-harness-probe", key_type=0).error_code == ErrorCode.none)
 
     # -- lookups ----------------------------------------------------------------------
 
@@ -348,6 +459,115 @@ def _cluster_id() -> str:
             return cid
 
 
+def _listener_layout(cluster: Cluster, n: Node, voters: str, sidecars: bool) -> dict[str, str]:
+    """A node's role and listeners: KRaft broker+controller or a ZooKeeper-mode broker; with `sidecars`,
+    clients learn the sidecar's address and brokers replicate over a listener of their own."""
+    host = n.host
+    if cluster.zookeeper:
+        props = {
+            "broker.id": str(n.id),
+            "zookeeper.connect": str(cluster.zookeeper_connect),
+            "zookeeper.session.timeout.ms": "6000",  # a killed broker leaves the cluster within 6 s
+            "listeners": f"PLAINTEXT://{host}:{n.port}",
+            "advertised.listeners": f"PLAINTEXT://{host}:{n.port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT",
+        }
+        if sidecars:
+            props.update({
+                "listeners": f"PLAINTEXT://{host}:{n.port},BROKER://{host}:{n.broker_port}",
+                "advertised.listeners": f"PLAINTEXT://{host}:{n.sidecar_port},BROKER://{host}:{n.broker_port}",
+                "inter.broker.listener.name": "BROKER",
+                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT",
+            })
+        return props
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(n.id),
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://{host}:{n.port},CONTROLLER://{host}:{n.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{n.port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    }
+    if sidecars:
+        props.update({
+            "listeners": f"PLAINTEXT://{host}:{n.port},BROKER://{host}:{n.broker_port},"
+                         f"CONTROLLER://{host}:{n.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{host}:{n.sidecar_port},BROKER://{host}:{n.broker_port}",
+            "inter.broker.listener.name": "BROKER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        })
+    return props
+
+
+def _security(props: dict[str, str], n: Node, tls: Any, sasl_users: Mapping[str, str] | None,
+              scram_users: Mapping[str, str] | None, acls: bool) -> None:
+    """Extra TLS and SASL listeners, SCRAM and the authorizer, added to a node's settings."""
+    host = n.host
+    if tls is not None:
+        # An extra TLS listener; KIP-651 PEM stores, so the test certificates need no keytool.
+        props["listeners"] += f",SSL://{host}:{n.ssl_port}"
+        props["advertised.listeners"] += f",SSL://{host}:{n.ssl_port}"
+        props["listener.security.protocol.map"] += ",SSL:SSL"
+        props.update({
+            "listener.name.ssl.ssl.keystore.type": "PEM",
+            "listener.name.ssl.ssl.keystore.location": str(tls.server_pem),
+            "listener.name.ssl.ssl.truststore.type": "PEM",
+            "listener.name.ssl.ssl.truststore.location": str(tls.ca),
+            "listener.name.ssl.ssl.client.auth": "requested",
+        })
+    if sasl_users or scram_users:
+        users = " ".join(f'user_{u}="{pw}"' for u, pw in {**(sasl_users or {}), **(scram_users or {})}.items())
+        props["listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
+        props["advertised.listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
+        props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+        props.update({
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+        })
+    if scram_users:
+        props.update({
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        })
+    if acls:
+        props.update({
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found": "false",
+        })
+
+
+def _before_kraft(version: str) -> bool:
+    """Kafka before 3.0 has no KRaft storage tool this harness can drive (2.8's KRaft was early access)."""
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor) < (3, 0)
+
+
+def _zookeeper_config(cluster: Cluster, host: str) -> None:
+    """A standalone ZooKeeper for the cluster: its own data folder, no admin server (it would take port 8080)."""
+    zd = cluster.zookeeper_dir
+    if zd.exists():
+        subprocess.run(["rm", "-rf", str(zd)], check=True)
+    (zd / "data").mkdir(parents=True)
+    _log_config(zd)
+    (zd / "zoo.cfg").write_text(_properties({
+        "dataDir": str(zd / "data"),
+        "clientPort": str(cluster.zookeeper_port),
+        "clientPortAddress": host,
+        "tickTime": "2000",
+        "initLimit": "10",
+        "syncLimit": "5",
+        "maxClientCnxns": "0",
+        "admin.enableServer": "false",
+        "4lw.commands.whitelist": "dump,ruok,srvr",  # `dump`: the harness waits for a killed broker's znode to go
+    }))
+
+
 def _properties(values: Mapping[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
@@ -384,8 +604,13 @@ def create(
     sasl_users: Mapping[str, str] | None = None,
     scram_users: Mapping[str, str] | None = None,
     acls: bool = False,
+    zookeeper: bool = False,
 ) -> Cluster:
     """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
+
+    With `zookeeper`, a ZooKeeper-mode cluster (Kafka 2.8-3.9): a `zookeeper/` folder with its
+    zoo.cfg, brokers with `broker.id` and `zookeeper.connect`, no storage to format. SCRAM users
+    and ACLs are KRaft-only here (they need the metadata log or StandardAuthorizer).
 
     With `sidecars`, every broker advertises a sidecar port for clients (see
     deploy/sidecar/README.md): the layout a txnguard sidecar deployment uses.
@@ -398,10 +623,14 @@ def create(
     """
     if nodes < 1:
         raise HarnessError("a cluster needs at least one node")
+    if zookeeper and (scram_users or acls):
+        raise HarnessError("SCRAM users and ACLs are set up in KRaft mode only; drop --zookeeper")
+    if not zookeeper and _before_kraft(version):
+        raise HarnessError(f"Kafka {version} has no production KRaft mode here: use --zookeeper")
     path = Path(directory).absolute()
     if (path / "cluster.json").exists():
         old = Cluster.load(path)
-        if any(_alive(n.pid) for n in old.nodes):
+        if any(_alive(n.pid) for n in old.nodes) or _alive(old.zookeeper_pid):
             raise HarnessError(f"a cluster is already running in {path}: run `txnguard kafka down --dir {path}`")
     path.mkdir(parents=True, exist_ok=True)
     taken: set[int] = set()
@@ -412,7 +641,10 @@ def create(
                     sasl_port=_free_port(host, taken) if sasl_users or scram_users else None)
                for i in range(1, nodes + 1)]
     settings = {**_base_config(nodes), **(config or {})}
-    cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings)
+    cluster = Cluster(version=version, dir=str(path), nodes=members, config=settings,
+                      zookeeper_port=_free_port(host, taken) if zookeeper else None)
+    if zookeeper:
+        _zookeeper_config(cluster, host)
     voters = ",".join(f"{n.id}@{n.host}:{n.controller_port}" for n in members)
     cluster_id = _cluster_id()
     server_jars = jars.resolve("kafka_2.13", version)
@@ -423,64 +655,13 @@ def create(
         (nd / "data").mkdir(parents=True)
         (nd / "logs").mkdir()
         _log_config(nd)
-        props = {
-            "process.roles": "broker,controller",
-            "node.id": str(n.id),
-            "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://{host}:{n.port},CONTROLLER://{host}:{n.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{host}:{n.port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(nd / "data"),
-            **settings,
-        }
-        if sidecars:
-            # Clients learn the sidecar's address; brokers replicate over their own listener.
-            props.update({
-                "listeners": f"PLAINTEXT://{host}:{n.port},BROKER://{host}:{n.broker_port},"
-                             f"CONTROLLER://{host}:{n.controller_port}",
-                "advertised.listeners": f"PLAINTEXT://{host}:{n.sidecar_port},BROKER://{host}:{n.broker_port}",
-                "inter.broker.listener.name": "BROKER",
-                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            })
-        if tls is not None:
-            # An extra TLS listener; KIP-651 PEM stores, so the test certificates need no keytool.
-            props["listeners"] += f",SSL://{host}:{n.ssl_port}"
-            props["advertised.listeners"] += f",SSL://{host}:{n.ssl_port}"
-            props["listener.security.protocol.map"] += ",SSL:SSL"
-            props.update({
-                "listener.name.ssl.ssl.keystore.type": "PEM",
-                "listener.name.ssl.ssl.keystore.location": str(tls.server_pem),
-                "listener.name.ssl.ssl.truststore.type": "PEM",
-                "listener.name.ssl.ssl.truststore.location": str(tls.ca),
-                "listener.name.ssl.ssl.client.auth": "requested",
-            })
-        if sasl_users or scram_users:
-            users = " ".join(f'user_{u}="{pw}"' for u, pw in {**(sasl_users or {}), **(scram_users or {})}.items())
-            props["listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
-            props["advertised.listeners"] += f",SASL_PLAINTEXT://{host}:{n.sasl_port}"
-            props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
-            props.update({
-                "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
-                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
-            })
-        if scram_users:
-            props.update({
-                "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
-                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-            })
-        if acls:
-            props.update({
-                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                "super.users": "User:ANONYMOUS",
-                "allow.everyone.if.no.acl.found": "false",
-            })
+        props = {**_listener_layout(cluster, n, voters, sidecars), "log.dirs": str(nd / "data"), **settings}
+        _security(props, n, tls, sasl_users, scram_users, acls)
         scram = [a for u, pw in (scram_users or {}).items()
                  for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={pw}]")]
         (nd / "server.properties").write_text(_properties(props))
+        if zookeeper:
+            continue  # ZooKeeper mode formats nothing: the broker creates its log dirs and registers itself
         fmt = subprocess.run(
             ["java", "-Xmx256m", f"-Dlog4j.configuration=file:{nd / 'log4j.properties'}",
              f"-Dlog4j2.configurationFile={nd / 'log4j2.properties'}",
@@ -506,12 +687,14 @@ def up(
     sasl_users: Mapping[str, str] | None = None,
     scram_users: Mapping[str, str] | None = None,
     acls: bool = False,
+    zookeeper: bool = False,
 ) -> Cluster:
-    """Create, start and wait until every broker is registered and transactions work."""
+    """Create, start and wait until every broker is registered and transactions and groups work."""
     cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls, sasl_users=sasl_users,
-                     scram_users=scram_users, acls=acls)
+                     scram_users=scram_users, acls=acls, zookeeper=zookeeper)
     cluster.die_with_parent = die_with_parent
     try:
+        cluster.start_zookeeper()
         for n in cluster.nodes:
             cluster.start_node(n.id)
         cluster.wait_ready(timeout_s)
@@ -607,6 +790,18 @@ def _port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _wait_port_free(host: str, port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _check_port_free(host, port)
+            return
+        except HarnessError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _check_port_free(host: str, port: int) -> None:

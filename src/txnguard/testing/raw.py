@@ -428,14 +428,28 @@ def partition_count(bootstrap_servers: str, topic: str) -> int:
     return len(md.topics[0].partitions)
 
 
+def _create_at_controller(addresses: list[str], name: str, partitions: int, replication_factor: int,
+                          configs: dict[str, str] | None) -> None:
+    for i, address in enumerate(addresses):
+        with RawClient(*_split(address)) as c:
+            try:
+                c.create_topic(name, partitions, replication_factor, configs)
+                return
+            except RawProtocolError as e:
+                if "not_controller" not in str(e) or i == len(addresses) - 1:
+                    raise
+
+
 def create_topic(
     bootstrap_servers: str, name: str, partitions: int = 1, replication_factor: int = -1,
     configs: dict[str, str] | None = None, deadline_s: float = 30.0,
 ) -> None:
-    """Create a topic and wait until every partition has a leader that every broker knows."""
-    host, port = any_broker(bootstrap_servers)
-    with RawClient(host, port) as c:
-        c.create_topic(name, partitions, replication_factor, configs)
+    """Create a topic and wait until every partition has a leader that every broker knows.
+
+    Asked of the controller: a KRaft broker forwards CreateTopics to it, a ZooKeeper-mode broker answers
+    NOT_CONTROLLER unless it is the controller itself: each address is tried until one is (the addresses
+    given are where brokers really listen, which is not what a sidecar layout's Metadata advertises)."""
+    _create_at_controller(bootstrap_servers.split(","), name, partitions, replication_factor, configs)
     end = time.monotonic() + deadline_s
     for address in bootstrap_servers.split(","):
         h, p = _split(address)

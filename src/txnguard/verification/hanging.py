@@ -36,6 +36,11 @@ MINUTE_MS = 60_000
 NO_TRANSACTIONAL_ID = "no_transactional_id"            # ListTransactions knows no id for this producer id
 TRANSACTIONAL_ID_NOT_FOUND = "transactional_id_not_found"  # DescribeTransactions: TRANSACTIONAL_ID_NOT_FOUND
 NOT_IN_TRANSACTION = "partition_not_in_transaction"    # the coordinator's transaction does not list it
+# Kafka 2.8 has no ListTransactions or DescribeTransactions (KIP-664 finished in 3.0): an open transaction
+# whose producer last wrote longer ago than the maximum transaction timeout is reported without the
+# coordinator's confirmation. The coordinator aborts every transaction within its own timeout (at most
+# transaction.max.timeout.ms), so such a partition hangs unless its abort marker is still on its way.
+UNCONFIRMED = "unconfirmed_coordinator_cannot_be_asked"
 
 HEADERS = ("Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
            "LastTimestamp", "Duration(min)")
@@ -212,6 +217,12 @@ class HangingScan:
         if not self._transactional_ids:
             return Done(self._judge({}))
         return AskDescriptions(frozenset(self._transactional_ids.values()))
+
+    def transactional_ids_unavailable(self) -> Done:
+        """The brokers lack ListTransactions (Kafka < 3.0): every candidate, unconfirmed (see UNCONFIRMED)."""
+        return Done(tuple(Finding(c.topic, c.partition, c.producer.producer_id, c.producer.producer_epoch,
+                                  c.producer.coordinator_epoch, c.producer.current_txn_start_offset,
+                                  c.producer.last_timestamp_ms, UNCONFIRMED) for c in self.candidates))
 
     def descriptions_answered(self, descriptions: Mapping[str, TransactionView | None]) -> Done:
         """Every asked id: its description, or None for TRANSACTIONAL_ID_NOT_FOUND."""

@@ -21,6 +21,7 @@ class Evidence(enum.Enum):
     COORDINATOR = "coordinator"  # DescribeTransactions answered now
     CACHE = "cache"              # a coordinator answer within its staleness bound
     REQUEST = "request"          # the request itself decides (more than one producer id)
+    NONE = "none"                # none could be had: the coordinator lacks DescribeTransactions (Kafka < 3.0)
 
 
 @dataclass(frozen=True, slots=True)

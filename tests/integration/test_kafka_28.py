@@ -1,0 +1,299 @@
+"""Kafka 2.8.2 in ZooKeeper mode: brokers without DescribeTransactions or ListTransactions (KIP-664 came in 3.0).
+
+The proxy reads each broker's ApiVersions on every connection it opens and never sends an API the broker
+does not list (2.8 closes the connection on one: `Unexpected api key: 65` in its log). Without the
+coordinator's answer, evidence comes from what the proxy saw (a gateway sees every AddPartitionsToTxn of a
+transaction it saw begin) and from the leader (DescribeProducers: an open transaction of this producer on
+the partition). A write with neither is refused at once as not added, with the error each client family
+aborts on (INVALID_TXN_STATE; TRANSACTION_ABORTABLE for kafka-python), never held:
+
+    client ─InitProducerId/AddPartitionsToTxn(p0)─▶ broker            (not through the proxy)
+    client ─Produce p0─▶ gateway: no local evidence, the coordinator lacks DescribeTransactions
+        gateway ─▶ client: INVALID_TXN_STATE at once (evidence "none"); nothing written, nothing held
+    client ─AbortTxn, then AddPartitionsToTxn(p0), Produce p0, EndTxn─▶ gateway: local evidence, committed
+
+Every test ends by counting `Unexpected api key` in the brokers' logs: 0.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from txnguard.testing import clients, jars, kafka
+from txnguard.testing.fixtures import ClusterPool, fresh_topic
+from txnguard.testing.kafka import Cluster
+from txnguard.testing.proxy import ProxyThread, broker_addresses, gateway_for
+from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings(r"ignore:.*is deprecated\. Use files\(\) instead:DeprecationWarning"),
+]
+
+VERSION = "2.8.2"
+# What each family gets for a write the proxy cannot verify on 2.8 (the policy's "not in the transaction").
+ABORTABLE = {"kafka-python": "TRANSACTION_ABORTABLE", "confluent-kafka": "INVALID_TXN_STATE",
+             "aiokafka": "INVALID_TXN_STATE"}
+
+
+@pytest.fixture(scope="module")
+def cluster(kafka_pool: ClusterPool) -> Cluster:
+    return kafka_pool.get(VERSION, 1, zookeeper=True)
+
+
+@pytest.fixture(scope="module")
+def cluster3(kafka_pool: ClusterPool) -> Cluster:
+    return kafka_pool.get(VERSION, 3, sidecars=True, zookeeper=True)
+
+
+def unexpected_api_key_lines(cluster: Cluster) -> int:
+    return sum((cluster.node_dir(n.id) / "server.log").read_text(errors="replace").count("Unexpected api key")
+               for n in cluster.nodes)
+
+
+def _never_held(proxy: ProxyThread) -> None:
+    assert proxy.metric("txnguard_verification_hold_endings_total", {"ending": "timeout"}) == 0
+    assert proxy.metric("txnguard_verification_hold_endings_total", {"ending": "decided"}) == 0
+
+
+def _readyz(proxy: ProxyThread) -> tuple[int, str]:
+    with urllib.request.urlopen(proxy.admin_url + "/readyz", timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+def _lacks(proxy: ProxyThread, api: str) -> float:
+    assert proxy.proxy is not None
+    return sum(s.value for m in proxy.proxy.metrics.registry.collect() if m.name == "txnguard_broker_api_missing"
+               for s in m.samples if s.labels.get("api") == api)
+
+
+# -- the harness -------------------------------------------------------------------------------------------
+
+
+def test_a_zookeeper_cluster_is_what_the_harness_says(cluster: Cluster) -> None:
+    """ZooKeeper mode: a ZooKeeper process, brokers registered through it, transactions and groups ready."""
+    status = cluster.status()
+    assert (status["mode"], status["version"]) == ("zookeeper", VERSION)
+    assert status["zookeeper"]["alive"] and status["zookeeper"]["listening"]
+    assert [n["alive"] for n in status["nodes"]] == [True]
+    config = (cluster.node_dir(1) / "server.properties").read_text()
+    assert f"zookeeper.connect={cluster.zookeeper_connect}" in config and "process.roles" not in config
+    # The ZooKeeper Kafka 2.8.2's POM names, run from the broker's own classpath.
+    assert [p.name for p in jars.resolve("kafka_2.13", VERSION).glob("zookeeper-3*.jar")] == ["zookeeper-3.5.9.jar"]
+    assert cluster.transaction_coordinator("any-txn") == 1 and cluster.group_coordinator("any-group") == 1
+
+
+def test_zookeeper_cluster_kill_restart_and_down_leaves_nothing(tmp_path) -> None:
+    """Kafka 3.4.1 in ZooKeeper mode through the Python API: a SIGKILLed broker comes back (its old ZooKeeper
+    session expires first), and `down` leaves no process and no port behind."""
+    c = kafka.up("3.4.1", 1, tmp_path / "zk341", zookeeper=True, die_with_parent=True)
+    try:
+        pids = [c.node(1).pid, c.zookeeper_pid]
+        c.restart_node(1, kill=True)
+        assert c.status()["nodes"][0]["alive"] and c.transaction_coordinator("after-restart") == 1
+        pids.append(c.node(1).pid)
+    finally:
+        c.down()
+    assert not any(kafka._alive(p) for p in pids)
+    for port in (c.node(1).port, c.zookeeper_port):
+        assert port is not None and not kafka._port_open("127.0.0.1", port)
+    assert kafka.Cluster.load(tmp_path / "zk341").status()["zookeeper"]["alive"] is False
+
+
+# -- a gateway ---------------------------------------------------------------------------------------------
+
+
+def test_gateway_s1_s2_s5_prevented_on_2_8_without_asking_the_coordinator(cluster: Cluster, start_proxy,
+                                                                         unique_name) -> None:
+    """S1 (never added), S2 (late write after the abort), S5 (offsets of a group never added), each first
+    directly (it hangs: the 2.8 broker verifies nothing) and then through a gateway (refused at once)."""
+    before = unexpected_api_key_lines(cluster)
+    topic = fresh_topic(cluster, unique_name("s1d"))
+    direct = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    direct.init()
+    assert direct.produce(topic, 0, [b"never-added"]).error_code == ErrorCode.none
+    assert offsets(cluster.bootstrap_servers, topic, 0) == (1, 0), "direct S1 should hang the partition"
+
+    proxy = gateway_for(cluster, start_proxy)
+    s1 = fresh_topic(cluster, unique_name("s1p"))
+    actor = TxnActor(proxy.bootstrap, unique_name("txn"))
+    actor.init()
+    started = time.monotonic()
+    r = actor.produce(s1, 0, [b"never-added"])
+    waited = time.monotonic() - started
+    assert (error_name(r.error_code), r.error_message) == ("INVALID_TXN_STATE",
+                                                            "Partition was not added to the transaction")
+    assert offsets(cluster.bootstrap_servers, s1, 0) == (0, 0)
+    print(f"S1 through the gateway on {VERSION}: INVALID_TXN_STATE after {waited * 1000:.0f} ms")
+
+    # S2: the gateway saw the EndTxn, so the late write is refused from its own evidence.
+    s2 = fresh_topic(cluster, unique_name("s2p"))
+    late = TxnActor(proxy.bootstrap, unique_name("txn"))
+    late.init()
+    assert late.add_partitions(s2, 0) == {0: 0}
+    assert late.produce(s2, 0, [b"in-txn"]).error_code == ErrorCode.none
+    assert late.end(commit=False) == ErrorCode.none
+    wait_stable(cluster.bootstrap_servers, s2)
+    assert error_name(late.produce(s2, 0, [b"late"], sequence=1).error_code) == "INVALID_TXN_STATE"
+    assert offsets(cluster.bootstrap_servers, s2, 0) == (2, 2)  # the aborted record and its marker
+
+    # S5: TxnOffsetCommit for a group never added.
+    assert error_name(actor.commit_offsets(unique_name("group"), {s1: {0: 1}})[0]) == "INVALID_TXN_STATE"
+
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 2
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "late_write"}) == 1
+    _never_held(proxy)
+    assert unexpected_api_key_lines(cluster) == before == 0
+
+
+def test_gateway_write_without_local_evidence_is_refused_at_once_and_the_redone_transaction_commits(
+        cluster: Cluster, start_proxy, unique_name) -> None:
+    """The transaction began before the gateway saw it (a restarted proxy, a client moved between replicas):
+    no local evidence, no DescribeTransactions to ask. Refused at once; the client's abort and redo pass."""
+    topic = fresh_topic(cluster, unique_name("nolocal"))
+    proxy = gateway_for(cluster, start_proxy)
+    actor = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}   # directly: the gateway never saw it
+    actor.bootstrap = proxy.bootstrap
+    started = time.monotonic()
+    r = actor.produce(topic, 0, [b"unverifiable"])
+    waited = time.monotonic() - started
+    assert error_name(r.error_code) == "INVALID_TXN_STATE"
+    print(f"write without local evidence through the gateway on {VERSION}: INVALID_TXN_STATE after "
+          f"{waited * 1000:.0f} ms")
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "none", "outcome": "not_in_transaction", "decision": "rejected"}) == 1
+    # What an aborting client does next: abort, then the whole transaction again, seen by the gateway.
+    assert actor.end(commit=False) == ErrorCode.none
+    wait_stable(cluster.bootstrap_servers, topic)
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    assert actor.produce(topic, 0, [b"redone"]).error_code == ErrorCode.none
+    assert actor.end(commit=True) == ErrorCode.none
+    wait_stable(cluster.bootstrap_servers, topic)
+    assert offsets(cluster.bootstrap_servers, topic, 0) == (3, 3)  # abort marker, the record, commit marker
+
+    # Said once: the metric and /readyz name what the broker lacks (the proxy stays ready).
+    assert _lacks(proxy, "DescribeTransactions") == 1 and _lacks(proxy, "ListTransactions") == 1
+    assert _lacks(proxy, "DescribeProducers") == 0
+    status, body = _readyz(proxy)
+    assert status == 200 and body.startswith("ok; broker ") and "lacks DescribeTransactions" in body, body
+    _never_held(proxy)
+    assert unexpected_api_key_lines(cluster) == 0
+
+
+@pytest.mark.parametrize("client_name", list(clients.PYTHON_CLIENTS))
+def test_gateway_carries_each_client_family_exactly_on_2_8(cluster: Cluster, start_proxy, unique_name,
+                                                           client_name: str) -> None:
+    """Real clients through a gateway: every write has local evidence (the gateway forwarded its
+    AddPartitionsToTxn), so 2.8's missing DescribeTransactions is never needed: committed exactly once."""
+    client = clients.PYTHON_CLIENTS[client_name]
+    topic = fresh_topic(cluster, unique_name("fam"))
+    proxy = gateway_for(cluster, start_proxy)
+    values = [f"{client_name}-{i}".encode() for i in range(20)]
+    client.run_transaction(proxy.bootstrap, topic, unique_name("txn"), values[:10], commit=False, partition=0)
+    client.run_transaction(proxy.bootstrap, topic, unique_name("txn"), values[10:], commit=True, partition=0)
+    assert client.consume_committed(cluster.bootstrap_servers, topic) == values[10:]
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 0
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "local", "outcome": "pass", "decision": "forwarded"}) >= 2
+    assert proxy.wire is not None and proxy.wire.leaks(broker_addresses(cluster)) == []
+    assert unexpected_api_key_lines(cluster) == 0
+
+
+def test_gateway_java_2_8_copier_copies_exactly_on_2_8(cluster: Cluster, start_proxy, unique_name) -> None:
+    source, sink = fresh_topic(cluster, unique_name("src")), fresh_topic(cluster, unique_name("sink"))
+    values = [f"java-{i}".encode() for i in range(300)]
+    clients.PYTHON_CLIENTS["confluent-kafka"].produce(cluster.bootstrap_servers, source, values, partition=0)
+    proxy = gateway_for(cluster, start_proxy)
+    result = clients.java_transactional_copier(proxy.bootstrap, source, sink, unique_name("tid"),
+                                               unique_name("group"), max_messages=len(values), java_version="2.8.2",
+                                               transaction_size=50, timeout_s=120)
+    assert (result.total_processed, result.remaining) == (len(values), 0)
+    out = clients.PYTHON_CLIENTS["confluent-kafka"].consume_committed(cluster.bootstrap_servers, sink)
+    assert sorted(out) == sorted(values)
+    assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 0
+    assert unexpected_api_key_lines(cluster) == 0
+
+
+# -- sidecars ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sidecars(cluster3: Cluster, start_proxy) -> dict[int, ProxyThread]:
+    return {n.id: start_proxy(mode="sidecar", upstream=f"{n.host}:{n.port}", listen=f"{n.host}:{n.sidecar_port}")
+            for n in cluster3.nodes}
+
+
+def test_sidecar_leader_evidence_passes_and_a_first_write_is_refused_at_once(cluster3: Cluster, sidecars,
+                                                                             unique_name) -> None:
+    """A sidecar sees a producer's writes, not its AddPartitionsToTxn. The leader's DescribeProducers shows a
+    transaction already open on the partition (a later write: passes); a first write has no evidence at all
+    on 2.8 and is refused as not added, at once (S1 and S2 included)."""
+    bootstrap = cluster3.sidecar_bootstrap
+    topic = fresh_topic(cluster3, unique_name("sc"), replication_factor=3)
+    leader = sidecars[cluster3.leader(topic, 0)]
+    actor = TxnActor(bootstrap, unique_name("txn"))
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}
+    # The first write straight to the leader's own port (Metadata names only sidecars): it opens the
+    # transaction on the leader, as a write verified earlier in this transaction would have.
+    real = cluster3.node(cluster3.leader(topic, 0))
+    actor._leader = lambda topic, partition: actor._client(real.host, real.port)  # type: ignore[method-assign]
+    assert actor.produce(topic, 0, [b"first, direct"]).error_code == ErrorCode.none
+    del actor._leader
+    assert actor.produce(topic, 0, [b"second, through the sidecar"]).error_code == ErrorCode.none
+    assert leader.metric("txnguard_verifications_total",
+                         {"evidence": "leader", "outcome": "pass", "decision": "forwarded"}) == 1
+    assert actor.end(commit=True) == ErrorCode.none
+    wait_stable(bootstrap, topic)
+
+    # S2 through the sidecars: after the commit, a late write is a first write: refused.
+    started = time.monotonic()
+    late = actor.produce(topic, 0, [b"late"], sequence=0)
+    waited = time.monotonic() - started
+    assert error_name(late.error_code) == "INVALID_TXN_STATE"
+    # S1: never added.
+    never = TxnActor(bootstrap, unique_name("txn"))
+    never.init()
+    assert error_name(never.produce(topic, 0, [b"never-added"]).error_code) == "INVALID_TXN_STATE"
+    hw, lso = offsets(bootstrap, topic, 0)
+    assert hw == lso == 3  # two committed records and their marker: nothing hangs
+    print(f"first write through a sidecar on {VERSION}: INVALID_TXN_STATE after {waited * 1000:.0f} ms")
+    assert leader.metric("txnguard_verifications_total",
+                         {"evidence": "none", "outcome": "not_in_transaction", "decision": "rejected"}) == 2
+    for p in sidecars.values():
+        _never_held(p)
+    assert unexpected_api_key_lines(cluster3) == 0
+
+
+@pytest.mark.parametrize("client_name", list(clients.PYTHON_CLIENTS))
+def test_sidecar_first_writes_of_real_clients_get_their_abortable_error_not_a_stall(
+        cluster3: Cluster, sidecars, unique_name, client_name: str) -> None:
+    """What each family sees through 2.8 sidecars: every transaction's first write to a partition has no
+    evidence the sidecar can get (the coordinator cannot be asked), so it is refused at once with the error
+    the family aborts on. Nothing is committed, nothing hangs, no request waits for a timeout."""
+    client = clients.PYTHON_CLIENTS[client_name]
+    topic = fresh_topic(cluster3, unique_name("scfam"), replication_factor=3)
+    started = time.monotonic()
+    with pytest.raises(Exception) as failed:  # each family raises its own type
+        client.run_transaction(cluster3.sidecar_bootstrap, topic, unique_name("txn"), [b"a", b"b"], commit=True,
+                               partition=0, timeout_s=60)
+    waited = time.monotonic() - started
+    text = f"{type(failed.value).__name__}: {failed.value}"
+    print(f"{client_name} through 2.8 sidecars: {text[:300]} after {waited:.1f} s")
+    leader = sidecars[cluster3.leader(topic, 0)]
+    assert leader.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) >= 1
+    assert leader.metric("txnguard_error_rewrites_total", {
+        "api": "produce", "from_error": "UNSUPPORTED_VERSION", "to_error": ABORTABLE[client_name],
+        "client_family": "kafka-python" if client_name == "kafka-python" else
+        ("librdkafka" if client_name == "confluent-kafka" else "aiokafka")}) >= 1
+    hw, lso = offsets(cluster3.bootstrap_servers, topic, 0)
+    assert hw == lso, "nothing may hang"
+    for p in sidecars.values():
+        _never_held(p)
+    assert unexpected_api_key_lines(cluster3) == 0
