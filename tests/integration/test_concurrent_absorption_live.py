@@ -67,11 +67,13 @@ def test_a_short_transaction_loop_through_the_proxy_never_sees_concurrent_transa
 
 
 def _transaction_log_partition(transactional_id: str, partitions: int = 10) -> int:
-    """Kafka's own choice: abs(String.hashCode()) % transaction.state.log.num.partitions (10 in the harness)."""
+    """Kafka's own choice: Utils.abs(String.hashCode()) % transaction.state.log.num.partitions (10 in the
+    harness), where Utils.abs is Math.abs with Integer.MIN_VALUE taken to 0."""
     h = 0
     for ch in transactional_id:      # ASCII here: one UTF-16 unit per character, as Java hashes them
         h = (31 * h + ord(ch)) & 0xFFFFFFFF
-    return (h & 0x7FFFFFFF) % partitions
+    signed = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if signed == -(1 << 31) else abs(signed)) % partitions
 
 
 def test_control_with_absorption_off_a_raw_actor_receives_concurrent_transactions_through_the_tap(
