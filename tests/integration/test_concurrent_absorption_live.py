@@ -115,7 +115,9 @@ def test_control_with_absorption_off_a_raw_actor_receives_concurrent_transaction
     assert proxy.proxy is not None
     listeners = proxy.proxy.listeners
     proxy.wait_for(lambda: coordinator in listeners, 30, "the coordinator's listener")
-    actor = TxnActor(cluster.bootstrap_servers, txn_id)
+    # The actor bootstraps from A only: its EndTxn must not look for the coordinator on the frozen F first.
+    a = cluster.node(coordinator)
+    actor = TxnActor(f"{a.host}:{a.port}", txn_id)
     producer = actor.init()
     assert actor.add_partitions(topic, 0) == {0: ErrorCode.none}
     assert actor.produce(topic, 0, [b"v"]).error_code == ErrorCode.none
