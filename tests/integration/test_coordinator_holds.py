@@ -9,8 +9,10 @@
 
 Before the hold the proxy answered NOT_ENOUGH_REPLICAS after each bounded question (~1.1 s apart with
 `timeout_s: 1`): Sarama spent its 3 retries in ~4.5 s and aborted at a 6 s freeze, where Kafka 3.9.2's
-own verification held the Produce and the same client went through. The control cell turns the
-hold off (`hold_share: 0`) and shows that this test can fail.
+own verification held the Produce and the same client went through. The control turns the hold off
+(`hold_share: 0`) and shows that this test can fail: a raw actor writes while the coordinator is frozen,
+and the test resumes the coordinator only after the answers (so no timer decides the outcome); with the
+hold on, the same write is held until then.
 
 The proxy checks every write with the coordinator (no leader evidence, evidence TTL 0, each question
 bounded by 1 s: the project's S4 setting, and the worst case). Cells run here, one per value of each
@@ -59,12 +61,18 @@ def _report(cell: CellResult) -> None:
     print(f"\n{cell.row()}  errors={cell.errors[:2]}")
 
 
-# Each client and each freeze once (Sarama at 6 s with its budget cut to 1 retry is the control below);
-# bench/coordinator_freeze.py runs the whole matrix.
+# Each client and each freeze once (the control, without the hold, is the raw actor below);
+# bench/coordinator_freeze.py runs the whole matrix, reporting each cell's outcome.
 @pytest.mark.parametrize(("client", "freeze_s"), [
-    # kafka-python at 12 s failed once in a clean-clone run, after the hold had done its part: its EndTxn
-    # went to the old coordinator once it resumed, timed out after 30 s, and kafka-python treats that as
-    # fatal. Its 12 s cell passes in bench/coordinator_freeze.py; here 12 s is Sarama's and the native one.
+    # kafka-python at 12 s is not a cell of make test: its outcome is decided by kafka-python and the broker,
+    # not the proxy. One clean-clone run failed after the hold had done its part (its Produce held, then
+    # decided by the new coordinator): kafka-python's next transactional request, its EndTxn, went to the
+    # coordinator it knew, the frozen node, which lost the transaction log's leadership at its 9 s session
+    # timeout and, once resumed, did not answer it within kafka-python's 30 s request timeout. kafka-python
+    # 3.0.12 ends a transactional request that timed out as fatal (TxnRequestHandler.on_complete retries a
+    # KafkaConnectionError only; a RequestTimedOutError takes its "unknown reasons" branch), where the Java
+    # client retries it. Whether that EndTxn meets the old coordinator before it steps down is a race between
+    # the client and the broker's failover; bench/coordinator_freeze.py runs the cell and reports either outcome.
     ("kafka-python", 6.0),
     ("confluent-kafka", 2.0),
     ("sarama", 12.0),           # a failover that outlasts Sarama's 10 s Produce timeout: one hold runs out
@@ -96,37 +104,89 @@ def test_native_3_9_2_holds_the_write_for_a_small_retry_budget_client(kafka_pool
     assert cell.passed, cell
 
 
-# A budget smaller still: 1 retry, 100 ms after. librdkafka retries a NOT_ENOUGH_REPLICAS at once on the same
-# connection; Sarama refreshes its metadata first, and when that lands on the frozen node the retry waits
-# out the freeze (a clean-clone run saw Sarama's control pass that way), so the control uses confluent-kafka.
-ONE_RETRY = {"retries": 1, "retry.backoff.ms": 100}
-
-
-# (0.8, True), the same client with the hold on, passed in the runs made while writing this (2 of 2): the cells
-# above already show the hold, so make test runs the half that shows the test can fail.
-@pytest.mark.parametrize(("hold_share", "passes"), [(0.0, False)])
-def test_control_without_the_hold_a_small_retry_budget_runs_out_and_with_it_does_not(
-    kafka_pool: ClusterPool, start_proxy: StartProxy, hold_share: float, passes: bool,
+@pytest.mark.parametrize(("hold_share", "held"), [(0.0, False), (0.8, True)])
+def test_control_without_the_hold_each_attempt_inside_a_freeze_is_refused_and_with_it_the_first_is_held(
+    kafka_pool: ClusterPool, start_proxy: StartProxy, hold_share: float, held: bool,
 ) -> None:
-    """What issue 13 found, kept as proof that the cells above can fail: with the hold off every question
-    is answered at its bound (1-2 s: a FindCoordinator and a DescribeTransactions, each cut at 1 s), the
-    client's retry is spent inside a 6 s freeze, and it must abort. The same client, freeze and proxy
-    with the hold on: no abort. (bench/coordinator_freeze.py: with 3 retries and the hold off, Sarama,
-    kafka-python and confluent-kafka each failed at 6 s; refusals come 1.1-2 s apart, depending on
-    whether the proxy's own FindCoordinator goes to the frozen node first.)"""
+    """What issue 13 found, kept as proof that the cells above can fail, with a raw actor that orders each
+    step itself (no timer decides what the freeze overlaps):
+
+        actor ─InitProducerId, AddPartitionsToTxn─▶ Kafka (the proxy has no evidence of the transaction)
+        ══ coordinator C frozen (SIGSTOP) ══
+        actor ─Produce─▶ proxy ─DescribeTransactions─▶ C … no answer within the 1 s bound
+          hold off: ◀── NOT_ENOUGH_REPLICAS; the actor retries (a budget of 1 retry: Sarama's, librdkafka's
+                    `retries: 1`) ◀── NOT_ENOUGH_REPLICAS: both attempts spent while C is still frozen,
+                    nothing appended; a real client with that budget must abort here
+          hold on:  the Produce is held (txnguard_verification_holds 1) ...
+        ══ C resumed (only now) ══
+          hold on:  ... decided by C ◀── NONE: one attempt, nothing spent
+        actor ─Produce─▶ (the write redone once C is back), EndTxn(COMMIT): exactly one copy visible
+
+    (bench/coordinator_freeze.py, `proxy-hold-off`: with 3 retries and the hold off, Sarama, kafka-python and
+    confluent-kafka each failed at a 6 s freeze; refusals come 1.1-2 s apart.)"""
+    import concurrent.futures
+    import time
+    import uuid
+
+    from kio.schema.errors import ErrorCode
+
+    from txnguard.testing import clients
+    from txnguard.testing.fixtures import fresh_topic
+    from txnguard.testing.freezes import txn_id_coordinated_by
+    from txnguard.testing.raw import RawClient
+    from txnguard.testing.scenarios import TxnActor, error_name
+
     cluster = kafka_pool.get("3.5.2", 3)
+    u = uuid.uuid4().hex[:8]
+    # One replica: with three, acks=all writes wait for the frozen follower (Kafka's own wait, for seconds).
+    topic = fresh_topic(cluster, f"control-{u}", replication_factor=1)
+    leader = cluster.leader(topic, 0)
+    txn_id, frozen = txn_id_coordinated_by(cluster, f"control-{u}", lambda c: c != leader)
     front = ProxyFront(start_proxy, hold_share=hold_share)
-    cell = run_cell(cluster, front, "confluent-kafka", 6.0, f"proxy 3.5.2, hold_share {hold_share:g}",
-                    settings=ONE_RETRY)
-    _report(cell)
+    front(cluster)
+    assert front.proxy is not None and front.proxy.proxy is not None
+    listeners = front.proxy.proxy.listeners
+    front.proxy.wait_for(lambda: leader in listeners, 30, "the leader's listener")
+    actor = TxnActor(cluster.bootstrap_servers, txn_id)     # the transaction begins directly on Kafka ...
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: ErrorCode.none}
+    actor.bootstrap = f"127.0.0.1:{listeners[leader].address.port}"   # ... and writes through the proxy
+    answers: list[str] = []
+    cluster.pause_node(frozen)
+    try:
+        started = time.monotonic()
+        if held:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                attempt = pool.submit(actor.produce, topic, 0, [b"v"])
+                front.proxy.wait_for(lambda: front.metric("txnguard_verification_holds", {}) == 1, 15,
+                                     "the write held")
+                assert not attempt.done()
+                cluster.resume_node(frozen)                 # the coordinator answers only now
+                answers.append(error_name(attempt.result(60).error_code))
+        else:
+            for _ in range(2):                              # the first attempt and its one retry
+                answers.append(error_name(actor.produce(topic, 0, [b"v"]).error_code))
+            node = cluster.node(leader)
+            with RawClient(node.host, node.port) as c:      # still frozen: the refused writes left nothing
+                appended = c.list_offsets(topic, 0, read_committed=False)
+            cluster.resume_node(frozen)
+            assert appended == 0
+        seconds = time.monotonic() - started
+    finally:
+        cluster.resume_node(frozen)
+        cluster.wait_ready()
     failures = front.metric("txnguard_verification_failures_total", {"reason": "coordinator_unavailable"})
-    assert cell.passed is passes, cell
-    if passes:
-        assert failures == 0
+    decided = front.metric("txnguard_verification_hold_endings_total", {"ending": "decided"})
+    print(f"\nhold_share {hold_share:g}: answers {answers} in {seconds:.1f} s while the coordinator was frozen; "
+          f"verification failures {failures:.0f}, holds decided {decided:.0f}")
+    if held:
+        assert answers == ["NONE"] and failures == 0 and decided == 1
     else:
-        assert cell.aborted >= 1 and failures >= 2, (cell, failures)
-    # Either way nothing was lost or doubled: an aborted transaction is redone, exactly once.
-    assert cell.exactly_once, cell
+        assert answers == ["NOT_ENOUGH_REPLICAS"] * 2 and failures == 2 and decided == 0
+        assert error_name(actor.produce(topic, 0, [b"v"]).error_code) == "NONE"   # redone once C is back
+    assert actor.end(commit=True) == ErrorCode.none
+    clients.stable_end_offsets(cluster.bootstrap_servers, topic)
+    assert clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, topic) == [b"v"]
 
 
 def test_a_held_check_holds_its_own_request_only(kafka_pool: ClusterPool, start_proxy: StartProxy) -> None:

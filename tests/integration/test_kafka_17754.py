@@ -17,13 +17,20 @@ or (had it been told so) neither. 3.5.2: t2-b is never visible (a lost write) an
 offset hangs on it. 3.9.2: the client's t2-b was refused, so it aborts T2, yet t2-a is visible (an
 aborted read). The raw actors make each run deterministic; the anomaly is asserted in every run.
 
+No step waits on a clock: the raw actor takes each step after the previous one was answered, the held
+EndTxn is released once T2 is open at the coordinator (asserted), and the state is read until the
+released commit has taken effect. So the direct control reproduces in every run, on either version.
+
 Through the proxy, with real clients (the Java client 3.5.2 in a driver of ours, confluent-kafka):
 client -> gateway -> FaultRelay -> broker, the same hold and release (txnguard.testing.kafka_17754).
 The defence (verification/in_doubt.py) holds T2's AddPartitionsToTxn while T1's EndTxn is unanswered,
 keeps the broker connection the client left until that EndTxn's answer, and lets T2 start only then:
 the late commit lands in T1 (a retry of a finished commit) and T2 is whole. The same run with the
 defence off is the control: the late commit ends T2 early and T2's last write is lost (hanging).
-bench/kafka_17754.py runs both 20 times per client.
+The release is ordered by events, not by a timer (run_once): with the defence on, once the proxy holds
+T2's first request; with it off, once the client was told both of T2's first writes were acknowledged,
+so the late commit always meets T2 open at the coordinator. bench/kafka_17754.py runs both 20 times per
+client with a timed release (1 s after T2 began) and reports either outcome.
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ def j3_sequence(cluster: Cluster) -> J3Run:
         # T2, same producer id and epoch (transaction version 1)
         assert actor.add_partitions(topic, 0, 1) == {0: ErrorCode.none, 1: ErrorCode.none}
         run.t2_a = error_name(actor.produce(topic, 0, [b"t2-a"]).error_code)
+        run.states.append(_state(cluster, actor.transactional_id))  # T2 open: where the late commit lands
         relay.release(held)                                        # the late commit arrives
         deadline = time.monotonic() + 20
         # Until the late commit has taken effect and its markers are written (PrepareCommit passes).
@@ -155,7 +163,8 @@ def test_j3_a_late_commit_of_one_transaction_lands_in_the_next_directly_against_
     print(f"\nKafka {version}, direct: {run}")
     assert run.t1_retry == "NONE"
     assert run.states[0] in ("PrepareCommit", "CompleteCommit")  # T1, committed by the client's retry
-    assert run.states[1] == "CompleteCommit"                     # T2, ended early by T1's late commit
+    assert run.states[1] == "Ongoing"                            # T2, open when the late commit is released
+    assert run.states[2] == "CompleteCommit"                     # T2, ended early by T1's late commit
     assert run.t2_a == "NONE"
     t2_values = {b"t2-a", b"t2-b"}
     visible_t2 = set(run.visible[0] + run.visible[1]) & t2_values

@@ -9,7 +9,7 @@ Both follow the same steps, each on a signal from the scenario:
     T1: send t1 -> p0; commit            the relay holds this EndTxn(COMMIT) past the request timeout:
                                          the client gives up on that connection and retries (T1 commits)
     T2: send t2-a -> p0, t2-b -> p1      both partitions are in T2 (AddPartitionsToTxn)
-        ... 1 s later the held EndTxn is released: it lands in whatever transaction is open
+        ... then the held EndTxn is released (run_once: when): it lands in whatever transaction is open
         send t2-c -> p0; commit (or abort on an error)
 
 Oracle (Jepsen's): T1 and T2 are each all-or-nothing at read_committed in the way the client was told
@@ -330,9 +330,15 @@ def proxied(cluster: Cluster, relay: FaultRelay, *, mode: str) -> Iterator[Proxy
         proxy.stop()
 
 
-def run_once(cluster: Cluster, client: str, *, mode: str = "on", release_after_s: float = 1.0,
+def run_once(cluster: Cluster, client: str, *, mode: str = "on", release_after_s: float | None = None,
              request_timeout_ms: int = 2000) -> J3ClientRun:
-    """One J3 run of `client` ("java" or "confluent-kafka") through the proxy in `mode` (MODES)."""
+    """One J3 run of `client` ("java" or "confluent-kafka") through the proxy in `mode` (MODES).
+
+    When the held EndTxn is released: `release_after_s` seconds after the client began T2 (bench/kafka_17754.py's
+    timing), or by default once the run has reached the point the scenario is about, whatever the timing:
+    with the defence on, once the proxy holds T2's first request (T2 can go no further while T1's EndTxn is
+    unanswered); with it off, once the client was told both T2 writes were acknowledged (T2 open at the
+    coordinator with both partitions: the late commit must land in it)."""
     started = time.monotonic()
     u = uuid.uuid4().hex[:8]
     topic = fresh_topic(cluster, f"j3c-{u}", partitions=2)
@@ -354,12 +360,18 @@ def run_once(cluster: Cluster, client: str, *, mode: str = "on", release_after_s
             run.t1_end_txns_seen = sum(1 for d, k, _, _ in relay.seen.frames
                                        if d is Direction.REQUEST and k == END_TXN)
             run.steps["t2_begun"] = driver.expect("t2_begun", 30)
-            time.sleep(release_after_s)                    # T2 is open (direct: both partitions written)
+            if release_after_s is not None:
+                time.sleep(release_after_s)
+            elif mode == "on":
+                _wait_for_a_hold(proxy)                    # T2's AddPartitionsToTxn waits for T1's EndTxn
+            else:
+                run.steps["t2_open"] = driver.expect("t2_open", 60)   # T2 open, both writes acknowledged
             run.state_at_release = _state(cluster, tid)
             relay.release(held)                            # the late commit arrives
             run.held_answered = _landed(cluster, tid, relay, run)
             time.sleep(0.3)  # its markers written
-            run.steps["t2_open"] = driver.expect("t2_open", 60)
+            if "t2_open" not in run.steps:
+                run.steps["t2_open"] = driver.expect("t2_open", 60)
             driver.signal()
             run.steps["t2_c"] = driver.expect("t2_c", 60)
             run.steps["t2_end"] = driver.expect("t2_end", 90)
@@ -377,6 +389,13 @@ def run_once(cluster: Cluster, client: str, *, mode: str = "on", release_after_s
     run.anomalies = oracle(run)
     run.seconds = time.monotonic() - started
     return run
+
+
+def _wait_for_a_hold(proxy: ProxyThread, timeout_s: float = 30.0) -> None:
+    """Until the defence has held a request of T2 (held now, or a hold already ended at its bound)."""
+    proxy.wait_for(lambda: proxy.metric("txnguard_end_txn_holds", {}) + sum(
+        proxy.metric("txnguard_end_txn_hold_endings_total", {"ending": e}) for e in ("settled", "timeout")) >= 1,
+        timeout_s, "a request of T2 held for T1's EndTxn")
 
 
 def _state(cluster: Cluster, txn_id: str) -> str:
