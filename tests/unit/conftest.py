@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,4 +19,6 @@ def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
     stream = io.StringIO()
     logs.configure("info", stream)
     yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logs.configure("info")
+    # Back to the process's own stderr: pytest's capture of this test's stderr is closed after it, and a later
+    # test that logs without this fixture would write to a closed file.
+    logs.configure("info", sys.__stderr__)

@@ -4,6 +4,7 @@ ListTransactions), and the hanging scan without ListTransactions reports its can
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -58,11 +59,14 @@ def test_an_api_the_broker_does_not_list_is_never_written() -> None:
     assert len(after) == 1
 
 
-def test_capabilities_say_it_once_per_broker_answer_and_again_when_the_answer_changes() -> None:
+def test_capabilities_say_it_once_per_broker_answer_and_again_when_the_answer_changes(
+        log_lines: Callable[[], list[dict[str, Any]]]) -> None:
     metrics = ProxyMetrics()
     caps = BrokerCapabilities(metrics)
     caps.learned("b:1", KAFKA_2_8)
     caps.learned("b:1", KAFKA_2_8)
+    said = [line for line in log_lines() if line["event"] == "broker_lacks_apis"]
+    assert [line["lacks"] for line in said] == [["DescribeTransactions", "ListTransactions"]]
     assert caps.lacks("b:1", 65) and not caps.lacks("b:1", 61)
     gauge = metrics.registry.get_sample_value
     assert gauge("txnguard_broker_api_missing", {"broker": "b:1", "api": "DescribeTransactions"}) == 1
