@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import addresses, api_versions, schemas
-from txnguard.codecs.errors import CodecError, FrameTooLarge, InvalidFrameLength, TruncatedFrame
+from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
 from txnguard.codecs.produce import merged_produce_response
@@ -59,6 +59,7 @@ from txnguard.connection.commands import (
     StartTimer,
 )
 from txnguard.connection.ledger import Ledger
+from txnguard.connection.reader import ResponseReader
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
 from txnguard.policies.enforcement import Mode
 from txnguard.verification.audit import ClientInfo
@@ -67,8 +68,6 @@ from txnguard.verification.decisions import Answer, Clock, Decision, PendingChec
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.plan import LAST_PRODUCE_VERSION_BEFORE_TV2
 
-# Responses are bounded by the broker's own limits; ours only guards against garbage.
-RESPONSE_MAX_FRAME = 2 * 1024 * 1024 * 1024 - 1
 # A request at least this large that the proxy need not read (a Produce it does not verify) is
 # forwarded as its bytes arrive: assembling 100 MiB first cost a copy that stalled every connection.
 CUT_THROUGH_REQUESTS_ABOVE = 1024 * 1024
@@ -77,6 +76,7 @@ _REQUEST_HEAD = struct.Struct(">ihhi")  # length, api key, api version, correlat
 _I16 = struct.Struct(">h")
 
 _PASS = ResponseAction.PASS
+_NOTHING: list[Chunk] = []  # no responses ready (never appended to)
 _PRODUCE, _TXN_OFFSET_COMMIT = ApiKey.PRODUCE.value, ApiKey.TXN_OFFSET_COMMIT.value
 _SASL_HANDSHAKE, _API_VERSIONS = ApiKey.SASL_HANDSHAKE.value, ApiKey.API_VERSIONS.value
 _LIFECYCLE = frozenset({ApiKey.END_TXN.value, ApiKey.INIT_PRODUCER_ID.value})  # checked for coordinator timeouts
@@ -207,13 +207,8 @@ class Connection:
         self.last_activity = clock.perf()
         self.partial_since: float | None = None
         self._now = self.last_activity
-        # The response being read: bytes of its body still to come, its request, whether it is
-        # streamed to the client, and the pieces kept when it is not.
-        self._head = bytearray()
-        self._left = 0
-        self._entry: InFlight | None = None
-        self._streaming = False
-        self._parts: list[Chunk] = []
+        self.responses = ResponseReader()
+        self._answering: InFlight | None = None  # the request of the response being read
 
     # -- who the client is ----------------------------------------------------------------------------
 
@@ -423,7 +418,7 @@ class Connection:
                 return out
             data = memoryview(data)[done:]  # read as any buffer
         try:
-            to_client += self._responses(data, out)
+            to_client += self.responses.read(data, self, out)
         except CodecError as e:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
             return out
@@ -446,7 +441,7 @@ class Connection:
         or while an answer may change the connection's state (the in-flight limit reached,
         draining, lingering, SASL raw mode next): the general path does that.
         """
-        if (self.closed or self.raw or self._left or self._head or not self._fast or self.draining
+        if (self.closed or self.raw or not self.responses.idle or not self._fast or self.draining
                 or self.lingering or self._raw_after_flush or (self._paused and Pause.MAX_IN_FLIGHT in self._paused)):
             return 0
         self._now = self.last_activity = now = self.clock.perf()
@@ -796,88 +791,8 @@ class Connection:
 
     # -- broker -> client ---------------------------------------------------------------------------
 
-    def _responses(self, data: Chunk, out: list[Command]) -> list[Chunk]:  # noqa: C901 - the relay loop: one frame per turn, no helper calls on the streamed path
-        """Read a chunk of the broker's stream; the bytes for the client, in order."""
-        to_client: list[Chunk] = []
-        view = memoryview(data)
-        end, pos = len(data), 0
-        # A run of this chunk streamed to the client, sent as one slice: [run_start, run_end).
-        run_start = run_end = -1
-        while pos < end:
-            left = self._left
-            if left:  # inside a response body
-                take = left if left <= end - pos else end - pos
-                if self._streaming:
-                    if run_end == pos:
-                        run_end += take
-                    else:
-                        if run_start >= 0:
-                            to_client.append(view[run_start:run_end])
-                        run_start, run_end = pos, pos + take
-                else:
-                    self._parts.append(view[pos:pos + take])
-                pos += take
-                self._left = left - take
-                if not self._left:
-                    self._response_done(out)
-                continue
-            # The 8-byte head of the next response: length and correlation id.
-            head_in_chunk = not self._head and end - pos >= 8
-            if head_in_chunk:
-                size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
-                head: Chunk = view[pos:pos + 8]
-                head_at = pos
-            else:
-                need = 8 - len(self._head)
-                self._head += view[pos:pos + need]
-                if len(self._head) < 8:
-                    break
-                pos += need
-                head = bytes(self._head)
-                self._head.clear()
-                size, correlation_id = _RESPONSE_HEAD.unpack(head)
-                head_at = -1
-            entry = self._response_started(size, correlation_id, out)
-            if entry.action is _PASS:
-                order = self._order
-                if order[0] is not entry:
-                    # Earlier responses (local answers, buffered ones) may be complete: send them first.
-                    if run_start >= 0:
-                        to_client.append(view[run_start:run_end])
-                        run_start = run_end = -1
-                    self._take_ready(to_client)
-                self._streaming = order[0] is entry
-            else:
-                self._streaming = False
-            if self._streaming:
-                if head_at >= 0 and run_end == head_at:
-                    run_end += 8
-                elif head_at >= 0:
-                    if run_start >= 0:
-                        to_client.append(view[run_start:run_end])
-                    run_start, run_end = head_at, head_at + 8
-                else:
-                    if run_start >= 0:
-                        to_client.append(view[run_start:run_end])
-                        run_start = run_end = -1
-                    to_client.append(head)
-            else:
-                self._parts = [head]
-            if head_in_chunk:
-                pos += 8
-            if not self._left:
-                self._response_done(out)
-        if run_start >= 0:
-            to_client.append(data if run_start == 0 and run_end == end else view[run_start:run_end])
-        return to_client
-
-    def _response_started(self, size: int, correlation_id: int, out: list[Command]) -> InFlight:
-        if size < 4:
-            if size < 0:
-                raise InvalidFrameLength(f"negative frame length {size}")
-            raise TruncatedFrame(f"response frame of {size} bytes has no correlation id")
-        if size > RESPONSE_MAX_FRAME:
-            raise FrameTooLarge(size, RESPONSE_MAX_FRAME)
+    def response_started(self, size: int, correlation_id: int, out: list[Command]) -> tuple[bool, list[Chunk]]:
+        """The reader saw a response's head: pair it with its request, count it (`ResponseReader` asks)."""
         if not self._forwarded:
             raise ResponseOutOfOrder(f"response {correlation_id} with no request in flight")
         entry = self._forwarded.popleft()
@@ -896,19 +811,23 @@ class Connection:
         t.rtt_sum[slot] += seconds
         if entry.evidence is not None:
             self.ledger.windows.append((entry.evidence, (self._now - entry.evidence_at) * 1000))
-        self._entry = entry
-        self._left = size - 4
-        return entry
+        self._answering = entry
+        if entry.action is not _PASS:
+            return False, _NOTHING
+        order = self._order
+        if order[0] is entry:
+            return True, _NOTHING
+        ready: list[Chunk] = []  # earlier responses (local answers, buffered ones) may be complete
+        self._take_ready(ready)
+        return order[0] is entry, ready
 
-    def _response_done(self, out: list[Command]) -> None:
-        entry = self._entry
+    def response_done(self, parts: list[Chunk] | None, out: list[Command]) -> None:
+        entry = self._answering
         assert entry is not None
-        self._entry = None
-        if self._streaming:
-            self._streaming = False
-            self._order.popleft()  # it was the head of the queue all along
+        self._answering = None
+        if parts is None:
+            self._order.popleft()  # streamed: it was the head of the queue all along
             return
-        parts, self._parts = self._parts, []
         if entry.action is _PASS:
             entry.response = parts  # complete, waiting its turn
             return
@@ -1053,9 +972,9 @@ class Connection:
         leftover = self.requests.take_buffered()
         if leftover:
             out.append(SendToBroker([leftover]))
-        if self._head:
-            out.append(SendToClient([bytes(self._head)]))
-            self._head.clear()
+        head = self.responses.take_partial_head()
+        if head:
+            out.append(SendToClient([head]))
 
     # -- pausing and closing --------------------------------------------------------------------------
 
