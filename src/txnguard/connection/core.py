@@ -19,7 +19,6 @@ later frames queue, so the broker sees requests in the client's order.
 
 from __future__ import annotations
 
-import enum
 import struct
 from bisect import bisect_left
 from collections import deque
@@ -58,6 +57,7 @@ from txnguard.connection.commands import (
     Side,
     StartTimer,
 )
+from txnguard.connection.holds import Hold, Holds, Pause
 from txnguard.connection.ledger import Ledger
 from txnguard.connection.reader import ResponseReader
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
@@ -97,15 +97,6 @@ _OFF = Mode.OFF
 _FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
-
-
-class Pause(enum.Enum):
-    """Why the core stops reading the client."""
-
-    VERIFICATION = "verification"
-    CONCURRENT_TRANSACTIONS = "concurrent_transactions"  # asking the coordinator again (KIP-609 idea)
-    MAX_IN_FLIGHT = "max_in_flight"
-    DRAINING = "draining"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,18 +148,6 @@ class InFlight:
         self.refused_at: float | None = None        # the first CONCURRENT_TRANSACTIONS answer
 
 
-class _Waiting:
-    """The one verification a connection can wait for (later requests are held behind it)."""
-
-    __slots__ = ("check", "entry", "expect_response", "id")
-
-    def __init__(self, check_id: int, check: PendingCheck, entry: InFlight, expect_response: bool) -> None:
-        self.id = check_id
-        self.check = check
-        self.entry = entry
-        self.expect_response = expect_response
-
-
 class Connection:
     def __init__(self, settings: Settings, rules: TransactionRules, cluster: Cluster, clock: Clock,
                  traffic: Traffic | None = None, inventory: ConnectionInventory | None = None) -> None:
@@ -186,14 +165,8 @@ class Connection:
         self._request_left = 0  # bytes still to come of a request being cut through
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
-        self._waiting: _Waiting | None = None
-        # A life-cycle request the coordinator refused with CONCURRENT_TRANSACTIONS, being asked again:
-        # like a verification, it holds the client's later requests (they must follow its answer).
-        self._absorbing: InFlight | None = None
-        self._absorb_token = 0
-        self._release_after_responses = False
-        self._held: list[memoryview] = []
-        self._checks = 0
+        # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
+        self.holds = Holds()
         self._paused: set[Pause] = set()
         self.raw = False
         self._raw_after_flush = False
@@ -230,11 +203,6 @@ class Connection:
             info = self._info = ClientInfo(self.client_id, self.software_name, self.software_version, self.family,
                                            self.settings.listener, self.settings.connection_id)
         return info
-
-    @property
-    def _holding(self) -> bool:
-        """A verification or an absorption holds the client's later requests (they must follow its answer)."""
-        return self._waiting is not None or self._absorbing is not None
 
     @property
     def in_flight(self) -> int:
@@ -299,7 +267,7 @@ class Connection:
         errors are raised there).
         """
         if (self.closed or self.raw or self._request_left or self.requests.buffered or self.client_id is None
-                or self._waiting is not None or self._absorbing is not None or self.draining or not self._fast):
+                or self.holds or self.draining or not self._fast):
             return 0
         clock = self.clock
         self._now = self.last_activity = now = clock.perf()
@@ -423,10 +391,9 @@ class Connection:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
             return out
         self._after_responses(out, to_client)
-        if self._release_after_responses:
+        if self.holds.queued and not self.holds and not self.closed:
             # An absorption ended inside this chunk: held requests go on only now, after the
             # responses above, so nothing the client reads can overtake them.
-            self._release_after_responses = False
             self._release_held(out)
         return out
 
@@ -475,45 +442,46 @@ class Connection:
 
     def answered(self, check_id: int, answer: Answer) -> list[Command]:
         """The verifier's answer to an Ask."""
-        waiting = self._waiting
-        if self.closed or waiting is None or waiting.id != check_id:
+        hold = self.holds.find(check_id, Pause.VERIFICATION)
+        if self.closed or hold is None or hold.check is None:
             return []  # the connection closed while the question was out
         self._now = self.clock.perf()
         out: list[Command] = []
         try:
-            result = self.rules.resume(waiting.check, answer, self.clock)
+            result = self.rules.resume(hold.check, answer, self.clock)
         except CodecError as e:
             return [self._close_on(e, Direction.CLIENT_TO_BROKER)]
         if isinstance(result, PendingCheck):
-            waiting.check = result
+            hold.check = result
             out.append(Ask(check_id, result.question))
             return out
-        self._waiting = None
         to_broker: list[Chunk] = []
-        forward = self._apply(result, waiting.entry, waiting.expect_response, out)
+        forward = self._apply(result, hold.entry, hold.expect_response, out)
         if self.closed:
             return out
         if forward is not None:
             to_broker.append(forward)
-        self._resume(Pause.VERIFICATION, out)
+        self._end_hold(hold, out)
         self._release_held(out, to_broker)
         return out
 
     def timer_fired(self, token: int) -> list[Command]:
         """A StartTimer ran out: ask the coordinator again with the refused request's own bytes."""
-        entry = self._absorbing
-        if self.closed or entry is None or token != self._absorb_token or entry.request is None:
+        hold = self.holds.find(token, Pause.CONCURRENT_TRANSACTIONS)
+        request = None if hold is None else hold.entry.request
+        if self.closed or hold is None or request is None:
             return []
+        entry = hold.entry
         self._now = self.clock.perf()
-        self._absorb_token += 1  # this pause is over: its timer cannot fire twice
+        hold.id = self.holds.next_id()  # this pause is over: its timer cannot fire twice
         entry.retries += 1
         entry.sent_at = self._now
         self._forwarded.append(entry)  # the broker answers in order: after whatever is already out
-        return [SendToBroker([entry.request])]
+        return [SendToBroker([request])]
 
     def verification_failed(self, check_id: int, reason: str, detail: str) -> list[Command]:
-        waiting = self._waiting
-        if self.closed or waiting is None or waiting.id != check_id:
+        hold = self.holds.find(check_id, Pause.VERIFICATION)
+        if self.closed or hold is None:
             return []
         return [self._close(reason, f"verifying a request failed: {detail}", "warning")]
 
@@ -593,8 +561,8 @@ class Connection:
 
     def _requests(self, frames: list[memoryview], out: list[Command], to_broker: list[Chunk]) -> None:
         for i, frame in enumerate(frames):
-            if self._holding:
-                self._held.extend(frames[i:])
+            if self.holds:
+                self.holds.queued.extend(frames[i:])
                 return
             try:
                 forward = self._request(frame, out)
@@ -638,7 +606,7 @@ class Connection:
         Only a Produce the proxy does not verify qualifies (verification reads every batch header),
         and only when nothing is held: requests reach the broker in the client's order.
         """
-        if self._holding or self._held or self.draining:
+        if self.holds or self.holds.queued or self.draining:
             return
         found = self.requests.incomplete()
         if found is None:
@@ -735,10 +703,8 @@ class Connection:
 
     def _wait_for(self, check: PendingCheck, entry: InFlight, expect_response: bool, out: list[Command]) -> None:
         """Ask the verifier and hold the connection (later requests queue) until `answered`."""
-        self._checks += 1
-        self._waiting = _Waiting(self._checks, check, entry, expect_response)
-        self._pause(Pause.VERIFICATION, out)
-        out.append(Ask(self._checks, check.question))
+        hold = self._hold(Pause.VERIFICATION, entry, out, check, expect_response)
+        out.append(Ask(hold.id, check.question))
 
     def _apply(self, decision: Decision, entry: InFlight, expect_response: bool,
                out: list[Command]) -> Chunk | None:
@@ -859,7 +825,8 @@ class Connection:
     def _absorb(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk | None:
         """CONCURRENT_TRANSACTIONS for the whole request: ask again after a short pause, or (the budget
         spent) give the client this answer, as the coordinator gave it."""
-        if self._absorbing is not None and self._absorbing is not entry:
+        absorbing = self.holds.of(Pause.CONCURRENT_TRANSACTIONS)
+        if absorbing is not None and absorbing.entry is not entry:
             # One absorption per connection (one timer, one entry asked again): a second refusal in flight
             # behind it (AddOffsetsToTxn and AddPartitionsToTxn sent back to back) goes back as the
             # coordinator said it, after the first one's answer; the client retries it as it would direct.
@@ -873,27 +840,38 @@ class Connection:
         if delay_ms is None:
             self._end_absorbing(entry, "budget_spent", out)
             return frame
-        if self._absorbing is None:
-            self._absorbing = entry
-            self._pause(Pause.CONCURRENT_TRANSACTIONS, out)
-        self._absorb_token += 1
-        out.append(StartTimer(self._absorb_token, delay_ms / 1000))
+        if absorbing is None:
+            absorbing = self._hold(Pause.CONCURRENT_TRANSACTIONS, entry, out)
+        else:
+            absorbing.id = self.holds.next_id()
+        out.append(StartTimer(absorbing.id, delay_ms / 1000))
         return None
 
     def _end_absorbing(self, entry: InFlight, ending: str, out: list[Command]) -> None:
         waited_ms = (self._now - entry.refused_at) * 1000 if entry.refused_at is not None else 0.0
         out.append(ConcurrentAbsorbed(entry.api_key, entry.retries, waited_ms, ending))
         entry.request = None
-        if self._absorbing is entry:
-            self._absorbing = None
-            self._resume(Pause.CONCURRENT_TRANSACTIONS, out)
-            self._release_after_responses = True
+        absorbing = self.holds.of(Pause.CONCURRENT_TRANSACTIONS)
+        if absorbing is not None and absorbing.entry is entry:
+            self._end_hold(absorbing, out)  # held requests go on after this chunk's responses
+
+    def _hold(self, reason: Pause, entry: InFlight, out: list[Command], check: PendingCheck | None = None,
+              expect_response: bool = True) -> Hold:
+        """Later requests queue behind `entry` until the hold ends; reading the client pauses for `reason`."""
+        hold = self.holds.start(reason, entry, check, expect_response)
+        self._pause(reason, out)
+        return hold
+
+    def _end_hold(self, hold: Hold, out: list[Command]) -> None:
+        self.holds.end(hold)
+        if self.holds.of(hold.reason) is None:
+            self._resume(hold.reason, out)
 
     def _release_held(self, out: list[Command], to_broker: list[Chunk] | None = None) -> None:
-        """Requests held behind a verification or an absorption go on once neither holds any more."""
+        """Requests queued behind holds go on once no hold is left."""
         to_broker = [] if to_broker is None else to_broker
-        if not self._holding:
-            held, self._held = self._held, []
+        if not self.holds:
+            held = self.holds.take_queued()
             if held:
                 self._requests(held, out, to_broker)
         if not self.closed:
