@@ -6,14 +6,14 @@ in-order queue (`_order`) pairs every response with its request; requests the
 proxy answers itself sit in the same queue and leave in turn. acks=0 Produce
 gets no response and never enters the queue.
 
-Responses are read as a stream, not as frames: after a response's 8-byte head
-(length, correlation id) the core knows its request. A response that needs no
-rewrite and is next in order is relayed chunk by chunk as it arrives (cut-through:
-a 50 MB Fetch answer is never assembled), and consecutive such frames of one
-chunk leave as one slice of it. Only responses the core must read (ApiVersions,
-addresses, the transaction life cycle, merges, SASL) are assembled and decoded.
+Responses are read as a stream, not as frames (`ResponseReader`, connection/reader.py):
+a response that needs no rewrite and is next in order is relayed as it arrives; only
+responses the core must read (ApiVersions, addresses, the transaction life cycle,
+merges, SASL) are assembled and decoded.
 
-While a verification waits, the connection holds: reading the client pauses and
+What the connection does is one `Mode`, changed only through the table in
+connection/modes.py. While a verification, the EndTxn hold or an absorption is on
+(a `Hold`, connection/holds.py), the connection holds: reading the client pauses and
 later frames queue, so the broker sees requests in the client's order.
 """
 
@@ -59,9 +59,10 @@ from txnguard.connection.commands import (
 )
 from txnguard.connection.holds import Hold, Holds, Pause
 from txnguard.connection.ledger import Ledger
+from txnguard.connection.modes import Event, Mode, next_mode
 from txnguard.connection.reader import ResponseReader
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
-from txnguard.policies.enforcement import Mode
+from txnguard.policies.enforcement import Mode as Enforcement
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.concurrent import ABSORBED_KEYS
 from txnguard.verification.decisions import Answer, Clock, Decision, PendingCheck, TransactionRules
@@ -93,7 +94,10 @@ _PRODUCE_KIO = schemas.kio_version_range(_PRODUCE)
 FAST_PRODUCE_VERSIONS = range(3, (_PRODUCE_KIO[1] if _PRODUCE_KIO else 2) + 1)
 # A transactional Produce the guard verifies (KIP-890 part 1: up to v11) may be checked on the fast path.
 _LAST_VERIFIED_PRODUCE = min(LAST_PRODUCE_VERSION_BEFORE_TV2, FAST_PRODUCE_VERSIONS.stop - 1)
-_OFF = Mode.OFF
+_OFF = Enforcement.OFF
+_RELAY, _RAW_PENDING, _RAW, _DRAINING, _LINGERING, _CLOSED = (Mode.RELAY, Mode.RAW_PENDING, Mode.RAW, Mode.DRAINING,
+                                                              Mode.LINGERING, Mode.CLOSED)
+_RELAY_RESPONSES = frozenset({Mode.RELAY, Mode.HOLDING})  # where responses may take the fast path
 _FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
@@ -168,11 +172,7 @@ class Connection:
         # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
         self.holds = Holds()
         self._paused: set[Pause] = set()
-        self.raw = False
-        self._raw_after_flush = False
-        self.draining = False
-        self.lingering = False  # the client left; the broker side stays until its EndTxn is answered
-        self.closed = False
+        self.mode = Mode.RELAY  # what the connection does; changed only through the table in connection/modes.py
         self.client_id: str | None = None
         self.software_name: str | None = None
         self.software_version: str | None = None
@@ -205,6 +205,17 @@ class Connection:
         return info
 
     @property
+    def closed(self) -> bool:
+        return self.mode is _CLOSED
+
+    @property
+    def lingering(self) -> bool:
+        return self.mode is _LINGERING
+
+    def _to(self, event: Event) -> None:
+        self.mode = next_mode(self.mode, event)
+
+    @property
     def in_flight(self) -> int:
         return len(self._order)
 
@@ -214,10 +225,11 @@ class Connection:
         """A read from the client. `relayed`: how many bytes at its start `relay_from_client` already
         booked (the shell's fast call); they leave with the rest of the read, or not at all if the
         rest closes the connection, exactly as when this method takes the whole read."""
-        if self.closed:
+        mode = self.mode
+        if mode is _CLOSED:
             return []
         self._now = self.last_activity = self.clock.perf()
-        if self.raw:
+        if mode is _RAW:
             return [SendToBroker([data])]
         out: list[Command] = []
         if self._request_left:
@@ -244,7 +256,7 @@ class Connection:
         if frames or to_broker:
             self._requests(frames, out, to_broker)
             self._after_requests(out, to_broker)
-        if self.requests.buffered >= CUT_THROUGH_REQUESTS_ABOVE and not self.closed:
+        if self.requests.buffered >= CUT_THROUGH_REQUESTS_ABOVE and self.mode is not _CLOSED:
             self._cut_through(out)
         return out
 
@@ -254,9 +266,8 @@ class Connection:
         When that is the whole read, the read goes to the broker as it is (the shell's common case:
         one call here and one write, no command objects); otherwise the shell hands the read to
         `receive_from_client` with `relayed` set, which forwards those bytes with the rest. Nothing
-        is taken while the general path has state that a frame must pass through: a partial frame,
-        a hold, a request being cut through, SASL raw mode, draining, or no client id yet (the first
-        request names the client).
+        is taken outside the RELAY mode, nor while a request is read in part (buffered, or being cut
+        through), nor before the client id is known (the first request names the client).
 
         A frame qualifies when its key is not in SLOW_KEYS (a Produce also needs a null
         transactional id and a version kio names), its length is within the limit, all of it is
@@ -266,8 +277,10 @@ class Connection:
         At the first frame that does not qualify the general path takes over (and judges it:
         errors are raised there).
         """
-        if (self.closed or self.raw or self._request_left or self.requests.buffered or self.client_id is None
-                or self.holds or self.draining or not self._fast):
+        # Only while relaying (no hold, no byte pipe, not draining...), with the fast path on, the client
+        # identified, and no request read in part (buffered, or being cut through).
+        if (self.mode is not _RELAY or not self._fast or self.client_id is None or self._request_left
+                or self.requests.buffered):
             return 0
         clock = self.clock
         self._now = self.last_activity = now = clock.perf()
@@ -371,10 +384,11 @@ class Connection:
 
     def receive_from_broker(self, data: Chunk, relayed: int = 0) -> list[Command]:
         """A read from the broker; `relayed` as in `receive_from_client`, from `relay_from_broker`."""
-        if self.closed:
+        mode = self.mode
+        if mode is _CLOSED:
             return []
         self._now = self.last_activity = self.clock.perf()
-        if self.raw:
+        if mode is _RAW:
             return [SendToClient([data])]
         out: list[Command] = []
         to_client: list[Chunk] = []
@@ -391,7 +405,7 @@ class Connection:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
             return out
         self._after_responses(out, to_client)
-        if self.holds.queued and not self.holds and not self.closed:
+        if self.holds.queued and not self.holds and self.mode is not _CLOSED:
             # An absorption ended inside this chunk: held requests go on only now, after the
             # responses above, so nothing the client reads can overtake them.
             self._release_held(out)
@@ -403,13 +417,15 @@ class Connection:
         The whole read goes to the client as it is; otherwise `receive_from_broker(data, relayed)`.
         A response qualifies when all of it is here, it answers the request at the head of the
         queue (nothing waits before it), passes as it is (no rewrite, no merge, no life-cycle
-        observation), and no local answer is ready behind it. It gets `_response_started`'s counting,
-        and the check-to-append window it closes goes to the ledger. Nothing is taken while a response is half read,
-        or while an answer may change the connection's state (the in-flight limit reached,
-        draining, lingering, SASL raw mode next): the general path does that.
+        observation), and no local answer is ready behind it. It gets `response_started`'s counting,
+        and the check-to-append window it closes goes to the ledger. Nothing is taken outside RELAY and
+        HOLDING (an answer may change the mode: draining, lingering, a byte pipe next), while a response
+        is read in part, or while the in-flight limit pauses the client (an answer resumes it).
         """
-        if (self.closed or self.raw or not self.responses.idle or not self._fast or self.draining
-                or self.lingering or self._raw_after_flush or (self._paused and Pause.MAX_IN_FLIGHT in self._paused)):
+        # Only while relaying (a hold does not matter here), with the fast path on, no response read in part,
+        # and reading the client not paused on the in-flight limit (an answer may resume it).
+        if (self.mode not in _RELAY_RESPONSES or not self._fast or not self.responses.idle
+                or (self._paused and Pause.MAX_IN_FLIGHT in self._paused)):
             return 0
         self._now = self.last_activity = now = self.clock.perf()
         end, pos = len(data), 0
@@ -443,7 +459,7 @@ class Connection:
     def answered(self, check_id: int, answer: Answer) -> list[Command]:
         """The verifier's answer to an Ask."""
         hold = self.holds.find(check_id, Pause.VERIFICATION)
-        if self.closed or hold is None or hold.check is None:
+        if self.mode is _CLOSED or hold is None or hold.check is None:
             return []  # the connection closed while the question was out
         self._now = self.clock.perf()
         out: list[Command] = []
@@ -457,7 +473,7 @@ class Connection:
             return out
         to_broker: list[Chunk] = []
         forward = self._apply(result, hold.entry, hold.expect_response, out)
-        if self.closed:
+        if self.mode is _CLOSED:
             return out
         if forward is not None:
             to_broker.append(forward)
@@ -469,7 +485,7 @@ class Connection:
         """A StartTimer ran out: ask the coordinator again with the refused request's own bytes."""
         hold = self.holds.find(token, Pause.CONCURRENT_TRANSACTIONS)
         request = None if hold is None else hold.entry.request
-        if self.closed or hold is None or request is None:
+        if self.mode is _CLOSED or hold is None or request is None:
             return []
         entry = hold.entry
         self._now = self.clock.perf()
@@ -481,14 +497,15 @@ class Connection:
 
     def verification_failed(self, check_id: int, reason: str, detail: str) -> list[Command]:
         hold = self.holds.find(check_id, Pause.VERIFICATION)
-        if self.closed or hold is None:
+        if self.mode is _CLOSED or hold is None:
             return []
         return [self._close(reason, f"verifying a request failed: {detail}", "warning")]
 
     def connection_lost(self) -> None:
         """The shell closed (either side went away): nothing more comes out."""
         self._orphan_end_txns()
-        self.closed = True
+        if self.mode is not _CLOSED:
+            self._to(Event.CLOSE)
 
     # -- the client leaves while an EndTxn is unanswered (KAFKA-17754, verification/in_doubt.py) ---------
 
@@ -496,10 +513,10 @@ class Connection:
         """The client closed its side. An EndTxn already forwarded and unanswered may still be processed
         (bytes sent are not taken back): keep the broker connection, read its answers, and close once
         that EndTxn is answered, so the proxy learns its outcome. Otherwise close now."""
-        if self.closed:
+        if self.mode is _CLOSED or self.mode is _LINGERING:
             return []
         if self._end_txns_unanswered():
-            self.lingering = True
+            self._to(Event.CLIENT_GONE)
             self._paused.clear()  # nothing more is read from a client that left
             return []
         return [self._close("client_closed", "client closed the connection", "debug")]
@@ -509,7 +526,7 @@ class Connection:
         return any(e.api_key == _END_TXN and e.context is not None for e in self._forwarded)
 
     def _linger_over(self, out: list[Command]) -> None:
-        if self.lingering and not self.closed and not self._end_txns_unanswered():
+        if self.mode is _LINGERING and not self._end_txns_unanswered():
             out.append(self._close("client_closed", "the EndTxn the client left unanswered was answered", "info"))
 
     def _orphan_end_txns(self) -> None:
@@ -535,9 +552,9 @@ class Connection:
 
     def drain(self) -> list[Command]:
         """Stop reading new requests; close once every in-flight response is delivered."""
-        if self.closed:
+        if self.mode is _CLOSED:
             return []
-        self.draining = True
+        self._to(Event.DRAIN)
         out: list[Command] = []
         self._pause(Pause.DRAINING, out)
         if not self._order:
@@ -546,7 +563,7 @@ class Connection:
 
     def tick(self) -> list[Command]:
         """Timeouts: a partial frame sitting too long, an idle connection."""
-        if self.closed:
+        if self.mode is _CLOSED:
             return []
         now, s = self.clock.perf(), self.settings
         if self.partial_since is not None and now - self.partial_since > s.partial_frame_timeout_s:
@@ -569,13 +586,13 @@ class Connection:
             except CodecError as e:
                 out.append(self._close_on(e, Direction.CLIENT_TO_BROKER))
                 return
-            if self.closed:
+            if self.mode is _CLOSED:
                 return
             if forward is not None:
                 to_broker.append(forward)
 
     def _after_requests(self, out: list[Command], to_broker: list[Chunk]) -> None:
-        if self.closed:
+        if self.mode is _CLOSED:
             return
         if to_broker:
             out.append(SendToBroker(to_broker))
@@ -606,7 +623,7 @@ class Connection:
         Only a Produce the proxy does not verify qualifies (verification reads every batch header),
         and only when nothing is held: requests reach the broker in the client's order.
         """
-        if self.holds or self.holds.queued or self.draining:
+        if self.mode is not _RELAY or self.holds.queued:
             return
         found = self.requests.incomplete()
         if found is None:
@@ -859,6 +876,7 @@ class Connection:
               expect_response: bool = True) -> Hold:
         """Later requests queue behind `entry` until the hold ends; reading the client pauses for `reason`."""
         hold = self.holds.start(reason, entry, check, expect_response)
+        self._to(Event.HOLD)
         self._pause(reason, out)
         return hold
 
@@ -866,6 +884,8 @@ class Connection:
         self.holds.end(hold)
         if self.holds.of(hold.reason) is None:
             self._resume(hold.reason, out)
+        if not self.holds:
+            self._to(Event.RELEASE)
 
     def _release_held(self, out: list[Command], to_broker: list[Chunk] | None = None) -> None:
         """Requests queued behind holds go on once no hold is left."""
@@ -874,7 +894,7 @@ class Connection:
             held = self.holds.take_queued()
             if held:
                 self._requests(held, out, to_broker)
-        if not self.closed:
+        if self.mode is not _CLOSED:
             self._after_requests(out, to_broker)
 
     def _rewrite_addresses(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
@@ -917,7 +937,7 @@ class Connection:
             return
         if entry.action is ResponseAction.SASL_HANDSHAKE and entry.api_version == 0:
             # SASL v0: raw, header-less tokens follow, once every earlier response is out.
-            self._raw_after_flush = True
+            self._to(Event.SASL_V0)
         elif entry.action is ResponseAction.SASL_AUTHENTICATE:
             self.requests.max_frame = self.settings.max_frame_bytes
             out.append(Authenticated())
@@ -934,18 +954,17 @@ class Connection:
             self._take_ready(to_client)
         if to_client:
             out.append(SendToClient(to_client))
-        if self._raw_after_flush and not order:
+        if self.mode is _RAW_PENDING and not order and not self.holds:
             self._enter_raw_mode(out)
         if self._paused and len(order) < self.settings.max_in_flight and Pause.MAX_IN_FLIGHT in self._paused:
             self._resume(Pause.MAX_IN_FLIGHT, out)
-        if self.draining and not order:
+        if self.mode is _DRAINING and not order:
             out.append(self._close("draining", "proxy shutting down"))
-        if self.lingering:
+        elif self.mode is _LINGERING:
             self._linger_over(out)
 
     def _enter_raw_mode(self, out: list[Command]) -> None:
-        self.raw = True
-        self._raw_after_flush = False
+        self._to(Event.FLUSHED)
         out.append(RawMode("sasl_handshake_v0"))
         leftover = self.requests.take_buffered()
         if leftover:
@@ -967,7 +986,7 @@ class Connection:
             out.append(ResumeReading(Side.CLIENT, cause.value))
 
     def _close(self, reason: str, detail: str, level: str = "info", frame_error: Direction | None = None) -> Close:
-        self.closed = True
+        self._to(Event.CLOSE)
         return Close(reason, detail, level, frame_error)
 
     def _close_on(self, error: CodecError, direction: Direction, prefix: str = "") -> Close:
