@@ -22,3 +22,17 @@ def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
     # Back to the process's own stderr: pytest's capture of this test's stderr is closed after it, and a later
     # test that logs without this fixture would write to a closed file.
     logs.configure("info", sys.__stderr__)
+
+
+@pytest.fixture(autouse=True)
+def _playbook_commands_all_asserted() -> Iterator[None]:
+    """A connection playbook's test fails when the core emitted a command the test never asserted
+    (tests/unit/connection_playbook.py), as mitmproxy's playbook does."""
+    yield
+    playbook = sys.modules.get("connection_playbook")
+    if playbook is None:
+        return
+    made, playbook.RECORDERS[:] = list(playbook.RECORDERS), []
+    left = [f"{step}: {command!r:.300}" for rec in made for step, command in rec.unasserted()]
+    if left:
+        pytest.fail("commands the test never asserted:\n" + "\n".join(left), pytrace=False)

@@ -2,6 +2,11 @@
 
 Frames are built with kio's own encoders (`schemas.encode_request`, the raw client's
 batch writer); the helpers read what the core emitted back as bytes per side.
+
+Every command counts, as in mitmproxy's playbook: each list the playbook's connection returns is an
+`Emitted`, which remembers which of its commands the test looked at (compared the whole list, unpacked it,
+indexed one, or read them with `to_broker`, `to_client` or `of_type`). After the test, a command nobody
+asserted fails it (tests/unit/conftest.py), so an unexpected extra `Close` or `Ask` cannot pass unnoticed.
 """
 
 from __future__ import annotations
@@ -9,15 +14,23 @@ from __future__ import annotations
 import datetime
 import struct
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsIndex, overload
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
 from txnguard.codecs.api_versions import VersionPolicy
-from txnguard.connection.commands import Command, SendToBroker, SendToClient
+from txnguard.connection.commands import (
+    ClientIdentified,
+    ClientSoftware,
+    Command,
+    RequestSeen,
+    SendToBroker,
+    SendToClient,
+)
 from txnguard.connection.core import Connection, Settings
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.policy import policy_from_config
@@ -246,12 +259,95 @@ class FakeCluster:
         return [(0, 3, 9), (18, 0, 3)]
 
 
+class Emitted(list[Command]):
+    """What one call into the core emitted, and which of it the test has asserted."""
+
+    def __init__(self, commands: list[Command], step: str) -> None:
+        super().__init__(commands)
+        self.step = step
+        self.seen = [False] * len(commands)
+
+    def see(self, kind: type | None = None) -> list[Command]:
+        """The commands of `kind` (all when None), now asserted."""
+        found = []
+        for i in range(len(self)):
+            command = list.__getitem__(self, i)
+            if kind is None or isinstance(command, kind):
+                self.seen[i] = True
+                found.append(command)
+        return found
+
+    def unasserted(self, facts: bool) -> list[Command]:
+        return [c for i, seen in enumerate(self.seen) if not seen
+                and (facts or not isinstance(c := list.__getitem__(self, i), FACTS))]
+
+    def __eq__(self, other: object) -> bool:  # the whole list compared
+        self.see()
+        return list.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __iter__(self) -> Iterator[Command]:  # unpacked or walked: the whole list
+        self.see()
+        return list.__iter__(self)
+
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> Command: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Command]: ...
+    def __getitem__(self, i: SupportsIndex | slice) -> Command | list[Command]:
+        for j in range(len(self))[i] if isinstance(i, slice) else [range(len(self))[i]]:
+            self.seen[j] = True
+        return list.__getitem__(self, i)
+
+
+# Facts only inform the shell's logs and counters (commands.py); like mitmproxy's log commands they need
+# asserting only in a playbook made with facts=True. Commands proper (bytes to a side, Ask, StartTimer,
+# Close, pause/resume) always do.
+FACTS = (ClientIdentified, ClientSoftware, RequestSeen)
+
+# Every recorder made in the current test, for the after-test check in conftest.py.
+RECORDERS: list[Recorder] = []
+TRACKED = ("receive_from_client", "receive_from_broker", "answered", "timer_fired", "verification_failed", "drain",
+           "tick", "client_gone")
+
+
+class Recorder:
+    """What tracked connections emitted in one test."""
+
+    def __init__(self, facts: bool = False) -> None:
+        self.facts = facts
+        self.emitted: list[Emitted] = []
+        RECORDERS.append(self)
+
+    def unasserted(self) -> list[tuple[str, Command]]:
+        """(the call, the command) for every command no test line looked at."""
+        return [(e.step, c) for e in self.emitted for c in e.unasserted(self.facts)]
+
+
+def track(conn: Connection, recorder: Recorder | None = None) -> Connection:
+    """Make the connection's command-returning methods (`TRACKED`) return `Emitted` lists, checked after the test."""
+    rec = recorder or Recorder()
+    for name in TRACKED:
+        setattr(conn, name, _tracked(rec, name, getattr(conn, name)))
+    return conn
+
+
+def _tracked(rec: Recorder, name: str, method: Callable[..., list[Command]]) -> Callable[..., Emitted]:
+    def call(*args: Any) -> Emitted:
+        emitted = Emitted(method(*args), f"{name}{args!r:.120}")
+        rec.emitted.append(emitted)
+        return emitted
+    return call
+
+
 class Playbook:
-    """One connection core with its registry, policy, clock and cluster."""
+    """One connection core with its registry, policy, clock and cluster. The core's command-returning
+    methods (`TRACKED`) return `Emitted` lists: every command in them must be asserted."""
 
     def __init__(self, *, max_in_flight: int = 100, policy: dict[str, Any] | None = None,
                  pre_auth_max_frame_bytes: int | None = None, max_frame_bytes: int = 100 << 20,
-                 concurrent: ConcurrentRetry | None = None) -> None:
+                 concurrent: ConcurrentRetry | None = None, facts: bool = False) -> None:
         self.clock = FakeClock()
         self.cluster = FakeCluster()
         self.registry = Registry()
@@ -262,6 +358,8 @@ class Playbook:
                      pre_auth_max_frame_bytes=pre_auth_max_frame_bytes, max_in_flight=max_in_flight,
                      partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
             self.rules, self.cluster, self.clock, self.traffic)
+        self.recorder = Recorder(facts)
+        track(self.conn, self.recorder)
 
     def transaction_with(self, *partitions: tuple[str, int]) -> None:
         """The proxy saw InitProducerId and AddPartitionsToTxn for these partitions (local evidence)."""
@@ -275,14 +373,64 @@ class Playbook:
     def broker_answers(self, *frames: bytes) -> list[Command]:
         return self.conn.receive_from_broker(b"".join(frames))
 
+    def relays(self, *frames: bytes) -> None:
+        """The client sends `frames` and the core forwards them as they are, and does nothing else."""
+        out = self.client_sends(*frames)
+        assert only(out, SendToBroker) == b"".join(frames)
+
+    def delivers(self, *frames: bytes) -> None:
+        """The broker answers `frames` and the core passes them to the client as they are, and nothing else."""
+        out = self.broker_answers(*frames)
+        assert only(out, SendToClient) == b"".join(frames)
+
+
+def _select(commands: list[Command], kind: type) -> list[Any]:
+    if isinstance(commands, Emitted):
+        return commands.see(kind)
+    return [c for c in commands if isinstance(c, kind)]
+
 
 def to_broker(commands: list[Command]) -> bytes:
-    return b"".join(bytes(c) for cmd in commands if isinstance(cmd, SendToBroker) for c in cmd.data)
+    """The bytes sent to the broker (every SendToBroker now asserted)."""
+    return b"".join(bytes(c) for cmd in _select(commands, SendToBroker) for c in cmd.data)
 
 
 def to_client(commands: list[Command]) -> bytes:
-    return b"".join(bytes(c) for cmd in commands if isinstance(cmd, SendToClient) for c in cmd.data)
+    """The bytes sent to the client (every SendToClient now asserted)."""
+    return b"".join(bytes(c) for cmd in _select(commands, SendToClient) for c in cmd.data)
+
+
+class Like:
+    """In a whole-list compare, equal to any command of `kind` whose named fields are equal (a placeholder)."""
+
+    def __init__(self, kind: type, **fields: Any) -> None:
+        self.kind = kind
+        self.fields = fields
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.kind) and all(getattr(other, k) == v for k, v in self.fields.items())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Like({self.kind.__name__}, {self.fields})"
+
+
+def steps(commands: list[Command]) -> list[Any]:
+    """The whole list, asserted, as a test states it: the bytes of a send joined into one chunk, facts left out."""
+    whole = commands.see() if isinstance(commands, Emitted) else list(commands)
+    return [type(c)([b"".join(bytes(x) for x in c.data)]) if isinstance(c, SendToBroker | SendToClient) else c
+            for c in whole if not isinstance(c, FACTS)]
+
+
+def only(commands: list[Command], kind: type[SendToBroker | SendToClient]) -> bytes:
+    """The bytes of a list that holds nothing but sends to one side (facts aside): the whole list asserted."""
+    others = [c for c in (commands.see() if isinstance(commands, Emitted) else commands)
+              if not isinstance(c, (kind, *FACTS))]
+    assert others == [], f"besides {kind.__name__}: {others}"
+    return b"".join(bytes(c) for cmd in commands if isinstance(cmd, kind) for c in cmd.data)
 
 
 def of_type(commands: list[Command], kind: type) -> list[Any]:
-    return [c for c in commands if isinstance(c, kind)]
+    """The commands of one kind (now asserted); the others still have to be."""
+    return _select(commands, kind)

@@ -11,6 +11,7 @@ from connection_playbook import (
     T0,
     T1,
     TXN,
+    Like,
     Playbook,
     add_offsets,
     add_offsets_response,
@@ -21,13 +22,22 @@ from connection_playbook import (
     heartbeat_response,
     of_type,
     produce,
+    steps,
     to_broker,
     to_client,
 )
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import schemas
-from txnguard.connection.commands import Ask, ConcurrentAbsorbed, PauseReading, ResumeReading, StartTimer
+from txnguard.connection.commands import (
+    ConcurrentAbsorbed,
+    PauseReading,
+    ResumeReading,
+    SendToBroker,
+    SendToClient,
+    Side,
+    StartTimer,
+)
 from txnguard.verification.concurrent import NO_ABSORPTION, ConcurrentRetry
 
 BUSY = ErrorCode.concurrent_transactions
@@ -45,50 +55,56 @@ def test_the_client_sees_one_success_where_the_coordinator_first_said_concurrent
     assert to_broker(pb.client_sends(request)) == request
     # broker -> proxy: CONCURRENT_TRANSACTIONS (markers of the previous transaction still being written)
     out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
-    assert to_client(out) == b""
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), StartTimer(1, 0.002)]
     [timer] = of_type(out, StartTimer)
-    assert timer.delay_s == 0.002
-    assert [p.cause for p in of_type(out, PauseReading)] == ["concurrent_transactions"]
     # the pause runs out: the same bytes go to the coordinator again
     pb.clock.seconds += timer.delay_s
     assert to_broker(pb.conn.timer_fired(timer.token)) == request
     # broker -> proxy: added; proxy -> client: that answer, once
     out = pb.broker_answers(add_partitions_response(2, [T0]))
+    assert steps(out) == [Like(ConcurrentAbsorbed), ResumeReading(Side.CLIENT, "concurrent_transactions"),
+                          Like(SendToClient)]
     assert partition_errors(to_client(out)) == {T0: 0}
     [absorbed] = of_type(out, ConcurrentAbsorbed)
     assert (absorbed.ending, absorbed.retries, round(absorbed.waited_ms, 3)) == ("absorbed", 1, 2.0)
     assert [r.cause for r in of_type(out, ResumeReading)] == ["concurrent_transactions"]
     # and the registry learned the partition from the answer that counted
-    assert of_type(pb.client_sends(produce(3, [T0])), Ask) == []
+    assert steps(pb.client_sends(produce(3, [T0]))) == [SendToBroker([produce(3, [T0])])]  # no Ask
 
 
 def test_requests_behind_an_absorbed_one_wait_and_every_answer_leaves_in_the_clients_order():
     pb = Playbook()
-    pb.client_sends(add_partitions(2, [T0]), heartbeat(3))  # both out before the refusal comes
+    pb.relays(add_partitions(2, [T0]), heartbeat(3))  # both out before the refusal comes
     out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY), heartbeat_response(3))
-    assert to_client(out) == b""                     # heartbeat 3's answer waits behind request 2
+    # heartbeat 3's answer waits behind request 2
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), Like(StartTimer)]
     [timer] = of_type(out, StartTimer)
     assert to_broker(pb.client_sends(heartbeat(4))) == b""   # held: it must follow request 2's answer
     pb.clock.seconds += timer.delay_s
     assert to_broker(pb.conn.timer_fired(timer.token)) == add_partitions(2, [T0])
     out = pb.broker_answers(add_partitions_response(2, [T0]))
+    assert steps(out) == [Like(ConcurrentAbsorbed, ending="absorbed"),
+                          ResumeReading(Side.CLIENT, "concurrent_transactions"), Like(SendToClient),
+                          SendToBroker([heartbeat(4)])]  # released after the answers above
     assert correlation_ids(to_client(out)) == [2, 3]
-    assert to_broker(out) == heartbeat(4)            # released after the answers above
     assert correlation_ids(to_client(pb.broker_answers(heartbeat_response(4)))) == [4]
 
 
 def test_once_the_budget_is_spent_the_client_gets_concurrent_transactions_as_the_coordinator_said_it():
     pb = Playbook(concurrent=ConcurrentRetry(budget_ms=31, backoff_ms=2, backoff_max_ms=20))
-    pb.client_sends(add_partitions(2, [T0]))
+    pb.relays(add_partitions(2, [T0]))
     out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
+    assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "concurrent_transactions")]
     delays = []
     while not to_client(out):
         [timer] = of_type(out, StartTimer)
         delays.append(timer.delay_s * 1000)
         pb.clock.seconds += timer.delay_s
-        pb.conn.timer_fired(timer.token)
+        assert to_broker(pb.conn.timer_fired(timer.token)) == add_partitions(2, [T0])
         out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
     assert delays == [2, 4, 8, 16]                   # 31 ms would be passed by the next 20 ms pause
+    assert steps(out) == [Like(ConcurrentAbsorbed), ResumeReading(Side.CLIENT, "concurrent_transactions"),
+                          Like(SendToClient)]
     assert partition_errors(to_client(out)) == {T0: BUSY}
     [spent] = of_type(out, ConcurrentAbsorbed)
     assert (spent.ending, spent.retries) == ("budget_spent", 4)
@@ -96,7 +112,7 @@ def test_once_the_budget_is_spent_the_client_gets_concurrent_transactions_as_the
 
 def test_switched_off_the_refusal_goes_straight_to_the_client():
     pb = Playbook(concurrent=NO_ABSORPTION)
-    pb.client_sends(add_partitions(2, [T0]))
+    pb.relays(add_partitions(2, [T0]))
     out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
     assert partition_errors(to_client(out)) == {T0: BUSY}
     assert of_type(out, StartTimer) == [] and of_type(out, ConcurrentAbsorbed) == []
@@ -104,7 +120,7 @@ def test_switched_off_the_refusal_goes_straight_to_the_client():
 
 def test_a_mixed_answer_is_not_a_busy_coordinator_and_passes_untouched():
     pb = Playbook()
-    pb.client_sends(add_partitions(2, [T0, T1]))
+    pb.relays(add_partitions(2, [T0, T1]))
     answer = add_partitions_response(2, [T0, T1], errors={T0: BUSY, T1: ErrorCode.topic_authorization_failed})
     out = pb.broker_answers(answer)
     assert to_client(out) == answer and of_type(out, StartTimer) == []
@@ -112,27 +128,35 @@ def test_a_mixed_answer_is_not_a_busy_coordinator_and_passes_untouched():
 
 def test_add_offsets_to_txn_is_absorbed_too():
     pb = Playbook()
-    pb.client_sends(add_offsets(2))
-    [timer] = of_type(pb.broker_answers(add_offsets_response(2, BUSY)), StartTimer)
+    pb.relays(add_offsets(2))
+    out = pb.broker_answers(add_offsets_response(2, BUSY))
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), Like(StartTimer)]
+    [timer] = of_type(out, StartTimer)
     assert to_broker(pb.conn.timer_fired(timer.token)) == add_offsets(2)
     out = pb.broker_answers(add_offsets_response(2))
-    assert to_client(out) == add_offsets_response(2)
+    assert steps(out) == [Like(ConcurrentAbsorbed, ending="absorbed"),
+                          ResumeReading(Side.CLIENT, "concurrent_transactions"),
+                          SendToClient([add_offsets_response(2)])]
     assert pb.registry.get(TXN) is not None and "g" in pb.registry.get(TXN).groups  # type: ignore[union-attr]
 
 
 def test_a_close_while_waiting_to_ask_again_sends_nothing_when_the_timer_fires():
     pb = Playbook()
-    pb.client_sends(add_partitions(2, [T0]))
-    [timer] = of_type(pb.broker_answers(add_partitions_response(2, [T0], error=BUSY)), StartTimer)
+    pb.relays(add_partitions(2, [T0]))
+    out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), Like(StartTimer)]
+    [timer] = of_type(out, StartTimer)
     pb.conn.connection_lost()
     assert pb.conn.timer_fired(timer.token) == []
 
 
 def test_a_stale_timer_does_nothing():
     pb = Playbook()
-    pb.client_sends(add_partitions(2, [T0]))
-    [timer] = of_type(pb.broker_answers(add_partitions_response(2, [T0], error=BUSY)), StartTimer)
-    assert to_broker(pb.conn.timer_fired(timer.token)) != b""
+    pb.relays(add_partitions(2, [T0]))
+    out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), Like(StartTimer)]
+    [timer] = of_type(out, StartTimer)
+    assert steps(pb.conn.timer_fired(timer.token)) == [SendToBroker([add_partitions(2, [T0])])]
     assert pb.conn.timer_fired(timer.token) == []    # already asked again for this pause
 
 
@@ -155,14 +179,17 @@ def test_two_refused_requests_in_flight_both_get_an_answer():
                  ◀─ 51 (2), 51 (3) ─  2 is asked again after a pause; 3 goes back as the coordinator
                                       said it (the client retries it), after 2's answer"""
     pb = Playbook()
-    pb.client_sends(add_offsets(2), add_partitions(3, [T0]))
+    pb.relays(add_offsets(2), add_partitions(3, [T0]))
     out = pb.broker_answers(add_offsets_response(2, error=BUSY), add_partitions_response(3, [T0], error=BUSY))
-    assert to_client(out) == b""                     # 3's answer waits behind request 2
+    # 3's answer waits behind request 2; its 51 is counted
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), Like(StartTimer),
+                          Like(ConcurrentAbsorbed, ending="behind_another")]
     [timer] = of_type(out, StartTimer)
-    assert [a.ending for a in of_type(out, ConcurrentAbsorbed)] == ["behind_another"]  # 3's 51 is counted
     pb.clock.seconds += timer.delay_s
     assert to_broker(pb.conn.timer_fired(timer.token)) == add_offsets(2)
     out = pb.broker_answers(add_offsets_response(2))
+    assert steps(out) == [Like(ConcurrentAbsorbed, ending="absorbed"),
+                          ResumeReading(Side.CLIENT, "concurrent_transactions"), Like(SendToClient)]
     assert correlation_ids(to_client(out)) == [2, 3]
     assert partition_errors(to_client(out)[len(add_offsets_response(2)):]) == {T0: BUSY}
     assert [a.ending for a in of_type(out, ConcurrentAbsorbed)] == ["absorbed"]

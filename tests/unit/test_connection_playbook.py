@@ -5,6 +5,8 @@ from __future__ import annotations
 from connection_playbook import (
     T0,
     T1,
+    Emitted,
+    Like,
     Playbook,
     add_partitions,
     add_partitions_response,
@@ -24,6 +26,7 @@ from connection_playbook import (
     sasl_authenticate_response,
     sasl_handshake,
     sasl_handshake_response,
+    steps,
     to_broker,
     to_client,
 )
@@ -40,6 +43,7 @@ from txnguard.connection.commands import (
     PauseReading,
     RawMode,
     ResumeReading,
+    SendToBroker,
     SendToClient,
     Side,
 )
@@ -65,7 +69,7 @@ def test_an_uninspected_request_and_its_response_pass_as_the_original_bytes():
 
 def test_consecutive_responses_in_one_chunk_leave_as_one_buffer():
     pb = Playbook()
-    pb.client_sends(heartbeat(1), heartbeat(2), heartbeat(3))
+    pb.relays(heartbeat(1), heartbeat(2), heartbeat(3))
     chunk = heartbeat_response(1) + heartbeat_response(2) + heartbeat_response(3)
     out = pb.broker_answers(chunk)
     assert len(out) == 1 and isinstance(out[0], SendToClient)
@@ -74,7 +78,7 @@ def test_consecutive_responses_in_one_chunk_leave_as_one_buffer():
 
 def test_a_large_response_next_in_order_is_streamed_before_it_is_complete():
     pb = Playbook()
-    pb.client_sends(fetch_request(5))
+    pb.relays(fetch_request(5))
     answer = fetch_response(5, b"r" * 300_000)
     first, second, third = answer[:3], answer[3:100_000], answer[100_000:]
     assert to_client(pb.broker_answers(first)) == b""           # not even the head yet
@@ -106,7 +110,7 @@ def test_a_large_transactional_produce_is_assembled_to_be_verified():
 
 def test_a_response_head_split_across_chunks_is_put_together():
     pb = Playbook()
-    pb.client_sends(heartbeat(1), heartbeat(2))
+    pb.relays(heartbeat(1), heartbeat(2))
     stream = heartbeat_response(1) + heartbeat_response(2)
     got = b"".join(to_client(pb.broker_answers(stream[i:i + 5])) for i in range(0, len(stream), 5))
     assert got == stream
@@ -114,7 +118,7 @@ def test_a_response_head_split_across_chunks_is_put_together():
 
 def test_a_response_for_an_unknown_correlation_id_closes_the_connection():
     pb = Playbook()
-    pb.client_sends(heartbeat(1))
+    pb.relays(heartbeat(1))
     out = pb.broker_answers(heartbeat_response(99))
     assert out == [Close("response_out_of_order", "broker response: response 99 arrived for request 1", "warning",
                          Direction.BROKER_TO_CLIENT)]
@@ -139,11 +143,10 @@ def test_a_request_over_the_frame_limit_closes_before_it_is_buffered():
 
 def test_a_too_new_api_versions_is_answered_locally_in_turn_behind_requests_in_flight():
     pb = Playbook()
-    pb.client_sends(heartbeat(1))
+    pb.relays(heartbeat(1))
     out = pb.client_sends(api_versions_request(2, version=99))
-    assert to_broker(out) == b""                         # the broker never sees it
-    assert to_client(out) == b""                         # and it waits behind request 1
-    assert of_type(out, AnsweredLocally) == [AnsweredLocally(18, 99, 2, "unsupported_version")]
+    # The broker never sees it, and it waits behind request 1.
+    assert steps(out) == [AnsweredLocally(18, 99, 2, "unsupported_version")]
     stream = to_client(pb.broker_answers(heartbeat_response(1)))
     assert correlation_ids(stream) == [1, 2]
     _, body = schemas.decode_response(stream[len(heartbeat_response(1)) + 4:], 18, 0)
@@ -153,10 +156,11 @@ def test_a_too_new_api_versions_is_answered_locally_in_turn_behind_requests_in_f
 
 def test_max_in_flight_pauses_the_client_and_an_answer_resumes_it():
     pb = Playbook(max_in_flight=2)
-    assert of_type(pb.client_sends(heartbeat(1)), PauseReading) == []
-    assert of_type(pb.client_sends(heartbeat(2)), PauseReading) == [PauseReading(Side.CLIENT, "max_in_flight")]
+    pb.relays(heartbeat(1))
+    assert steps(pb.client_sends(heartbeat(2))) == [SendToBroker([heartbeat(2)]),
+                                                    PauseReading(Side.CLIENT, "max_in_flight")]
     out = pb.broker_answers(heartbeat_response(1))
-    assert of_type(out, ResumeReading) == [ResumeReading(Side.CLIENT, "max_in_flight")]
+    assert steps(out) == [SendToClient([heartbeat_response(1)]), ResumeReading(Side.CLIENT, "max_in_flight")]
 
 
 def test_acks_zero_produce_never_waits_for_a_response():
@@ -164,17 +168,16 @@ def test_acks_zero_produce_never_waits_for_a_response():
     request = produce(1, [T0], transactional=False, acks=0)
     assert to_broker(pb.client_sends(request)) == request
     assert pb.conn.in_flight == 0
-    pb.client_sends(heartbeat(2))
-    assert correlation_ids(to_client(pb.broker_answers(heartbeat_response(2)))) == [2]
+    pb.relays(heartbeat(2))
+    pb.delivers(heartbeat_response(2))
 
 
 def test_draining_closes_once_the_last_response_is_delivered():
     pb = Playbook()
-    pb.client_sends(heartbeat(1))
+    pb.relays(heartbeat(1))
     assert pb.conn.drain() == [PauseReading(Side.CLIENT, "draining")]
     out = pb.broker_answers(heartbeat_response(1))
-    assert correlation_ids(to_client(out)) == [1]
-    assert out[-1] == Close("draining", "proxy shutting down")
+    assert steps(out) == [SendToClient([heartbeat_response(1)]), Close("draining", "proxy shutting down")]
 
 
 # -- verification ------------------------------------------------------------------------------------------
@@ -189,18 +192,20 @@ def test_a_write_with_local_evidence_is_decided_at_once_and_forwarded_unchanged(
     assert to_broker(out) == request
     [decided] = of_type(out, Decided)
     assert [r.decision for r in decided.decision.records] == ["forwarded"]
-    pb.broker_answers(produce_response(1, [T0]))
+    pb.delivers(produce_response(1, [T0]))
     assert pb.conn.ledger.take() == ([], [("local", 0.0)])  # the check-to-append window, for the shell
 
 
 def test_the_registry_learns_from_the_clients_own_init_and_add_partitions():
     pb = Playbook()
-    pb.client_sends(init_producer_id(1))
-    pb.broker_answers(init_producer_id_response(1))
-    pb.client_sends(add_partitions(2, [T0]))
-    pb.broker_answers(add_partitions_response(2, [T0]))
+    pb.relays(init_producer_id(1))
+    pb.delivers(init_producer_id_response(1))
+    pb.relays(add_partitions(2, [T0]))
+    pb.delivers(add_partitions_response(2, [T0]))
     out = pb.client_sends(produce(3, [T0]))
-    assert of_type(out, Ask) == [] and to_broker(out) == produce(3, [T0])
+    # No Ask: local evidence, taken on the fast path (its decision goes to the ledger, not a command).
+    assert steps(out) == [SendToBroker([produce(3, [T0])])]
+    assert len(pb.conn.ledger.passed) == 1
 
 
 def test_partial_rejection_across_two_partitions_merges_one_response_in_request_order():
@@ -211,6 +216,8 @@ def test_partial_rejection_across_two_partitions_merges_one_response_in_request_
     assert ask.question.partitions == (T1,)
     assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "verification")]
     out = pb.conn.answered(ask.check_id, Answer(verdicts={T1: NOT_ADDED}))
+    [decided] = of_type(out, Decided)
+    assert sorted(r.decision for r in decided.decision.records) == ["forwarded", "rejected"]
     _, reduced = schemas.decode_request(to_broker(out)[4:])
     assert [(str(t.name), int(p.index)) for t in reduced.topic_data for p in t.partition_data] == [T0]
     assert of_type(out, ResumeReading) == [ResumeReading(Side.CLIENT, "verification")]
@@ -224,10 +231,11 @@ def test_partial_rejection_across_two_partitions_merges_one_response_in_request_
 
 def test_every_partition_rejected_is_answered_without_the_broker():
     pb = Playbook()
-    out = pb.client_sends(produce(1, [T0, T1]))
-    [ask] = of_type(out, Ask)
-    out = pb.conn.answered(ask.check_id, Answer(verdicts={T0: NOT_ADDED, T1: NOT_ADDED}))
-    assert to_broker(out) == b""
+    ask = Like(Ask)
+    assert steps(pb.client_sends(produce(1, [T0, T1]))) == [PauseReading(Side.CLIENT, "verification"), ask]
+    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED, T1: NOT_ADDED}))
+    assert steps(out) == [Like(Decided), AnsweredLocally(0, 9, 1, "verification"),
+                          ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]
     assert [(t, p, e) for t, p, e, _ in decode_produce_response(to_client(out))] == [
         ("orders", 0, ErrorCode.invalid_txn_state), ("orders", 1, ErrorCode.invalid_txn_state)]
 
@@ -235,21 +243,21 @@ def test_every_partition_rejected_is_answered_without_the_broker():
 def test_monitor_mode_forwards_what_it_would_reject_and_says_so():
     pb = Playbook(policy={"mode": "monitor"})
     request = produce(1, [T0])
-    [ask] = of_type(pb.client_sends(request), Ask)
-    out = pb.conn.answered(ask.check_id, Answer(verdicts={T0: NOT_ADDED}))
-    assert to_broker(out) == request
+    assert steps(pb.client_sends(request)) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
+    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED}))
+    assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), SendToBroker([request])]
     [decided] = of_type(out, Decided)
     assert [r.decision for r in decided.decision.records] == ["forwarded_unenforced"]
 
 
 def test_a_rejected_acks_zero_write_closes_the_connection_as_the_broker_does():
     pb = Playbook()
-    [ask] = of_type(pb.client_sends(produce(1, [T0], acks=0)), Ask)
+    out = pb.client_sends(produce(1, [T0], acks=0))
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
     assert pb.conn.in_flight == 0  # no response will ever come for it
-    out = pb.conn.answered(ask.check_id, Answer(verdicts={T0: NOT_ADDED}))
-    assert to_broker(out) == b""
-    assert out[-1] == Close("rejected_without_response", "a transactional acks=0 write failed verification",
-                            "warning")
+    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED}))
+    assert steps(out) == [Like(Decided), Close("rejected_without_response",
+                                               "a transactional acks=0 write failed verification", "warning")]
 
 
 def test_requests_behind_a_held_one_wait_and_leave_in_the_clients_order():
@@ -257,39 +265,42 @@ def test_requests_behind_a_held_one_wait_and_leave_in_the_clients_order():
     a, b, c = heartbeat(1), produce(2, [T0]), heartbeat(3)
     assert to_broker(pb.client_sends(a)) == a
     out = pb.client_sends(b, c)
-    assert to_broker(out) == b""                  # b waits for its verification, c waits behind it
-    [ask] = of_type(out, Ask)
-    out = pb.conn.answered(ask.check_id, Answer(verdicts={T0: passed(Evidence.COORDINATOR)}))
-    assert to_broker(out) == b + c
+    # b waits for its verification, c waits behind it
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
+    out = pb.conn.answered(1, Answer(verdicts={T0: passed(Evidence.COORDINATOR)}))
+    assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), SendToBroker([b + c])]
     stream = to_client(pb.broker_answers(heartbeat_response(1), produce_response(2, [T0]), heartbeat_response(3)))
     assert correlation_ids(stream) == [1, 2, 3]
 
 
 def test_a_hold_released_before_an_earlier_response_still_answers_in_order():
     pb = Playbook()
-    pb.client_sends(heartbeat(1))
-    [ask] = of_type(pb.client_sends(produce(2, [T0]), heartbeat(3)), Ask)
+    pb.relays(heartbeat(1))
+    out = pb.client_sends(produce(2, [T0]), heartbeat(3))
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
     # The verifier answers before the broker answered request 1: request 2 is rejected locally,
     # request 3 goes out; the local answer waits for request 1's response.
-    out = pb.conn.answered(ask.check_id, Answer(verdicts={T0: NOT_ADDED}))
-    assert to_broker(out) == heartbeat(3)
-    assert to_client(out) == b""
+    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED}))
+    assert steps(out) == [Like(Decided), AnsweredLocally(0, 9, 2, "verification"),
+                          ResumeReading(Side.CLIENT, "verification"), SendToBroker([heartbeat(3)])]
     stream = to_client(pb.broker_answers(heartbeat_response(1), heartbeat_response(3)))
     assert correlation_ids(stream) == [1, 2, 3]
 
 
 def test_a_close_while_a_request_is_held_sends_nothing_when_the_answer_comes():
     pb = Playbook()
-    [ask] = of_type(pb.client_sends(produce(1, [T0]), heartbeat(2)), Ask)
+    out = pb.client_sends(produce(1, [T0]), heartbeat(2))
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), ask := Like(Ask, check_id=1)]
     pb.conn.connection_lost()
-    assert pb.conn.answered(ask.check_id, Answer(verdicts={T0: passed(Evidence.COORDINATOR)})) == []
+    assert pb.conn.answered(ask.fields["check_id"], Answer(verdicts={T0: passed(Evidence.COORDINATOR)})) == []
     assert pb.client_sends(heartbeat(3)) == []
 
 
 def test_a_verification_that_fails_closes_with_its_reason():
     pb = Playbook()
-    [ask] = of_type(pb.client_sends(produce(1, [T0])), Ask)
-    [close] = pb.conn.verification_failed(ask.check_id, "verifier_error", "boom")
+    assert steps(pb.client_sends(produce(1, [T0]))) == [PauseReading(Side.CLIENT, "verification"),
+                                                        Like(Ask, check_id=1)]
+    [close] = pb.conn.verification_failed(1, "verifier_error", "boom")
     assert close.reason == "verifier_error" and close.level == "warning"
 
 
@@ -298,10 +309,9 @@ def test_a_verification_that_fails_closes_with_its_reason():
 
 def test_sasl_v0_handshake_turns_the_connection_into_a_byte_pipe():
     pb = Playbook(pre_auth_max_frame_bytes=512 * 1024)
-    pb.client_sends(sasl_handshake(1, version=0))
+    pb.relays(sasl_handshake(1, version=0))
     out = pb.broker_answers(sasl_handshake_response(1, version=0))
-    assert correlation_ids(to_client(out)) == [1]
-    assert of_type(out, RawMode) == [RawMode("sasl_handshake_v0")]
+    assert steps(out) == [SendToClient([sasl_handshake_response(1, version=0)]), RawMode("sasl_handshake_v0")]
     token = b"\x00\x00\x00\x0c\x00user\x00secret"  # a raw SASL/PLAIN token: no Kafka header
     assert to_broker(pb.client_sends(token)) == token
     assert to_broker(pb.client_sends(b"\xff\xff")) == b"\xff\xff"  # not a frame: not read as one
@@ -310,17 +320,34 @@ def test_sasl_v0_handshake_turns_the_connection_into_a_byte_pipe():
 
 def test_sasl_authenticate_lifts_the_pre_authentication_frame_limit():
     pb = Playbook(pre_auth_max_frame_bytes=1024)
-    pb.client_sends(sasl_handshake(1, version=1))
-    pb.broker_answers(sasl_handshake_response(1, version=1))
-    pb.client_sends(sasl_authenticate(2))
-    assert of_type(pb.broker_answers(sasl_authenticate_response(2)), Authenticated) == [Authenticated()]
+    pb.relays(sasl_handshake(1, version=1))
+    pb.delivers(sasl_handshake_response(1, version=1))
+    pb.relays(sasl_authenticate(2))
+    assert steps(pb.broker_answers(sasl_authenticate_response(2))) == [
+        Authenticated(), SendToClient([sasl_authenticate_response(2)])]
     big = produce(3, [T0], transactional=False, value=b"x" * 4096)
     assert to_broker(pb.client_sends(big)) == big
 
 
 def test_before_authentication_completes_the_limit_holds():
     pb = Playbook(pre_auth_max_frame_bytes=1024)
-    pb.client_sends(sasl_handshake(1, version=1))
-    pb.broker_answers(sasl_handshake_response(1, version=1))
+    pb.relays(sasl_handshake(1, version=1))
+    pb.delivers(sasl_handshake_response(1, version=1))
     [close] = pb.client_sends(produce(2, [T0], transactional=False, value=b"x" * 4096))
     assert close.reason == "frame_too_large"
+
+
+# -- the playbook itself -------------------------------------------------------------------------------------
+
+
+def test_a_command_the_test_leaves_unasserted_fails_it():
+    pb = Playbook()
+    out = pb.client_sends(produce(1, [T0]))       # no evidence: held, and the verifier asked
+    assert to_broker(out) == b""                   # what a test that filters by type would look at
+    assert [type(c) for _, c in pb.recorder.unasserted()] == [PauseReading, Ask]  # conftest fails on these
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
+    assert pb.recorder.unasserted() == []
+    extra = Emitted([SendToBroker([b"x"]), Close("boom")], "a step")
+    assert to_broker(extra) == b"x"
+    assert extra.unasserted(facts=False) == [Close("boom")]
+    extra.see()

@@ -12,6 +12,7 @@ from typing import Any
 from connection_playbook import (
     T0,
     T1,
+    Like,
     Playbook,
     api_versions_request,
     correlation_ids,
@@ -26,6 +27,7 @@ from connection_playbook import (
     request_module,
     response,
     response_module,
+    steps,
     to_broker,
     to_client,
 )
@@ -33,6 +35,7 @@ from kio.static.primitive import i32
 
 from txnguard.connection import core
 from txnguard.connection.commands import (
+    AnsweredLocally,
     Ask,
     Close,
     Command,
@@ -41,6 +44,7 @@ from txnguard.connection.commands import (
     PauseReading,
     RequestSeen,
     ResumeReading,
+    Rewritten,
     SendToBroker,
     SendToClient,
     Side,
@@ -66,8 +70,8 @@ def metadata_response(correlation_id: int) -> bytes:
 
 def identified(pb: Playbook) -> None:
     """The first request names the client (the general path's business); the fast path starts after it."""
-    pb.client_sends(heartbeat(0))
-    pb.broker_answers(heartbeat_response(0))
+    pb.relays(heartbeat(0))
+    pb.delivers(heartbeat_response(0))
 
 
 def test_whole_frames_of_one_read_leave_as_that_read_in_one_write():
@@ -135,8 +139,8 @@ def test_max_in_flight_pauses_after_a_fast_read_and_answers_resume():
     out = pb.client_sends(heartbeat(1), heartbeat(2), heartbeat(3))
     assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "max_in_flight")]
     assert to_broker(out) == heartbeat(1) + heartbeat(2) + heartbeat(3)
-    assert of_type(pb.broker_answers(heartbeat_response(1)), ResumeReading) == [
-        ResumeReading(Side.CLIENT, "max_in_flight")]
+    assert steps(pb.broker_answers(heartbeat_response(1))) == [SendToClient([heartbeat_response(1)]),
+                                                              ResumeReading(Side.CLIENT, "max_in_flight")]
 
 
 def test_the_shells_fast_call_leaves_the_frame_that_fills_the_queue_to_the_general_path():
@@ -154,7 +158,8 @@ def test_the_shells_fast_call_leaves_the_frame_that_fills_the_queue_to_the_gener
 def test_a_response_with_a_local_answer_ready_behind_it_goes_the_general_way():
     pb = Playbook()
     identified(pb)
-    assert to_broker(pb.client_sends(heartbeat(1), api_versions_request(2, version=99))) == heartbeat(1)
+    out = pb.client_sends(heartbeat(1), api_versions_request(2, version=99))
+    assert steps(out) == [AnsweredLocally(18, 99, 2, "unsupported_version"), SendToBroker([heartbeat(1)])]
     assert pb.conn.relay_from_broker(heartbeat_response(1)) == 0  # the answer to 2 must follow it at once
     assert correlation_ids(to_client(pb.conn.receive_from_broker(heartbeat_response(1)))) == [1, 2]
 
@@ -172,7 +177,7 @@ def test_a_broken_response_behind_whole_ones_closes_and_delivers_nothing_of_that
     for answers in (Playbook.broker_answers, lambda pb, *frames: _shell_broker(pb, b"".join(frames))):
         pb = Playbook()
         identified(pb)
-        pb.client_sends(heartbeat(1), heartbeat(2))
+        pb.relays(heartbeat(1), heartbeat(2))
         out = answers(pb, heartbeat_response(1), heartbeat_response(7))  # 7 was never asked
         assert [type(c) for c in out] == [Close]
         assert out[0].reason == "response_out_of_order"
@@ -182,7 +187,9 @@ def test_an_address_bearing_response_is_still_rewritten_after_a_fast_request():
     pb = Playbook()
     identified(pb)
     assert pb.client_sends(metadata_request(1)) == [SendToBroker([metadata_request(1)])]
-    stream = to_client(pb.broker_answers(metadata_response(1)))
+    out = pb.broker_answers(metadata_response(1))
+    assert steps(out) == [Rewritten(3, "addresses"), Like(SendToClient)]
+    stream = to_client(out)
     assert b"proxy.local" in stream and b"kafka-1" not in stream
 
 

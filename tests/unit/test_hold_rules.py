@@ -18,12 +18,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from connection_playbook import PID, T0, T1, TXN, FakeClock, Playbook, of_type, produce, request
+from connection_playbook import PID, T0, T1, TXN, FakeClock, Like, Playbook, of_type, produce, request, steps
 from kio.static.primitive import i16, i32, i64
 from virtual_time import VirtualClock, run
 
 from txnguard.codecs.header import peek_request, produce_timeout_ms
-from txnguard.connection.commands import Ask
+from txnguard.connection.commands import Ask, PauseReading, Side
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import ConfigError, HostPort, ProxyConfig, from_mapping
 from txnguard.proxy.guard import TransactionGuard
@@ -78,7 +78,9 @@ def test_the_produce_timeout_is_read_in_place():
 
 def test_a_produce_the_core_cannot_decide_asks_with_a_hold_of_its_own_timeout():
     pb = Playbook()
-    [ask] = of_type(pb.client_sends(produce(1, [T0], timeout_ms=10_000)), Ask)
+    out = pb.client_sends(produce(1, [T0], timeout_ms=10_000))
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
+    [ask] = of_type(out, Ask)
     assert ask.question.hold_ms == 8_000
 
 
@@ -102,7 +104,8 @@ def test_a_txn_offset_commit_holds_as_long_as_the_ids_produce_timeout_else_the_c
     check = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(1)), 3, CLIENT, clock)
     assert isinstance(check, PendingCheck) and check.question.hold_ms == 24_000
     # The id's Produce said 5 s: its TxnOffsetCommit gets the same client's bound.
-    pb.client_sends(produce(2, [T0], timeout_ms=5_000))
+    assert steps(pb.client_sends(produce(2, [T0], timeout_ms=5_000))) == [PauseReading(Side.CLIENT, "verification"),
+                                                                          Like(Ask)]
     check = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(3)), 3, CLIENT, clock)
     assert isinstance(check, PendingCheck) and check.question.hold_ms == 4_000
 
@@ -113,7 +116,8 @@ def test_a_first_question_for_the_offsets_partition_count_spends_the_same_budget
     pb = Playbook()
     clock = FakeClock()
     pb.registry.init_producer_id(TXN, PID, 0, 60_000, clock.wall_ms())
-    pb.client_sends(produce(2, [T0], timeout_ms=5_000))         # the id's bound: 0.8 x 5 s = 4 s
+    out = pb.client_sends(produce(2, [T0], timeout_ms=5_000))   # the id's bound: 0.8 x 5 s = 4 s
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     first = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(3)), 3, CLIENT, clock)
     assert isinstance(first, PendingCheck) and first.question.offsets_partitions
     clock.seconds += 1.0

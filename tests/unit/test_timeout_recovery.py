@@ -259,10 +259,19 @@ def test_a_late_write_of_a_timed_out_transaction_makes_kafka_python_bump_by_itse
 # -- the same exchange through the connection core (the wiring) ---------------------------------------------------
 
 def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_the_coordinators_epoch():
-    from connection_playbook import EPOCH, TXN, Playbook, of_type, response, to_broker, to_client
+    from connection_playbook import EPOCH, TXN, Like, Playbook, of_type, response, steps, to_broker, to_client
     from connection_playbook import PID as PB_PID
 
-    from txnguard.connection.commands import Ask
+    from txnguard.connection.commands import (
+        AnsweredLocally,
+        Ask,
+        Decided,
+        PauseReading,
+        ResumeReading,
+        SendToBroker,
+        SendToClient,
+        Side,
+    )
 
     pb = Playbook(policy={"timeout_recovery": True, "families": [{"family": "java", "client_id": "playbook-*"}]})
     pb.transaction_with(("orders", 0))           # ongoing at (PID, EPOCH), timeout 60 s
@@ -276,9 +285,12 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
 
     # client -> EndTxn(commit): held while the coordinator is asked; nothing reaches the broker
     out = pb.client_sends(end_txn(True, 21))
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     (ask,) = of_type(out, Ask)
-    assert ask.question.describe_only and to_broker(out) == b""
+    assert ask.question.describe_only
     out = pb.conn.answered(ask.check_id, Answer(description=aborted))
+    assert steps(out) == [Like(Decided), AnsweredLocally(26, 3, 21, "verification"),
+                          ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]
     _, body = schemas.decode_response(memoryview(to_client(out))[4:], 26, 3)
     assert body.error_code == ErrorCode.invalid_producer_id_mapping and to_broker(out) == b""
 
@@ -286,8 +298,10 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
     bump = InitProducerIdRequest(transactional_id=TransactionalId(TXN), producer_id=ProducerId(PB_PID),
                                  transaction_timeout=datetime.timedelta(minutes=1), producer_epoch=i16(EPOCH))
     out = pb.client_sends(request(bump, 22))
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     (ask,) = of_type(out, Ask)
     out = pb.conn.answered(ask.check_id, Answer(description=aborted))
+    assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), Like(SendToBroker)]
     _, sent = schemas.decode_request(memoryview(to_broker(out))[4:])
     assert int(sent.producer_epoch) == EPOCH + 1 and int(sent.producer_id) == PB_PID
     m = sys.modules[schemas.response_schema(22, 4).__module__]
@@ -299,10 +313,10 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
 
 
 def test_through_the_core_a_fenced_producers_end_txn_reaches_the_coordinator_untouched():
-    from connection_playbook import EPOCH, TXN, Playbook, of_type, to_broker
+    from connection_playbook import EPOCH, TXN, Like, Playbook, of_type, steps
     from connection_playbook import PID as PB_PID
 
-    from txnguard.connection.commands import Ask
+    from txnguard.connection.commands import Ask, PauseReading, ResumeReading, SendToBroker, Side
 
     pb = Playbook(policy={"timeout_recovery": True, "families": [{"family": "java", "client_id": "playbook-*"}]})
     pb.transaction_with(("orders", 0))
@@ -310,5 +324,9 @@ def test_through_the_core_a_fenced_producers_end_txn_reaches_the_coordinator_unt
     fenced = DescribedTransaction(0, TXN, "Empty", 60_000, -1, PB_PID, EPOCH + 2, frozenset())
     frame = request(EndTxnRequest(transactional_id=TransactionalId(TXN), producer_id=ProducerId(PB_PID),
                                   producer_epoch=i16(EPOCH), committed=True), 31)
-    (ask,) = of_type(pb.client_sends(frame), Ask)
-    assert to_broker(pb.conn.answered(ask.check_id, Answer(description=fenced))) == frame
+    out = pb.client_sends(frame)
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
+    (ask,) = of_type(out, Ask)
+    # no Decided: the coordinator's answer leaves nothing to judge, the EndTxn goes on as it is
+    assert steps(pb.conn.answered(ask.check_id, Answer(description=fenced))) == [
+        ResumeReading(Side.CLIENT, "verification"), SendToBroker([frame])]

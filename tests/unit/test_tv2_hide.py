@@ -13,11 +13,13 @@ import datetime
 
 from connection_playbook import (
     T0,
+    Like,
     Playbook,
     api_versions_request,
     of_type,
     produce,
     response,
+    steps,
     to_broker,
     to_client,
 )
@@ -40,7 +42,7 @@ from txnguard.codecs.api_versions import (
     advertised_range,
     rewrite,
 )
-from txnguard.connection.commands import Ask, Rewritten
+from txnguard.connection.commands import Ask, PauseReading, Rewritten, Side
 from txnguard.proxy.config import ConfigError, load
 
 HIDE = VersionPolicy(hide_transaction_version_2=True)
@@ -149,7 +151,7 @@ def test_the_rewritten_bytes_round_trip_with_the_other_tagged_fields_kept():
 
 def test_core_passes_the_tv2_answer_as_the_brokers_bytes_by_default():
     pb = Playbook()
-    pb.client_sends(api_versions_request(1, version=4))
+    pb.relays(api_versions_request(1, version=4))
     answer = response(18, 4, 1, _broker())
     out = pb.broker_answers(answer)
     assert to_client(out) == answer
@@ -159,7 +161,7 @@ def test_core_passes_the_tv2_answer_as_the_brokers_bytes_by_default():
 def test_core_with_hide_sends_tv1_and_names_the_rewrite():
     pb = Playbook()
     pb.cluster.version_policy = HIDE
-    pb.client_sends(api_versions_request(1, version=4))
+    pb.relays(api_versions_request(1, version=4))
     out = pb.broker_answers(response(18, 4, 1, _broker()))
     assert of_type(out, Rewritten) == [Rewritten(18, "hide_transaction_version_2")]
     _, seen = schemas.decode_response(memoryview(to_client(out))[4:], 18, 4)
@@ -174,7 +176,7 @@ def test_a_tv2_produce_passes_unverified_and_a_tv1_produce_is_verified():
     assert to_broker(out) == v12 and of_type(out, Ask) == []
     v11 = produce(2, [T0], version=11)
     out = pb.client_sends(v11)
-    assert to_broker(out) == b"" and len(of_type(out, Ask)) == 1   # held: the proxy asks first
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]   # held: the proxy asks first
 
 
 # -- configuration -------------------------------------------------------------------------------------------
