@@ -38,6 +38,7 @@ from txnguard.connection.commands import AnsweredLocally, Ask, Close, Command, D
 from txnguard.connection.core import Connection, Settings
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.policy import policy_from_config
+from txnguard.verification.checks import AwaitEndTxn
 from txnguard.verification.decisions import Answer, TransactionRules
 from txnguard.verification.in_doubt import Ending, EndTxnLedger, InDoubtLimits
 from txnguard.verification.registry import Registry
@@ -138,7 +139,7 @@ def test_a_new_transaction_waits_for_the_unanswered_end_txn_and_goes_once_it_is_
     answers(retry, end_txn_response(1))                     # T1 committed by the retry
     out = sends(retry, add_partitions(2, [T0, T1]), heartbeat(3))   # T2 begins
     [ask] = of_type(out, Ask)
-    assert ask.question.end_txn_in_doubt and ask.question.connection_id == 2
+    assert isinstance(ask.question, AwaitEndTxn) and ask.question.connection_id == 2
     assert ask.question.hold_ms == 1_000                    # then CONCURRENT_TRANSACTIONS, held again on retry
     assert to_broker(out) == b"" and of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "verification")]
     answers(timed_out, end_txn_response(1))                 # the late EndTxn landed (in T1: a retry)
