@@ -30,7 +30,6 @@ class ClientError(RuntimeError):
     """A client or tool failed or timed out; the message carries the tail of its output."""
 
 
-
 # -- subprocesses -----------------------------------------------------------------------------
 
 
@@ -153,7 +152,6 @@ def stable_end_offsets(
                                       f"after {timeout_s:.0f}s (an open or hanging transaction)")
                 time.sleep(0.05)
     return result
-
 
 
 # -- the uniform interfaces ----------------------------------------------------------------------
@@ -415,7 +413,6 @@ def per_partition(partitions: Iterable[int]) -> dict[int, int]:
     return counts
 
 
-
 # -- paced transactions (each family's `paced_transactions`) ----------------------------------------
 
 
@@ -431,7 +428,6 @@ class PacedResult:
 
 def paced_values(transactional_id: str, transaction: int, per_transaction: int) -> list[bytes]:
     return [f"{transactional_id}-t{transaction}-r{i}".encode() for i in range(per_transaction)]
-
 
 
 class PacedClient(Protocol):
