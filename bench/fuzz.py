@@ -55,6 +55,7 @@ from typing import Any
 
 import uvloop
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import fuzz, kafka
 from txnguard.testing.proxy import ProxyProcess
 
@@ -62,10 +63,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 SEEDS = ROOT / "tests" / "data" / "frames"
 PROBE_CORRELATION = 0x7FFF0000
-PROBE = struct.pack(">ihhih", 2 + 2 + 4 + 2 + 5, 18, 0, PROBE_CORRELATION, 5) + b"probe"
+PROBE = struct.pack(">ihhih", 2 + 2 + 4 + 2 + 5, ApiKey.API_VERSIONS, 0, PROBE_CORRELATION, 5) + b"probe"
 RESPONSE_MARK = "fuzz-r:"
 # Responses the proxy decodes on a client's connection (Produce v10+ and Fetch v16+ for KIP-951 endpoints).
-DECODED_RESPONSES = {18: 0, 3: 0, 10: 0, 60: 0, 0: 10, 1: 16}
+DECODED_RESPONSES = {ApiKey.API_VERSIONS: 0, ApiKey.METADATA: 0, ApiKey.FIND_COORDINATOR: 0,
+                     ApiKey.DESCRIBE_CLUSTER: 0, ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
 
 
 def _free_port() -> int:

@@ -72,6 +72,7 @@ from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import jars, kafka, raw
 from txnguard.testing.clients import (
     TOOL_HEAP,
@@ -605,7 +606,7 @@ def _api_versions_frame() -> bytes:
     """
     request = ApiVersionsRequest(client_software_name="txnguard-bench", client_software_version="1.0")
     header_cls = request.__header_schema__
-    header = header_cls(request_api_key=i16(18), request_api_version=i16(3), correlation_id=i32(1),
+    header = header_cls(request_api_key=i16(ApiKey.API_VERSIONS), request_api_version=i16(3), correlation_id=i32(1),
                         client_id="txnguard-bench-idle")
     buf = io.BytesIO()
     entity_writer(header_cls)(buf, header)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.header import peek_request, produce_acks_and_txn_id_null
 from txnguard.codecs.schemas import api_name
 from txnguard.testing import fuzz, kafka
@@ -49,7 +50,11 @@ from txnguard.testing.proxy import ProxyThread
 from txnguard.testing.raw import ProducerIdentity, RawClient, build_batch, coordinator_for, create_topic
 
 # Every API key whose request or response some part of the proxy decodes (codecs/ and proxy/).
-DECODED_KEYS = frozenset({0, 1, 3, 10, 18, 22, 24, 25, 26, 28, 60, 61, 65})
+DECODED_KEYS = frozenset({
+    ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.API_VERSIONS,
+    ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN,
+    ApiKey.TXN_OFFSET_COMMIT, ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_PRODUCERS, ApiKey.DESCRIBE_TRANSACTIONS,
+})
 PER_SHAPE = 3  # frames kept per (key, version, direction, shape)
 MAX_FRAME = 24 * 1024  # larger frames add bytes, not structure
 CORPUS_FILE = "corpus.json"
@@ -111,13 +116,13 @@ def _follows_schema(api_key: int, api_version: int, direction: str, frame: bytes
 
 def _shape(api_key: int, api_version: int, direction: str, frame: bytes) -> str:
     """Kinds that the proxy treats differently and so must each have seeds."""
-    if direction == "request" and api_key == 0:
+    if direction == "request" and api_key == ApiKey.PRODUCE:
         with contextlib.suppress(Exception):
             acks, txn_null = produce_acks_and_txn_id_null(frame, peek_request(frame))
             return f"{'plain' if txn_null else 'transactional'}-acks{acks}"
-    if api_key == 10:
+    if api_key == ApiKey.FIND_COORDINATOR:
         return "batched" if api_version >= 4 else "single"
-    if api_key == 24 and direction == "request":
+    if api_key == ApiKey.ADD_PARTITIONS_TO_TXN and direction == "request":
         return "verify_only" if api_version >= 4 else "client"
     return ""
 

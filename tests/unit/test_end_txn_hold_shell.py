@@ -19,7 +19,7 @@ from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
-from txnguard.verification.decisions import Question
+from txnguard.verification.checks import AwaitEndTxn
 
 TXN, PID, EPOCH = "app", 7, 0
 
@@ -52,8 +52,8 @@ def metric(metrics: ProxyMetrics, name: str, labels: dict[str, str] | None = Non
     return 0.0 if value is None else value
 
 
-def held_question(hold_ms: float) -> Question:
-    return Question(TXN, PID, EPOCH, (), hold_ms=hold_ms, end_txn_in_doubt=True, connection_id=2)
+def held_question(hold_ms: float) -> AwaitEndTxn:
+    return AwaitEndTxn(TXN, PID, EPOCH, hold_ms=hold_ms, connection_id=2)
 
 
 def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):

@@ -52,6 +52,7 @@ from txnguard.connection.commands import (
 from txnguard.connection.core import Connection, Settings
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.policy import policy_from_config
+from txnguard.verification.checks import AwaitEndTxn
 from txnguard.verification.decisions import Answer, TransactionRules
 from txnguard.verification.in_doubt import Ending, EndTxnLedger, InDoubtLimits
 from txnguard.verification.registry import Registry
@@ -166,7 +167,7 @@ def test_a_new_transaction_waits_for_the_unanswered_end_txn_and_goes_once_it_is_
     out = sends(retry, add_partitions(2, [T0, T1]), heartbeat(3))   # T2 begins
     assert steps(out) == [HELD, Like(Ask)]
     [ask] = of_type(out, Ask)
-    assert ask.question.end_txn_in_doubt and ask.question.connection_id == 2
+    assert isinstance(ask.question, AwaitEndTxn) and ask.question.connection_id == 2
     assert ask.question.hold_ms == 1_000                    # then CONCURRENT_TRANSACTIONS, held again on retry
     delivers(timed_out, end_txn_response(1))                # the late EndTxn landed (in T1: a retry)
     assert proxy.ledger.blocking(TXN, PID, EPOCH, 2, proxy.clock.wall_ms()) is None

@@ -5,7 +5,7 @@
                                            guard … backoff, asks again ✓ Ongoing  ─▶ forwarded
     or, when the hold runs out:                                  ◀─ NOT_ENOUGH_REPLICAS (retriable)
 
-The pure half (verification/holds.py and the hold budget in the Question) is tested
+The pure half (verification/holds.py and the hold budget in the VerifyPartitions question) is tested
 on its own; the guard's loop runs against a scripted verifier (a stand-in for a
 coordinator that is frozen, then answers), since a real frozen coordinator is what
 tests/integration/test_coordinator_unavailable.py freezes. The loop runs on a fake
@@ -29,7 +29,8 @@ from txnguard.proxy.config import ConfigError, HostPort, ProxyConfig, from_mappi
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.decisions import Answer, PendingCheck, Question
+from txnguard.verification.checks import CountOffsetsPartitions, VerifyPartitions
+from txnguard.verification.decisions import Answer, PendingCheck
 from txnguard.verification.holds import NO_HOLD, HoldLimits, worth_asking_again
 from txnguard.verification.judge import coordinator_unreachable
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
@@ -119,7 +120,7 @@ def test_a_first_question_for_the_offsets_partition_count_spends_the_same_budget
     out = pb.client_sends(produce(2, [T0], timeout_ms=5_000))   # the id's bound: 0.8 x 5 s = 4 s
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     first = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(3)), 3, CLIENT, clock)
-    assert isinstance(first, PendingCheck) and first.question.offsets_partitions
+    assert isinstance(first, PendingCheck) and isinstance(first.question, CountOffsetsPartitions)
     clock.seconds += 1.0
     second = pb.rules.resume(first, Answer(offsets_partitions=50), clock)
     assert isinstance(second, PendingCheck) and second.question.hold_ms == 3_000
@@ -176,7 +177,7 @@ def test_a_check_is_held_until_the_coordinator_answers_and_then_decided_by_that_
     clock = VirtualClock()
     verifier = ScriptedVerifier([NOT_NOW, NOT_NOW, ONGOING])
     guard, metrics = guard_with(verifier, clock)
-    question = Question(TXN, PID, 0, (T0,), hold_ms=5_000)
+    question = VerifyPartitions(TXN, PID, 0, (T0,), hold_ms=5_000)
     started = clock.seconds
 
     async def scenario() -> Any:
@@ -200,7 +201,7 @@ def test_a_hold_ends_at_its_bound_with_the_retriable_answer_never_letting_the_wr
     verifier = ScriptedVerifier([NOT_NOW], delay_s=0.05)   # each question takes 50 ms
     guard, metrics = guard_with(verifier, clock)
     started = clock.seconds
-    answer = run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=600), None), clock)
+    answer = run(guard.answer(VerifyPartitions(TXN, PID, 0, (T0,), hold_ms=600), None), clock)
     assert answer.verdicts == {T0: NOT_NOW}
     assert clock.seconds - started == pytest.approx(0.6)  # exactly its bound
     # Asked at 0 (answered 0.05), 0.15 (0.2), 0.4 (0.45); the next pause (400 ms) is cut at 0.6: no fourth.
@@ -215,7 +216,7 @@ def test_a_hold_ends_at_its_bound_with_the_retriable_answer_never_letting_the_wr
 def test_a_definite_answer_is_not_asked_again(log_lines):
     verifier = ScriptedVerifier([NOT_ADDED])
     guard, metrics = guard_with(verifier)
-    answer = run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=5_000), None))
+    answer = run(guard.answer(VerifyPartitions(TXN, PID, 0, (T0,), hold_ms=5_000), None))
     assert answer.verdicts == {T0: NOT_ADDED} and len(verifier.asked) == 1
     assert metric(metrics, "txnguard_verification_hold_endings_total", {"ending": "decided"}) == 0
 
@@ -223,7 +224,7 @@ def test_a_definite_answer_is_not_asked_again(log_lines):
 def test_without_a_hold_one_question_is_all(log_lines):
     verifier = ScriptedVerifier([NOT_NOW])
     guard, _ = guard_with(verifier)
-    answer = run(guard.answer(Question(TXN, PID, 0, (T0,), hold_ms=0), None))
+    answer = run(guard.answer(VerifyPartitions(TXN, PID, 0, (T0,), hold_ms=0), None))
     assert answer.verdicts == {T0: NOT_NOW} and len(verifier.asked) == 1
 
 
@@ -237,6 +238,6 @@ def test_only_the_unsettled_partitions_are_asked_again(log_lines):
 
     verifier = Split([])
     guard, _ = guard_with(verifier)
-    answer = run(guard.answer(Question(TXN, PID, 0, (T0, T1), hold_ms=5_000), None))
+    answer = run(guard.answer(VerifyPartitions(TXN, PID, 0, (T0, T1), hold_ms=5_000), None))
     assert verifier.asked == [[T0, T1], [T1]]
     assert answer.verdicts == {T0: ONGOING, T1: ONGOING}

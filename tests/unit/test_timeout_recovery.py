@@ -22,6 +22,7 @@ from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.families import AIOKAFKA, JAVA, KAFKA_PYTHON, LIBRDKAFKA, SARAMA
 from txnguard.policies.policy import PolicyError, policy_from_config
 from txnguard.verification.audit import ClientInfo
+from txnguard.verification.checks import DescribeTransaction, ProduceWrite
 from txnguard.verification.decisions import Answer, Decision, PendingCheck, TransactionRules
 from txnguard.verification.registry import Registry, RegistryLimits
 from txnguard.verification.timeouts import START_SKEW_MS, Candidate, end_txn_reply, timed_out
@@ -139,7 +140,7 @@ def _due() -> FakeClock:
 def _asked(rules: TransactionRules, frame: memoryview, family: str, desc: DescribedTransaction | None) -> Decision:
     clock = _due()
     pending = rules.check_lifecycle(frame, 3 if len(frame) and frame[5] == 26 else 4, _client(family), clock)
-    assert isinstance(pending, PendingCheck) and pending.question.describe_only
+    assert isinstance(pending, PendingCheck) and isinstance(pending.question, DescribeTransaction)
     decided = rules.resume(pending, Answer(description=desc), clock)
     assert isinstance(decided, Decision)
     return decided
@@ -234,14 +235,13 @@ def test_the_option_is_a_boolean():
 
 def test_a_late_write_of_a_timed_out_transaction_makes_kafka_python_bump_by_itself():
     from txnguard.policies.enforcement import Mode
-    from txnguard.policies.errors import PRODUCE
     from txnguard.verification.decisions import RequestContext
     from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 
     late = Verdict(Outcome.LATE_WRITE, Evidence.LOCAL, "the registry ended it: past its timeout")
 
     def error_for(rules: TransactionRules, family: str, epoch: int = E) -> int | None:
-        ctx = RequestContext(PRODUCE, 9, "app", PID, epoch, Mode.ENFORCE, memoryview(b""), None, None,
+        ctx = RequestContext(ProduceWrite(()), 9, "app", PID, epoch, Mode.ENFORCE, memoryview(b""), None, None,
                              _client(family))
         choice = rules._timed_out_write(ctx, late, _due())
         return None if choice is None else choice.code
@@ -287,7 +287,7 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
     out = pb.client_sends(end_txn(True, 21))
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     (ask,) = of_type(out, Ask)
-    assert ask.question.describe_only
+    assert isinstance(ask.question, DescribeTransaction)
     out = pb.conn.answered(ask.check_id, Answer(description=aborted))
     assert steps(out) == [Like(Decided), AnsweredLocally(26, 3, 21, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]

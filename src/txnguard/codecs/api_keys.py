@@ -1,4 +1,5 @@
-"""The Kafka API keys txnguard reads or rewrites: declared once, here (every other module names them from this).
+"""The Kafka API keys txnguard reads, rewrites or sends: declared once, here (every other module names them
+from this; tests/unit/test_api_key_literals.py fails on an integer copy elsewhere).
 
 Any other key is relayed untouched and stays a plain int.
 """
@@ -22,5 +23,8 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     SASL_AUTHENTICATE = 36
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61      # the verifier's leader evidence and the hanging-transaction scan
+    DESCRIBE_TRANSACTIONS = 65   # the verifier's coordinator evidence
+    LIST_TRANSACTIONS = 66       # the hanging-transaction scan
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79

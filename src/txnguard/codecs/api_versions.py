@@ -30,19 +30,19 @@ API_VERSIONS = ApiKey.API_VERSIONS
 # api key -> first version the proxy decodes (requests or responses). Versions below
 # it are forwarded opaquely, so kio need not know them.
 INSPECTED_FROM: dict[int, int] = {
-    0: 3,    # Produce: transactional id and batches from v3, NodeEndpoints from v10
-    1: 16,   # Fetch: NodeEndpoints from v16
-    3: 0,    # Metadata
-    10: 0,   # FindCoordinator
-    18: 0,   # ApiVersions
-    22: 0,   # InitProducerId
-    24: 0,   # AddPartitionsToTxn
-    25: 0,   # AddOffsetsToTxn
-    26: 0,   # EndTxn
-    28: 0,   # TxnOffsetCommit
-    60: 0,   # DescribeCluster
-    78: 0,   # ShareFetch: NodeEndpoints
-    79: 0,   # ShareAcknowledge: NodeEndpoints
+    ApiKey.PRODUCE: 3,                # transactional id and batches from v3, NodeEndpoints from v10
+    ApiKey.FETCH: 16,                 # NodeEndpoints from v16
+    ApiKey.METADATA: 0,
+    ApiKey.FIND_COORDINATOR: 0,
+    ApiKey.API_VERSIONS: 0,
+    ApiKey.INIT_PRODUCER_ID: 0,
+    ApiKey.ADD_PARTITIONS_TO_TXN: 0,
+    ApiKey.ADD_OFFSETS_TO_TXN: 0,
+    ApiKey.END_TXN: 0,
+    ApiKey.TXN_OFFSET_COMMIT: 0,
+    ApiKey.DESCRIBE_CLUSTER: 0,
+    ApiKey.SHARE_FETCH: 0,            # NodeEndpoints
+    ApiKey.SHARE_ACKNOWLEDGE: 0,      # NodeEndpoints
 }
 
 
@@ -51,7 +51,7 @@ LAST_TV1_LEVEL = 1
 # The last version a transaction version 1 client sends: the Java client's
 # LAST_STABLE_VERSION_BEFORE_TRANSACTION_V2 of ProduceRequest (11), EndTxnRequest (4) and
 # TxnOffsetCommitRequest (4). A higher one inside a transaction means TV2 to the broker.
-LAST_VERSION_BEFORE_TV2: dict[int, int] = {0: 11, 26: 4, 28: 4}
+LAST_VERSION_BEFORE_TV2: dict[int, int] = {ApiKey.PRODUCE: 11, ApiKey.END_TXN: 4, ApiKey.TXN_OFFSET_COMMIT: 4}
 
 REWRITE_INTERSECT = "intersect"
 REWRITE_HIDE_TV2 = "hide_transaction_version_2"

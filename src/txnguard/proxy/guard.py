@@ -14,11 +14,10 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, assert_never
 
 from txnguard.connection.ledger import Ledger
 from txnguard.policies.enforcement import Mode
-from txnguard.policies.errors import PRODUCE
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig, ProxyMode
@@ -32,15 +31,24 @@ from txnguard.verification.audit import (
     identified,
     record_key,
 )
+from txnguard.verification.checks import (
+    AwaitEndTxn,
+    CountOffsetsPartitions,
+    DescribeTransaction,
+    HeldForEndTxn,
+    OffsetCommitWrite,
+    ProduceWrite,
+    Question,
+    TimedOutEndTxn,
+    TimedOutInitProducerId,
+    VerifyPartitions,
+)
 from txnguard.verification.concurrent import concurrent_retry
 from txnguard.verification.decisions import (
     FORWARDED,
-    HELD_FOR_END_TXN,
-    LIFECYCLE_APIS,
     Answer,
     Clock,
     Decision,
-    Question,
     TransactionRules,
 )
 from txnguard.verification.holds import HoldLimits, worth_asking_again
@@ -201,7 +209,7 @@ class TransactionGuard:
         if event is not None:
             event.set()
 
-    async def _await_end_txn(self, question: Question) -> Answer:
+    async def _await_end_txn(self, question: AwaitEndTxn) -> Answer:
         """Hold until no EndTxn in doubt can land in the transaction the held request opens, within its
         bound. Meanwhile the coordinator is asked whether the producer moved on (an epoch bump fences the
         old EndTxn); its answer on its own connection is what normally ends the doubt."""
@@ -273,18 +281,25 @@ class TransactionGuard:
 
     async def answer(self, question: Question, leader: HostPort | None) -> Answer:
         """Find out what a connection core asked (it resumes its decision with the answer)."""
-        if question.describe_only:  # a coordinator timeout to confirm (verification/timeouts.py)
-            try:
-                return Answer(description=await self.verifier.describe(question.transactional_id))
-            except Exception as e:  # noqa: BLE001 - no answer: the request passes as it is
-                return Answer(failure=repr(e))
-        if question.end_txn_in_doubt:
-            return await self._await_end_txn(question)
-        if question.offsets_partitions:
-            try:
-                return Answer(offsets_partitions=await self.verifier.offsets_partitions())
-            except Exception as e:  # noqa: BLE001 - no partition count: the core answers "cannot verify"
-                return Answer(failure=repr(e))
+        match question:
+            case VerifyPartitions():
+                return await self._verify(question, leader)
+            case CountOffsetsPartitions():
+                try:
+                    return Answer(offsets_partitions=await self.verifier.offsets_partitions())
+                except Exception as e:  # noqa: BLE001 - no partition count: the core answers "cannot verify"
+                    return Answer(failure=repr(e))
+            case DescribeTransaction():  # a coordinator timeout to confirm (verification/timeouts.py)
+                try:
+                    return Answer(description=await self.verifier.describe(question.transactional_id))
+                except Exception as e:  # noqa: BLE001 - no answer: the request passes as it is
+                    return Answer(failure=repr(e))
+            case AwaitEndTxn():
+                return await self._await_end_txn(question)
+            case _:
+                assert_never(question)
+
+    async def _verify(self, question: VerifyPartitions, leader: HostPort | None) -> Answer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + question.hold_ms / 1000
         ask_leader = leader if question.ask_leader else None
@@ -295,7 +310,7 @@ class TransactionGuard:
             return Answer(verdicts=verdicts, description=desc)
         return await self._hold(question, ask_leader, verdicts, desc, again, deadline)
 
-    async def _hold(self, question: Question, leader: HostPort | None, verdicts: dict[TopicPartition, Verdict],
+    async def _hold(self, question: VerifyPartitions, leader: HostPort | None, verdicts: dict[TopicPartition, Verdict],
                     desc: Any, again: list[TopicPartition], deadline: float) -> Answer:
         """Ask again while the coordinator can only say "not now", until the request's own bound
         (verification/holds.py). Each question keeps its own `timeout_s`; the last one is cut at the
@@ -358,7 +373,7 @@ class TransactionGuard:
         m = self.metrics
         child = m.child
         if passed:
-            inspection = child(m.inspection_time, PRODUCE)
+            inspection = child(m.inspection_time, ProduceWrite.api)
             audit = self.audit if self.audit.enabled else None
             for client, txn_id, pid, epoch, version, partitions, v, mode, inspection_ms, elapsed_ms, cpu_ms in passed:
                 inspection.observe(inspection_ms)
@@ -386,16 +401,26 @@ class TransactionGuard:
             child(m.verification_window, evidence).observe(window_ms)
 
     def record(self, decision: Decision, log: Any) -> None:
-        """Metrics, a log line per failed partition, and an audit record per partition."""
+        """What a decision leaves, by the kind of check that took it: a write's verdicts, a hold's ending or a
+        coordinator timeout's recovery (metrics, log lines, audit records: tests/unit/test_check_records.py)."""
         ctx = decision.context
         if ctx is None:
             return
-        if ctx.api in HELD_FOR_END_TXN:
-            self._record_end_txn_hold(decision, log)
-            return
-        if ctx.api in LIFECYCLE_APIS:
-            self._record_timeout_recovery(decision, log)
-            return
+        kind = ctx.kind
+        match kind:
+            case ProduceWrite() | OffsetCommitWrite():
+                self._record_verdicts(decision, log)
+            case HeldForEndTxn():
+                self._record_end_txn_hold(decision, log)
+            case TimedOutEndTxn() | TimedOutInitProducerId():
+                self._record_timeout_recovery(decision, log)
+            case _:
+                assert_never(kind)
+
+    def _record_verdicts(self, decision: Decision, log: Any) -> None:
+        """Metrics, a log line per failed partition, and an audit record per partition."""
+        ctx = decision.context
+        assert ctx is not None
         m = self.metrics
         m.child(m.inspection_time, ctx.api).observe(ctx.inspection_ms)
         for r in decision.records:
@@ -432,10 +457,10 @@ def _passed_template(client: ClientInfo, txn_id: str, pid: int, epoch: int, vers
     """The audit record of a passed Produce partition as `AuditLog.write` serialises it, cut where the time,
     the latency and the CPU time go (the rest is the same for every write of this producer to this partition):
     json.dumps writes an int as str() and a float as repr()."""
-    record = audit_record(time_ms=0, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, api=PRODUCE,
-                          api_version=version, target=target, verdict=v, decision=FORWARDED, error_sent=None,
-                          error_name=None, latency_ms=0.0, cpu_ms=None, mode=mode.value, proxy_id=proxy_id,
-                          client=client)
+    record = audit_record(time_ms=0, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
+                          api=ProduceWrite.api, api_version=version, target=target, verdict=v, decision=FORWARDED,
+                          error_sent=None, error_name=None, latency_ms=0.0, cpu_ms=None, mode=mode.value,
+                          proxy_id=proxy_id, client=client)
     record["time_ms"], record["latency_ms"], record["cpu_ms"] = _HOLES
     text = json.dumps(record, separators=(",", ":"))
     a, rest = text.split(json.dumps(_HOLES[0]))

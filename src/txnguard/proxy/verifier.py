@@ -38,6 +38,7 @@ from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.types import ProducerId, TopicName, TransactionalId
 from kio.static.primitive import i8, i16, i32
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction, read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
@@ -61,7 +62,7 @@ from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
 TopicPartition = tuple[str, int]
 Key = Any
 _VerifyAnswer = tuple[int, dict[TopicPartition, int]]  # (top-level error, error per partition)
-ADD_PARTITIONS_TO_TXN, VERIFY_ONLY_VERSION = 24, 4
+VERIFY_ONLY_VERSION = 4  # AddPartitionsToTxn's first batch (broker-to-coordinator) version
 COORDINATOR_MOVED = frozenset({ErrorCode.not_coordinator, ErrorCode.coordinator_not_available})
 _T = TypeVar("_T")
 _PASSED_BY_LEADER = passed(Evidence.LEADER, "an open transaction of this producer on the leader")
@@ -224,7 +225,7 @@ class Verifier:
             conn = await self._connections.get(address)
             resp = await conn.request(ApiVersionsRequest(client_software_name="txnguard",
                                                          client_software_version="verifier"), self.timeout_s)
-            known = max((int(k.max_version) for k in resp.api_keys if int(k.api_key) == ADD_PARTITIONS_TO_TXN),
+            known = max((int(k.max_version) for k in resp.api_keys if int(k.api_key) == ApiKey.ADD_PARTITIONS_TO_TXN),
                         default=-1)
             self._verify_only_versions[address] = known
             if known < VERIFY_ONLY_VERSION:

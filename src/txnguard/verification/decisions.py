@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
@@ -35,7 +35,6 @@ from txnguard.codecs.lifecycle_scan import (
     read_txn_response,
 )
 from txnguard.codecs.produce import (
-    ProducePartition,
     Rejection,
     merged_produce_response,
     txn_offset_commit_rejection,
@@ -44,9 +43,23 @@ from txnguard.codecs.produce import (
 from txnguard.codecs.produce_scan import scan_produce
 from txnguard.codecs.synthesis import add_to_txn_error
 from txnguard.policies.enforcement import Mode
-from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT, ErrorChoice
+from txnguard.policies.errors import ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
+from txnguard.verification.checks import (
+    AwaitEndTxn,
+    Check,
+    CountOffsetsPartitions,
+    DescribeTransaction,
+    HeldForEndTxn,
+    OffsetCommitWrite,
+    ProduceWrite,
+    TimedOutEndTxn,
+    TimedOutInitProducerId,
+    VerifyPartitions,
+    Write,
+)
+from txnguard.verification.checks import Question as Question  # re-exported: connection/commands.py's Ask carries one
 from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry
 from txnguard.verification.holds import HoldLimits
 from txnguard.verification.in_doubt import EndTxnLedger, SentEndTxn
@@ -67,8 +80,6 @@ PRODUCE_KEY, INIT_PRODUCER_ID, TXN_OFFSET_COMMIT_KEY = ApiKey.PRODUCE, ApiKey.IN
 ADD_PARTITIONS, ADD_OFFSETS, END_TXN = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN
 OBSERVED = frozenset({INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN})
 LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch shape
-# The requests the KAFKA-17754 defence holds (their Decision's context.api).
-HELD_FOR_END_TXN = frozenset({"AddPartitionsToTxn", "AddOffsetsToTxn"})
 
 FORWARDED = "forwarded"  # a VerdictRecord's decision when the partition passed
 
@@ -88,7 +99,7 @@ class Clock(Protocol):
 class RequestContext:
     """Everything a decision needs to know about the checked request (once 15 positional parameters)."""
 
-    api: str                       # PRODUCE or TXN_OFFSET_COMMIT (policy names)
+    kind: Check                    # what is checked, and what only that kind carries (verification/checks.py)
     api_version: int
     transactional_id: str
     producer_id: int
@@ -98,9 +109,12 @@ class RequestContext:
     header: Any                    # decoded request header (Produce: None until a rejection needs it)
     request: Any                   # decoded request body (likewise)
     client: ClientInfo
-    partitions: tuple[ProducePartition, ...] = ()
-    group: str | None = None
     inspection_ms: float = 0.0     # decoding the request, before verification starts (Kafka's own start)
+
+    @property
+    def api(self) -> str:
+        """The kind's name in log lines, metric labels and audit records."""
+        return self.kind.api
 
     def decoded(self) -> tuple[Any, Any]:
         """(header, body) with kio: decoded at check time for TxnOffsetCommit; for Produce only when
@@ -141,27 +155,6 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
-class Question:
-    """What someone with IO must find out before the decision (mitmproxy's blocking command)."""
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    partitions: tuple[TopicPartition, ...]     # verify these (empty: only learn the offsets partitions)
-    ask_leader: bool = False                   # also DescribeProducers on this connection's broker
-    offsets_partitions: bool = False           # first: how many partitions __consumer_offsets has
-    # While the coordinator can only say "not now", keep asking for this long from the start of
-    # verification (verification/holds.py); 0: one question.
-    hold_ms: float = 0.0
-    describe_only: bool = False                # only the coordinator's DescribeTransactions (timeouts.py)
-    # Not a write to verify: an AddPartitionsToTxn/AddOffsetsToTxn waits while an EndTxn of the same
-    # producer id and epoch, forwarded on another connection (not this one), is unanswered
-    # (verification/in_doubt.py). The answer says whether that doubt ended within hold_ms.
-    end_txn_in_doubt: bool = False
-    connection_id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class Answer:
     verdicts: dict[TopicPartition, Verdict] = field(default_factory=dict)
     description: Any = None                    # the coordinator's DescribedTransaction, when asked
@@ -180,6 +173,29 @@ class PendingCheck:
 
 def _weakest(verdicts: list[Verdict]) -> str:
     return max((v.evidence.value for v in verdicts), key=_EVIDENCE_ORDER.index)
+
+
+def _write(ctx: RequestContext) -> Write:
+    """The write whose partitions have verdicts: only a write is verified partition by partition."""
+    kind = ctx.kind
+    match kind:
+        case ProduceWrite() | OffsetCommitWrite():
+            return kind
+        case HeldForEndTxn() | TimedOutEndTxn() | TimedOutInitProducerId():
+            raise AssertionError(f"{ctx.api} is not a write: it has no partition verdicts")
+        case _:
+            assert_never(kind)
+
+
+def _target(write: Write, tp: TopicPartition) -> str:
+    """What a verdict is about, in logs and audit records."""
+    match write:
+        case ProduceWrite():
+            return f"{tp[0]}-{tp[1]}"
+        case OffsetCommitWrite(group=group):
+            return f"group:{group}"
+        case _:
+            assert_never(write)
 
 
 class TransactionRules:
@@ -284,15 +300,15 @@ class TransactionRules:
         if self.in_doubt.blocking(txn_id, producer_id, epoch, connection_id, clock.wall_ms()) is None:
             return None
         started = clock.perf()
-        api = "AddPartitionsToTxn" if key == ADD_PARTITIONS else "AddOffsetsToTxn"
-        ctx = RequestContext(api, version, txn_id, producer_id, epoch, Mode.ENFORCE, frame, None, request, client)
+        ctx = RequestContext(HeldForEndTxn(ApiKey(key)), version, txn_id, producer_id, epoch, Mode.ENFORCE, frame,
+                             None, request, client)
         # No longer than a held write may wait (a share of the client's request timeout), nor than the
         # defence's own bound: then CONCURRENT_TRANSACTIONS, which the client retries.
         learned = self.registry.get(txn_id)
         hold_ms = min(self.holds.budget_ms(learned.request_timeout_ms if learned is not None else None),
                       float(self.in_doubt.limits.hold_ms))
-        return PendingCheck(ctx, Question(txn_id, producer_id, epoch, (), hold_ms=hold_ms, end_txn_in_doubt=True,
-                                          connection_id=connection_id), started)
+        return PendingCheck(ctx, AwaitEndTxn(txn_id, producer_id, epoch, hold_ms=hold_ms, connection_id=connection_id),
+                            started)
 
     def _end_txn_sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,
                       now_ms: int) -> SentEndTxn | None:
@@ -305,13 +321,13 @@ class TransactionRules:
         """Forward once the doubt ended; else answer CONCURRENT_TRANSACTIONS, the coordinator's own "the
         previous transaction is still completing", which every client retries after a backoff."""
         ctx = check.context
+        assert isinstance(ctx.kind, HeldForEndTxn)  # the only kind that awaits an EndTxn
         elapsed = (clock.perf() - check.started) * 1000
         if answer.settled:
             return Decision(forward=ctx.frame, context=ctx, elapsed_ms=elapsed)
         header = peek_request(ctx.frame[4:])
-        key = ADD_PARTITIONS if ctx.api == "AddPartitionsToTxn" else ADD_OFFSETS
         _, request = schemas.decode_request(ctx.frame[4:])  # kio: the answer is built from the request
-        response = add_to_txn_error(key, ctx.api_version, header.correlation_id, request,
+        response = add_to_txn_error(ctx.kind.key, ctx.api_version, header.correlation_id, request,
                                     ErrorCode.concurrent_transactions)
         return Decision(forward=None, local_response=response, context=ctx, elapsed_ms=elapsed,
                         local_reason="end_txn_in_doubt")
@@ -335,15 +351,15 @@ class TransactionRules:
             return Decision(forward=frame)
         now_ms = clock.wall_ms()
         plan = plan_produce(self.registry, txn_id, partitions, now_ms)
-        ctx = RequestContext(PRODUCE, version, txn_id, plan.producer_id, plan.producer_epoch, mode, frame,
-                             None, None, client, tuple(partitions), inspection_ms=(started - parsing) * 1000)
+        ctx = RequestContext(ProduceWrite(tuple(partitions)), version, txn_id, plan.producer_id, plan.producer_epoch,
+                             mode, frame, None, None, client, inspection_ms=(started - parsing) * 1000)
         if plan.pending:
             # The request's own timeout bounds a hold, and stands for the client's request timeout
             # on this transactional id's TxnOffsetCommit (which carries none).
             timeout_ms = produce_timeout_ms(body, peek_request(body))
             self.registry.request_timeout(txn_id, timeout_ms)
-            question = Question(txn_id, plan.producer_id, plan.producer_epoch, tuple(plan.pending),
-                                ask_leader=self.ask_leader, hold_ms=self.holds.budget_ms(timeout_ms))
+            question = VerifyPartitions(txn_id, plan.producer_id, plan.producer_epoch, tuple(plan.pending),
+                                        ask_leader=self.ask_leader, hold_ms=self.holds.budget_ms(timeout_ms))
             return PendingCheck(ctx, question, started, dict(plan.verdicts))
         # Decided without waiting: the thread's CPU time tells the proxy's own cost apart from
         # time the host's scheduler gave to other processes (both are in the audit record).
@@ -366,21 +382,21 @@ class TransactionRules:
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
         if mode is Mode.OFF:
             return Decision(forward=frame)
-        ctx = RequestContext(TXN_OFFSET_COMMIT, version, txn_id, pid, epoch, mode, frame, header, req, client,
-                             group=group, inspection_ms=(started - parsing) * 1000)
+        ctx = RequestContext(OffsetCommitWrite(group), version, txn_id, pid, epoch, mode, frame, header, req, client,
+                             inspection_ms=(started - parsing) * 1000)
         if self.offsets_partitions is None:
-            return PendingCheck(ctx, Question(txn_id, ctx.producer_id, ctx.producer_epoch, (),
-                                              offsets_partitions=True), started)
+            return PendingCheck(ctx, CountOffsetsPartitions(), started)
         decided = self._group_verdict(ctx, started, clock)
         if isinstance(decided, Decision) and self.measures_cpu:
             decided.cpu_ms = (clock.cpu() - on_cpu) * 1000
         return decided
 
     def _group_verdict(self, ctx: RequestContext, started: float, clock: Clock) -> Decision | PendingCheck:
-        assert self.offsets_partitions is not None and ctx.group is not None
-        tp = (CONSUMER_OFFSETS, offsets_partition_for(ctx.group, self.offsets_partitions))
+        assert self.offsets_partitions is not None and isinstance(ctx.kind, OffsetCommitWrite)
+        group = ctx.kind.group
+        tp = (CONSUMER_OFFSETS, offsets_partition_for(group, self.offsets_partitions))
         local = self.registry.local_verdict(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, tp,
-                                            clock.wall_ms(), group=ctx.group)
+                                            clock.wall_ms(), group=group)
         if local is not None:
             return self.decide(ctx, {tp: local}, started, clock)
         learned = self.registry.get(ctx.transactional_id)
@@ -389,27 +405,31 @@ class TransactionRules:
         # count, which may wait a whole question timeout on a frozen bootstrap broker) spends it too.
         # An exhausted budget still leaves one question, bounded by its own timeout.
         hold_ms = max(budget_ms - (clock.perf() - started) * 1000, 0.0) if budget_ms > 0 else 0.0
-        return PendingCheck(ctx, Question(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, (tp,),
-                                          hold_ms=hold_ms), started)
+        return PendingCheck(ctx, VerifyPartitions(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, (tp,),
+                                                  hold_ms=hold_ms), started)
 
     def resume(self, check: PendingCheck, answer: Answer, clock: Clock) -> Decision | PendingCheck:
         """The answer to a check's question: a decision, or (TxnOffsetCommit) the next question."""
-        ctx = check.context
-        if check.question.describe_only:
-            return self._timeout_decision(ctx, answer, check.started, clock)
-        if check.question.end_txn_in_doubt:
-            return self._after_in_doubt(check, answer, clock)
-        if check.question.offsets_partitions:
-            if answer.offsets_partitions is None:
-                # No partition count: cannot verify; retriable for the client.
-                v = coordinator_unreachable(f"cannot read __consumer_offsets metadata: {answer.failure}")
-                return self.decide(ctx, {(CONSUMER_OFFSETS, -1): v}, check.started, clock)
-            self.offsets_partitions = answer.offsets_partitions
-            return self._group_verdict(ctx, check.started, clock)
-        verdicts = dict(check.verdicts)
-        verdicts.update(answer.verdicts)
-        self._remember(ctx, answer, clock.wall_ms())
-        return self.decide(ctx, verdicts, check.started, clock)
+        ctx, question = check.context, check.question
+        match question:
+            case VerifyPartitions():
+                verdicts = dict(check.verdicts)
+                verdicts.update(answer.verdicts)
+                self._remember(ctx, answer, clock.wall_ms())
+                return self.decide(ctx, verdicts, check.started, clock)
+            case CountOffsetsPartitions():
+                if answer.offsets_partitions is None:
+                    # No partition count: cannot verify; retriable for the client.
+                    v = coordinator_unreachable(f"cannot read __consumer_offsets metadata: {answer.failure}")
+                    return self.decide(ctx, {(CONSUMER_OFFSETS, -1): v}, check.started, clock)
+                self.offsets_partitions = answer.offsets_partitions
+                return self._group_verdict(ctx, check.started, clock)
+            case DescribeTransaction():
+                return self._timeout_decision(ctx, answer, check.started, clock)
+            case AwaitEndTxn():
+                return self._after_in_doubt(check, answer, clock)
+            case _:
+                assert_never(question)
 
     def _remember(self, ctx: RequestContext, answer: Answer, now_ms: int) -> None:
         """Keep a coordinator's "Ongoing" as evidence for this generation (bounded by the registry's TTL)."""
@@ -426,8 +446,9 @@ class TransactionRules:
                cpu_ms: float | None = None) -> Decision:
         records: list[VerdictRecord] = []
         rejections: dict[TopicPartition, Rejection] = {}
+        write = _write(ctx)
         for tp, v in verdicts.items():
-            target = f"group:{ctx.group}" if ctx.group is not None else f"{tp[0]}-{tp[1]}"
+            target = _target(write, tp)
             if v.passed:
                 records.append(VerdictRecord(target, v, FORWARDED, None, False))
                 continue
@@ -438,7 +459,7 @@ class TransactionRules:
             if enforce:
                 rejections[tp] = Rejection(choice.code, choice.render(v.underlying))
         passed = [v for v in verdicts.values() if v.passed]
-        decision = self._shape(ctx, rejections)
+        decision = self._shape(ctx, write, rejections)
         decision.records = records
         decision.elapsed_ms = (clock.perf() - started) * 1000
         decision.cpu_ms = cpu_ms
@@ -448,25 +469,27 @@ class TransactionRules:
         return decision
 
     @staticmethod
-    def _shape(ctx: RequestContext, rejections: dict[TopicPartition, Rejection]) -> Decision:
+    def _shape(ctx: RequestContext, write: Write, rejections: dict[TopicPartition, Rejection]) -> Decision:
         """Forward as is, forward a reduced request, or answer alone."""
         if not rejections:
             return Decision(forward=ctx.frame, context=ctx)
         header, request = ctx.decoded()
         correlation_id = int(header.correlation_id)
-        if ctx.api == TXN_OFFSET_COMMIT:
-            code = next(iter(rejections.values())).error_code
-            body = txn_offset_commit_rejection(request, ctx.api_version, code)
-            out_header = schemas.response_header_for(TXN_OFFSET_COMMIT_KEY, ctx.api_version, correlation_id)
-            return Decision(forward=None, rejections=rejections, local_response=schemas.encode(out_header, body),
-                            context=ctx)
-        if all((p.topic, p.partition) in rejections for p in ctx.partitions):
-            body = merged_produce_response(request, ctx.api_version, None, rejections)
-            out_header = schemas.response_header_for(PRODUCE_KEY, ctx.api_version, correlation_id)
-            return Decision(forward=None, rejections=rejections, local_response=schemas.encode(out_header, body),
-                            context=ctx)
-        reduced = without_partitions(request, rejections)
-        return Decision(forward=schemas.encode(header, reduced), rejections=rejections, context=ctx)
+        match write:
+            case OffsetCommitWrite():
+                code = next(iter(rejections.values())).error_code
+                body = txn_offset_commit_rejection(request, ctx.api_version, code)
+                out_header = schemas.response_header_for(TXN_OFFSET_COMMIT_KEY, ctx.api_version, correlation_id)
+            case ProduceWrite(partitions=partitions):
+                if not all((p.topic, p.partition) in rejections for p in partitions):
+                    reduced = without_partitions(request, rejections)
+                    return Decision(forward=schemas.encode(header, reduced), rejections=rejections, context=ctx)
+                body = merged_produce_response(request, ctx.api_version, None, rejections)
+                out_header = schemas.response_header_for(PRODUCE_KEY, ctx.api_version, correlation_id)
+            case _:
+                assert_never(write)
+        return Decision(forward=None, rejections=rejections, local_response=schemas.encode(out_header, body),
+                        context=ctx)
 
     # -- coordinator-side timeouts (the KIP-588 idea; verification/timeouts.py) -------------------------------
 
@@ -494,53 +517,63 @@ class TransactionRules:
         pid, epoch = int(req.producer_id), int(req.producer_epoch)
         candidate = self.registry.timeout_candidate(txn_id, pid, epoch, now_ms) \
             if txn_id and pid >= 0 and epoch >= 0 and self.policy.mode_for(txn_id) is Mode.ENFORCE else None
+        kind: TimedOutEndTxn | TimedOutInitProducerId
         if key == END_TXN:
-            if candidate is None or end_txn_reply(client.family, bool(req.committed)) is None:
+            kind = TimedOutEndTxn(bool(req.committed))
+            if candidate is None or end_txn_reply(client.family, kind.committed) is None:
                 self.registry.end_txn(txn_id, pid, epoch, now_ms)
-                return Decision(forward=frame, observe=self._end_txn_sent(txn_id, pid, epoch, bool(req.committed),
+                return Decision(forward=frame, observe=self._end_txn_sent(txn_id, pid, epoch, kind.committed,
                                                                           client.connection_id, now_ms))
-        elif candidate is None:
-            return Decision(forward=frame, observe=from_kio_request(key, req))
-        ctx = RequestContext(_LIFECYCLE_API[key], version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req,
-                             client)
-        return PendingCheck(ctx, Question(txn_id, pid, epoch, (), describe_only=True), started)
+        else:
+            kind = TimedOutInitProducerId()
+            if candidate is None:
+                return Decision(forward=frame, observe=from_kio_request(key, req))
+        ctx = RequestContext(kind, version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req, client)
+        return PendingCheck(ctx, DescribeTransaction(txn_id), started)
 
     def _timeout_decision(self, ctx: RequestContext, answer: Answer, started: float, clock: Clock) -> Decision:
-        req, now_ms = ctx.request, clock.wall_ms()
+        req, now_ms, kind = ctx.request, clock.wall_ms(), ctx.kind
         candidate = self.registry.timeout_candidate(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch,
                                                     now_ms)
         why = timed_out(answer.description, candidate) if candidate is not None else None
-        correlation_id = int(ctx.header.correlation_id)
-        if ctx.api == END_TXN_API:
-            reply = end_txn_reply(ctx.client.family, bool(req.committed))
-            if why is None or reply is None:
-                self.registry.end_txn(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, now_ms)
-                return Decision(forward=ctx.frame, observe=self._end_txn_sent(
-                    ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, bool(req.committed),
-                    ctx.client.connection_id, now_ms))
-            # Not forwarded: the coordinator would answer PRODUCER_FENCED. The registry keeps the
-            # candidate, so the client's InitProducerId that follows is rewritten.
-            m = schemas.response_schema(END_TXN, ctx.api_version)
-            body = m(throttle_time=datetime.timedelta(0), error_code=ErrorCode(reply.code))
-            out_header = schemas.response_header_for(END_TXN, ctx.api_version, correlation_id)
-            choice = ErrorChoice(reply.code)
-            return self._timeout_record(Decision(forward=None, local_response=schemas.encode(out_header, body),
-                                                 context=ctx), why, f"{reply.why}: answered {choice.name}", choice,
-                                        started, clock)
-        if why is None:
-            return Decision(forward=ctx.frame, observe=from_kio_request(INIT_PRODUCER_ID, req))
-        # The coordinator's own compare-and-set decides: it bumps E+1 to E+2 only if E+1 is current.
-        bumped = replace(req, producer_epoch=i16(ctx.producer_epoch + 1))
-        return self._timeout_record(Decision(forward=schemas.encode(ctx.header, bumped),
-                                             observe=from_kio_request(INIT_PRODUCER_ID, req), context=ctx),
-                                    why, f"InitProducerId sent with the coordinator's epoch {ctx.producer_epoch + 1}",
-                                    None, started, clock)
+        match kind:
+            case TimedOutEndTxn(committed=committed):
+                reply = end_txn_reply(ctx.client.family, committed)
+                if why is None or reply is None:
+                    self.registry.end_txn(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, now_ms)
+                    return Decision(forward=ctx.frame, observe=self._end_txn_sent(
+                        ctx.transactional_id, ctx.producer_id, ctx.producer_epoch, committed,
+                        ctx.client.connection_id, now_ms))
+                # Not forwarded: the coordinator would answer PRODUCER_FENCED. The registry keeps the
+                # candidate, so the client's InitProducerId that follows is rewritten.
+                m = schemas.response_schema(END_TXN, ctx.api_version)
+                body = m(throttle_time=datetime.timedelta(0), error_code=ErrorCode(reply.code))
+                out_header = schemas.response_header_for(END_TXN, ctx.api_version, int(ctx.header.correlation_id))
+                choice = ErrorChoice(reply.code)
+                return self._timeout_record(Decision(forward=None, local_response=schemas.encode(out_header, body),
+                                                     context=ctx), why, f"{reply.why}: answered {choice.name}",
+                                            choice, started, clock)
+            case TimedOutInitProducerId():
+                if why is None:
+                    return Decision(forward=ctx.frame, observe=from_kio_request(INIT_PRODUCER_ID, req))
+                # The coordinator's own compare-and-set decides: it bumps E+1 to E+2 only if E+1 is current.
+                bumped = replace(req, producer_epoch=i16(ctx.producer_epoch + 1))
+                observe = from_kio_request(INIT_PRODUCER_ID, req)
+                return self._timeout_record(
+                    Decision(forward=schemas.encode(ctx.header, bumped), observe=observe, context=ctx),
+                    why, f"InitProducerId sent with the coordinator's epoch {ctx.producer_epoch + 1}", None, started,
+                    clock)
+            case ProduceWrite() | OffsetCommitWrite() | HeldForEndTxn():
+                raise AssertionError(f"{ctx.api} is not checked for a coordinator timeout")
+            case _:
+                assert_never(kind)
 
     def _timed_out_write(self, ctx: RequestContext, verdict: Verdict, clock: Clock) -> ErrorChoice | None:
         """A late write of a transaction the registry saw outlive its timeout, for a family that
         bumps its epoch by itself on a Produce error (timeouts.PRODUCE_REPLIES): that error, so
         that the bump (which the proxy then claims, or the coordinator aborts with) follows."""
-        if not self.policy.timeout_recovery or verdict.outcome is not Outcome.LATE_WRITE or ctx.api != PRODUCE:
+        if not self.policy.timeout_recovery or verdict.outcome is not Outcome.LATE_WRITE or \
+                not isinstance(ctx.kind, ProduceWrite):
             return None
         code = PRODUCE_REPLIES.get(ctx.client.family)
         if code is None or self.registry.timeout_candidate(ctx.transactional_id, ctx.producer_id,
@@ -559,8 +592,5 @@ class TransactionRules:
         return decision
 
 
-END_TXN_API, INIT_PRODUCER_ID_API = "end_txn", "init_producer_id"
 LAST_END_TXN_VERSION_BEFORE_TV2 = 4
-_LIFECYCLE_API: dict[int, str] = {END_TXN: END_TXN_API, INIT_PRODUCER_ID: INIT_PRODUCER_ID_API}
-LIFECYCLE_APIS = frozenset(_LIFECYCLE_API.values())
 TIMEOUT_RECOVERED = "timeout_recovered"  # the audit record's decision for a KIP-588 rewrite
