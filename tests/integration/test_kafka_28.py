@@ -27,7 +27,14 @@ from txnguard.testing import clients, jars, kafka
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyThread, broker_addresses, gateway_for
-from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
+from txnguard.testing.scenarios import (
+    TxnActor,
+    error_name,
+    offsets,
+    release_pending_offsets,
+    s5_offsets_never_ended,
+    wait_stable,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -110,13 +117,38 @@ def test_zookeeper_cluster_kill_restart_and_down_leaves_nothing(tmp_path) -> Non
 def test_gateway_s1_s2_s5_prevented_on_2_8_without_asking_the_coordinator(cluster: Cluster, start_proxy,
                                                                          unique_name) -> None:
     """S1 (never added), S2 (late write after the abort), S5 (offsets of a group never added), each first
-    directly (it hangs: the 2.8 broker verifies nothing) and then through a gateway (refused at once)."""
+    directly (it hangs: the 2.8 broker verifies nothing) and then through a gateway (refused at once).
+    One line per scenario printed, as test_verification.py prints them for 3.0.2 and 3.4.1."""
     before = unexpected_api_key_lines(cluster)
-    topic = fresh_topic(cluster, unique_name("s1d"))
-    direct = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    bootstrap = cluster.bootstrap_servers
+    # Direct.
+    s1d = fresh_topic(cluster, unique_name("s1d"))
+    direct = TxnActor(bootstrap, unique_name("txn"))
     direct.init()
-    assert direct.produce(topic, 0, [b"never-added"]).error_code == ErrorCode.none
-    assert offsets(cluster.bootstrap_servers, topic, 0) == (1, 0), "direct S1 should hang the partition"
+    appended = direct.produce(s1d, 0, [b"never-added"])
+    assert appended.error_code == ErrorCode.none
+    s1_direct = offsets(bootstrap, s1d, 0)
+    assert s1_direct == (1, 0), "direct S1 should hang the partition"
+    s2d = fresh_topic(cluster, unique_name("s2d"))
+    direct_late = TxnActor(bootstrap, unique_name("txn"))
+    direct_late.init()
+    assert direct_late.add_partitions(s2d, 0) == {0: 0}
+    assert direct_late.produce(s2d, 0, [b"in-txn"]).error_code == ErrorCode.none
+    assert direct_late.end(commit=False) == ErrorCode.none
+    wait_stable(bootstrap, s2d)
+    assert direct_late.produce(s2d, 0, [b"late"], sequence=1).error_code == ErrorCode.none
+    s2_direct = offsets(bootstrap, s2d, 0)
+    assert s2_direct[1] < s2_direct[0], "direct S2 should open a transaction nobody ends"
+    s5d = fresh_topic(cluster, unique_name("s5d"))
+    direct_offsets = TxnActor(bootstrap, unique_name("txn"))
+    direct_offsets.init()
+    assert direct_offsets.add_partitions(s5d, 0) == {0: 0}
+    pending = s5_offsets_never_ended(direct_offsets, s5d, lambda: unique_name("group"))
+    try:
+        assert (pending.commit_error, pending.end_error) == (ErrorCode.none, ErrorCode.none)
+        assert pending.hangs, pending
+    finally:
+        release_pending_offsets(direct_offsets, pending)
 
     proxy = gateway_for(cluster, start_proxy)
     s1 = fresh_topic(cluster, unique_name("s1p"))
@@ -124,11 +156,10 @@ def test_gateway_s1_s2_s5_prevented_on_2_8_without_asking_the_coordinator(cluste
     actor.init()
     started = time.monotonic()
     r = actor.produce(s1, 0, [b"never-added"])
-    waited = time.monotonic() - started
+    s1_ms = (time.monotonic() - started) * 1000
     assert (error_name(r.error_code), r.error_message) == ("INVALID_TXN_STATE",
                                                             "Partition was not added to the transaction")
-    assert offsets(cluster.bootstrap_servers, s1, 0) == (0, 0)
-    print(f"S1 through the gateway on {VERSION}: INVALID_TXN_STATE after {waited * 1000:.0f} ms")
+    assert offsets(bootstrap, s1, 0) == (0, 0)
 
     # S2: the gateway saw the EndTxn, so the late write is refused from its own evidence.
     s2 = fresh_topic(cluster, unique_name("s2p"))
@@ -137,17 +168,31 @@ def test_gateway_s1_s2_s5_prevented_on_2_8_without_asking_the_coordinator(cluste
     assert late.add_partitions(s2, 0) == {0: 0}
     assert late.produce(s2, 0, [b"in-txn"]).error_code == ErrorCode.none
     assert late.end(commit=False) == ErrorCode.none
-    wait_stable(cluster.bootstrap_servers, s2)
-    assert error_name(late.produce(s2, 0, [b"late"], sequence=1).error_code) == "INVALID_TXN_STATE"
-    assert offsets(cluster.bootstrap_servers, s2, 0) == (2, 2)  # the aborted record and its marker
+    wait_stable(bootstrap, s2)
+    started = time.monotonic()
+    refused = late.produce(s2, 0, [b"late"], sequence=1)
+    s2_ms = (time.monotonic() - started) * 1000
+    assert error_name(refused.error_code) == "INVALID_TXN_STATE"
+    assert offsets(bootstrap, s2, 0) == (2, 2)  # the aborted record and its marker
 
     # S5: TxnOffsetCommit for a group never added.
-    assert error_name(actor.commit_offsets(unique_name("group"), {s1: {0: 1}})[0]) == "INVALID_TXN_STATE"
+    started = time.monotonic()
+    (code,) = actor.commit_offsets(unique_name("group"), {s1: {0: 1}})
+    s5_ms = (time.monotonic() - started) * 1000
+    assert error_name(code) == "INVALID_TXN_STATE"
 
     assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 2
     assert proxy.metric("txnguard_verification_failures_total", {"reason": "late_write"}) == 1
     _never_held(proxy)
     assert unexpected_api_key_lines(cluster) == before == 0
+    label = f"{VERSION} zookeeper"
+    print(f"\nS1 {label}: direct appended at offset {appended.base_offset}, hangs (HW {s1_direct[0]}, "
+          f"LSO {s1_direct[1]}); gateway refused INVALID_TXN_STATE after {s1_ms:.0f} ms, nothing written")
+    print(f"S2 {label}: direct late write appended, hangs (HW {s2_direct[0]}, LSO {s2_direct[1]}); "
+          f"gateway refused INVALID_TXN_STATE after {s2_ms:.0f} ms, nothing written")
+    print(f"S5 {label}: direct offsets accepted, hang on __consumer_offsets-{pending.partition} "
+          f"(HW {pending.high_watermark}, LSO {pending.last_stable}); gateway refused INVALID_TXN_STATE after "
+          f"{s5_ms:.0f} ms")
 
 
 def test_gateway_write_without_local_evidence_is_refused_at_once_and_the_redone_transaction_commits(

@@ -6,16 +6,33 @@ transaction.partition.verification.enable=false, and on 3.0.2 and 3.4.1 in ZooKe
     client ──Produce(txn batch, partition never added)──▶ leader
       direct:  written; LSO stuck below the high watermark (a hanging transaction)
       proxied: INVALID_TXN_STATE "Partition was not added to the transaction"; nothing written
+    client ──AddPartitionsToTxn(p0), TxnOffsetCommit(group never added), EndTxn(commit)──▶ coordinators
+      direct:  offsets accepted into the transaction, but no marker reaches the group's __consumer_offsets
+               partition: its LSO stops below the high watermark (ended afterwards by an abort that adds the group)
+      proxied: INVALID_TXN_STATE; nothing pending
+
+S1, S2 and S5 each print one line per broker: the direct outcome, the proxy's answer and how long the
+client waited for it (Kafka 2.8.2: test_kafka_28.py prints the same lines).
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from kio.schema.errors import ErrorCode
 
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import broker_addresses, gateway_for
-from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
+from txnguard.testing.scenarios import (
+    TxnActor,
+    commit_offsets_retrying,
+    error_name,
+    offsets,
+    release_pending_offsets,
+    s5_offsets_never_ended,
+    wait_stable,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +46,23 @@ UNVERIFIED_BROKERS = [
 ]
 
 
-@pytest.fixture(params=UNVERIFIED_BROKERS)
+# Module-scoped: pytest then runs every test on one broker before the next broker (a function-scoped parameter
+# runs each test on all four in turn, and four clusters through a pool of three start one for every test).
+@pytest.fixture(scope="module", params=UNVERIFIED_BROKERS)
 def cluster(request, kafka_pool):
     version, config, zookeeper = request.param
     return kafka_pool.get(version, 1, config, zookeeper=zookeeper)
+
+
+def _label(cluster) -> str:
+    return f"{cluster.version} {'zookeeper' if cluster.zookeeper else 'kraft'}"
+
+
+def _timed(call):
+    """(what `call()` returned, how long the client waited for it in ms)."""
+    started = time.monotonic()
+    result = call()
+    return result, (time.monotonic() - started) * 1000
 
 
 def test_s1_partition_never_added_hangs_direct_and_is_rejected_through_the_proxy(cluster, start_proxy,
@@ -41,7 +71,8 @@ def test_s1_partition_never_added_hangs_direct_and_is_rejected_through_the_proxy
     # Direct: the broker writes the batch and the transaction hangs.
     direct = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
     direct.init()
-    assert direct.produce(topic, 0, [b"never-added"]).error_code == ErrorCode.none
+    appended = direct.produce(topic, 0, [b"never-added"])
+    assert appended.error_code == ErrorCode.none
     hw, lso = offsets(cluster.bootstrap_servers, topic, 0)
     assert (hw, lso) == (1, 0), "direct: the unadded write should leave the last stable offset stuck"
 
@@ -50,17 +81,19 @@ def test_s1_partition_never_added_hangs_direct_and_is_rejected_through_the_proxy
     proxy = gateway_for(cluster, start_proxy)
     actor = TxnActor(proxy.bootstrap, unique_name("txn"))
     actor.init()
-    r = actor.produce(topic2, 0, [b"never-added"])
+    r, waited_ms = _timed(lambda: actor.produce(topic2, 0, [b"never-added"]))
     assert error_name(r.error_code) == "INVALID_TXN_STATE"
     assert r.error_message == "Partition was not added to the transaction"
     assert offsets(cluster.bootstrap_servers, topic2, 0) == (0, 0)
     assert proxy.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) == 1
     assert proxy.wire.leaks(broker_addresses(cluster)) == []
+    print(f"\nS1 {_label(cluster)}: direct appended at offset {appended.base_offset}, hangs (HW {hw}, LSO {lso}); "
+          f"gateway refused INVALID_TXN_STATE after {waited_ms:.0f} ms, nothing written")
 
 
 def test_s2_late_write_after_abort_hangs_direct_and_is_rejected_through_the_proxy(cluster, start_proxy,
                                                                                    unique_name):
-    def late_write(bootstrap: str, topic: str) -> tuple[TxnActor, int]:
+    def late_write(bootstrap: str, topic: str) -> tuple[TxnActor, int, float]:
         actor = TxnActor(bootstrap, unique_name("txn"))
         actor.init()
         assert actor.add_partitions(topic, 0) == {0: 0}
@@ -68,17 +101,18 @@ def test_s2_late_write_after_abort_hangs_direct_and_is_rejected_through_the_prox
         assert actor.end(commit=False) == ErrorCode.none
         wait_stable(cluster.bootstrap_servers, topic)
         # A retry of the first batch arrives after the abort, before any new AddPartitionsToTxn.
-        return actor, actor.produce(topic, 0, [b"late"], sequence=1).error_code
+        r, waited_ms = _timed(lambda: actor.produce(topic, 0, [b"late"], sequence=1))
+        return actor, r.error_code, waited_ms
 
     topic = fresh_topic(cluster, unique_name("s2"))
-    _, code = late_write(cluster.bootstrap_servers, topic)
+    _, code, _ = late_write(cluster.bootstrap_servers, topic)
     assert code == ErrorCode.none
-    hw, lso = offsets(cluster.bootstrap_servers, topic, 0)
-    assert lso < hw, "direct: the late write should open a transaction nobody will end"
+    direct_hw, direct_lso = offsets(cluster.bootstrap_servers, topic, 0)
+    assert direct_lso < direct_hw, "direct: the late write should open a transaction nobody will end"
 
     topic2 = fresh_topic(cluster, unique_name("s2p"))
     proxy = gateway_for(cluster, start_proxy)
-    actor, code = late_write(proxy.bootstrap, topic2)
+    actor, code, waited_ms = late_write(proxy.bootstrap, topic2)
     assert error_name(code) == "INVALID_TXN_STATE"
     hw, lso = offsets(cluster.bootstrap_servers, topic2, 0)
     assert lso == hw == 2  # the aborted record and its abort marker, nothing after
@@ -87,36 +121,38 @@ def test_s2_late_write_after_abort_hangs_direct_and_is_rejected_through_the_prox
     assert actor.add_partitions(topic2, 0) == {0: 0}
     assert actor.produce(topic2, 0, [b"next"]).error_code == ErrorCode.none
     assert actor.end(commit=True) == ErrorCode.none
+    print(f"\nS2 {_label(cluster)}: direct late write appended, hangs (HW {direct_hw}, LSO {direct_lso}); "
+          f"gateway refused INVALID_TXN_STATE after {waited_ms:.0f} ms, nothing written")
 
 
-
-
-def test_s5_txn_offset_commit_for_a_group_never_added_is_rejected(cluster, start_proxy, unique_name):
+def test_s5_txn_offset_commit_for_a_group_never_added_hangs_direct_and_is_rejected(cluster, start_proxy,
+                                                                                    unique_name):
+    # Direct: the offsets join the transaction on the group's __consumer_offsets partition, and no marker ends them.
     topic = fresh_topic(cluster, unique_name("s5"))
+    direct = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    direct.init()
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    pending = s5_offsets_never_ended(direct, topic, lambda: unique_name("group"))
+    try:
+        assert (pending.commit_error, pending.end_error) == (ErrorCode.none, ErrorCode.none)
+        assert pending.hangs, pending
+    finally:
+        release_pending_offsets(direct, pending)  # the shared cluster's offsets partition, stable again
+
     proxy = gateway_for(cluster, start_proxy)
     actor = TxnActor(proxy.bootstrap, unique_name("txn"))
     actor.init()
     assert actor.add_partitions(topic, 0) == {0: 0}
-    codes = actor.commit_offsets(unique_name("group"), {topic: {0: 1}})
+    codes, waited_ms = _timed(lambda: actor.commit_offsets(unique_name("group"), {topic: {0: 1}}))
     assert [error_name(c) for c in codes] == ["INVALID_TXN_STATE"]
     # With AddOffsetsToTxn first it passes.
     group = unique_name("group")
     assert actor.add_offsets(group) == ErrorCode.none
-    assert _commit_retrying(actor, group, {topic: {0: 1}}) == [ErrorCode.none]
+    assert commit_offsets_retrying(actor, group, {topic: {0: 1}}) == [ErrorCode.none]
     assert actor.end(commit=True) == ErrorCode.none
-
-
-def _commit_retrying(actor: TxnActor, group: str, offsets_: dict[str, dict[int, int]]) -> list[int]:
-    """As clients do: a group coordinator still loading answers NOT_COORDINATOR or LOAD_IN_PROGRESS."""
-    import time
-
-    for _ in range(50):
-        codes = actor.commit_offsets(group, offsets_)
-        if not set(codes) & {ErrorCode.not_coordinator, ErrorCode.coordinator_load_in_progress,
-                             ErrorCode.coordinator_not_available}:
-            return codes
-        time.sleep(0.2)
-    return codes
+    print(f"\nS5 {_label(cluster)}: direct offsets accepted, hang on __consumer_offsets-{pending.partition} "
+          f"(HW {pending.high_watermark}, LSO {pending.last_stable}); gateway refused INVALID_TXN_STATE after "
+          f"{waited_ms:.0f} ms")
 
 
 def test_valid_transactions_pass_with_local_evidence(cluster, start_proxy, unique_name):
@@ -158,7 +194,7 @@ def test_verify_only_asks_the_coordinator_the_brokers_own_question(cluster, star
     assert actor.produce(topic, 0, [b"added"]).error_code == ErrorCode.none
     refused = actor.produce(topic, 1, [b"never-added"])
     assert error_name(refused.error_code) == "INVALID_TXN_STATE"
-    assert _commit_retrying(actor, group, {topic: {0: 1}}) == [ErrorCode.none]
+    assert commit_offsets_retrying(actor, group, {topic: {0: 1}}) == [ErrorCode.none]
     assert actor.end(commit=True) == ErrorCode.none
 
     # Kafka 3.5 offers AddPartitionsToTxn v4 only between brokers: the proxy falls back to DescribeTransactions.

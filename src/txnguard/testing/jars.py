@@ -18,6 +18,9 @@ from pathlib import Path
 KAFKA_VERSIONS = ("3.5.2", "3.9.2", "4.3.1", "4.4.0")
 ZOOKEEPER_KAFKA_VERSIONS = ("2.8.2", "3.0.2", "3.4.1")
 JAVA_CLIENT_VERSIONS = ("2.8.2", "3.5.2")
+# Tools of a ZooKeeper-mode version: 3.0.2's own kafka-transactions.sh find-hanging (TransactionsCommand
+# ships from 3.0), which `txnguard hanging` is compared with on a ZooKeeper cluster.
+ZOOKEEPER_TOOLS_VERSIONS = ("3.0.2",)
 
 _POM = """<?xml version="1.0" encoding="UTF-8"?>
 <project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -114,7 +117,7 @@ def resolve_all() -> list[Path]:
         out.append(resolve("kafka-tools", v))
     for v in ZOOKEEPER_KAFKA_VERSIONS:
         out.append(resolve("kafka_2.13", v))
-    for v in JAVA_CLIENT_VERSIONS:
+    for v in (*JAVA_CLIENT_VERSIONS, *ZOOKEEPER_TOOLS_VERSIONS):
         out.append(resolve("kafka-tools", v))
     return out
 

@@ -26,7 +26,7 @@ from txnguard.proxy.admin import AdminServer
 from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.config import load as load_config
 from txnguard.proxy.server import Proxy
-from txnguard.testing.kafka import Cluster
+from txnguard.testing.kafka import Cluster, _alive
 
 
 class WireRecorder:
@@ -213,8 +213,21 @@ class ProxyProcess:
             return self.proc.wait(10)
 
 
+def direct_bootstrap(cluster: Cluster, *, live: bool = False) -> str:
+    """Where a client reaches the brokers themselves (`live`: only the running ones).
+
+    The client listener, except in the sidecar layout: there the client listener advertises the
+    sidecars' ports, so this is the listener the brokers replicate over (BROKER), whose Metadata names
+    the brokers. A gateway bootstrapped there stands in front of the brokers of a sidecar-layout
+    cluster as in front of any other, and a test reads the brokers directly through it.
+    """
+    nodes = [n for n in cluster.nodes if not live or _alive(n.pid)] or cluster.nodes
+    return ",".join(f"{n.host}:{n.broker_port or n.port}" for n in nodes)
+
+
 def gateway_for(cluster: Cluster, start_proxy: Any, **settings: Any) -> ProxyThread:
-    proxy: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", **settings)
+    """A gateway in front of the cluster's brokers (in the sidecar layout, on their own listener)."""
+    proxy: ProxyThread = start_proxy(upstream=direct_bootstrap(cluster), mode="gateway", **settings)
     return proxy
 
 

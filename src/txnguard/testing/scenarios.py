@@ -173,3 +173,88 @@ def wait_stable(bootstrap: str, topic: str, partition: int = 0, deadline_s: floa
 def error_name(code: int) -> str:
     return ErrorCode(code).name.upper()
 
+
+
+# -- S5 straight to the brokers: offsets no marker will ever end -----------------------------------------
+
+OFFSETS_TOPIC = "__consumer_offsets"
+RETRIABLE_COMMIT = frozenset({ErrorCode.not_coordinator, ErrorCode.coordinator_load_in_progress,
+                              ErrorCode.coordinator_not_available})
+
+
+def offsets_partition(group_id: str, partitions: int = 10) -> int:
+    """The __consumer_offsets partition that holds a group's offsets, as Kafka picks it:
+    Utils.abs(groupId.hashCode()) % offsets.topic.num.partitions (10 in the harness), where Utils.abs is
+    Math.abs with Integer.MIN_VALUE taken to 0, and hashCode is Java's over UTF-16 units (ASCII here)."""
+    h = 0
+    for ch in group_id:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    signed = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if signed == -(1 << 31) else abs(signed)) % partitions
+
+
+def commit_offsets_retrying(actor: TxnActor, group: str, offsets_: dict[str, dict[int, int]],
+                            attempts: int = 50) -> list[int]:
+    """TxnOffsetCommit as clients send it: a group coordinator still loading is asked again."""
+    codes = actor.commit_offsets(group, offsets_)
+    for _ in range(attempts):
+        if not set(codes) & RETRIABLE_COMMIT:
+            break
+        time.sleep(0.2)
+        codes = actor.commit_offsets(group, offsets_)
+    return codes
+
+
+@dataclass(frozen=True)
+class PendingOffsets:
+    """S5 done straight to the brokers: where the group's offsets partition stopped."""
+
+    group: str
+    partition: int  # of __consumer_offsets
+    commit_error: int  # the group coordinator's answer to the TxnOffsetCommit
+    end_error: int  # the transaction coordinator's answer to EndTxn(commit)
+    before: int  # the partition's high watermark before the commit
+    high_watermark: int
+    last_stable: int
+
+    @property
+    def hangs(self) -> bool:
+        """The last stable offset stopped at the offsets' batch (or before it), below the high watermark."""
+        return self.before <= self.last_stable < self.high_watermark
+
+
+def s5_offsets_never_ended(actor: TxnActor, topic: str, group_name: Callable[[], str]) -> PendingOffsets:
+    """S5 without a proxy: with `topic`-0 added to the actor's transaction, TxnOffsetCommit for a group never
+    added (no AddOffsetsToTxn), then EndTxn(commit).
+
+    A broker without KIP-890 takes the offsets into the producer's transaction (its group coordinator
+    appends them as a transactional batch to the group's __consumer_offsets partition), but the
+    transaction coordinator never learned that partition, so no marker ever ends the batch: the
+    partition's last stable offset stops below its high watermark and the group's offsets never
+    become visible. The group is one whose offsets partition has no open transaction before (names from
+    `group_name` are tried), so the stop is this batch's. `release_pending_offsets` ends it afterwards.
+    """
+    assert actor.producer is not None
+    for _ in range(30):
+        group = group_name()
+        partition = offsets_partition(group)
+        hw, lso = offsets(actor.bootstrap, OFFSETS_TOPIC, partition)
+        if hw == lso:
+            break
+    else:
+        raise AssertionError("every __consumer_offsets partition tried has an open transaction")
+    (commit_error,) = commit_offsets_retrying(actor, group, {topic: {0: 1}})
+    end_error = actor.end(commit=True)
+    # The commit is complete once its marker is on the partition that was added; none is coming for the group's.
+    wait_stable(actor.bootstrap, topic)
+    after_hw, after_lso = offsets(actor.bootstrap, OFFSETS_TOPIC, partition)
+    return PendingOffsets(group, partition, commit_error, end_error, hw, after_hw, after_lso)
+
+
+def release_pending_offsets(actor: TxnActor, pending: PendingOffsets) -> None:
+    """End what S5 left open: the same producer adds the group to a transaction and aborts it, so the
+    coordinator writes an abort marker to that partition (the shared cluster's offsets partition is
+    stable again, and the group's pending offsets are dropped)."""
+    assert actor.add_offsets(pending.group) == ErrorCode.none
+    assert actor.end(commit=False) == ErrorCode.none
+    wait_stable(actor.bootstrap, OFFSETS_TOPIC, pending.partition)
