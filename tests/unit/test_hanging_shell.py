@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from txnguard import cli
-from txnguard.proxy import config, hanging
+from txnguard.proxy import config, hanging, hanging_cli, hanging_monitor
 from txnguard.proxy.config import ConfigError, HostPort
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import HANGING, hanging_record, record_key
@@ -104,7 +104,7 @@ class Log:
 def test_the_monitor_exports_gauges_and_reports_each_finding_once():
     cfg = config.from_mapping({"upstream": "127.0.0.1:9092", "health": {"hanging_scan_interval_s": 1}})
     metrics, audit, admin = ProxyMetrics(), Audit(), FakeAdmin()
-    monitor = hanging.attach(cfg, metrics, audit, None)  # type: ignore[arg-type]
+    monitor = hanging_monitor.attach(cfg, metrics, audit, None)  # type: ignore[arg-type]
     assert monitor is not None
     monitor.admin = admin  # type: ignore[assignment]
     monitor.log = log = Log()
@@ -149,7 +149,7 @@ def test_the_cli_prints_the_tools_table_and_a_dry_run(monkeypatch: pytest.Monkey
     monkeypatch.setattr(hanging, "abort", do_abort)
     out, err = io.StringIO(), io.StringIO()
     args = cli_args("--topic", "t", "--abort")
-    assert hanging.run_cli(args, stdin=io.StringIO(""), stdout=out, stderr=err) == 0
+    assert hanging_cli.run_cli(args, stdin=io.StringIO(""), stdout=out, stderr=err) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].split()[0] == "Topic" and lines[1].split()[:6] == ["t", "0", "7", "0", "-1", "5"]
     assert lines[2].startswith("dry run: would abort the hanging transaction on topic t partition 0 producer id 7 "
@@ -158,20 +158,22 @@ def test_the_cli_prints_the_tools_table_and_a_dry_run(monkeypatch: pytest.Monkey
 
     # At a terminal: a prompt naming the transaction; anything but y/yes leaves it.
     err = io.StringIO()
-    assert hanging.run_cli(cli_args("--topic", "t", "--abort"), stdin=Tty("n\n"), stdout=io.StringIO(), stderr=err) == 0
+    assert hanging_cli.run_cli(cli_args("--topic", "t", "--abort"), stdin=Tty("n\n"), stdout=io.StringIO(),
+                               stderr=err) == 0
     assert "Abort the hanging transaction on topic t partition 0 producer id 7 epoch 0 start offset 5" in err.getvalue()
     assert aborts == []
-    assert hanging.run_cli(cli_args("--topic", "t", "--abort"), stdin=Tty("y\n"), stdout=io.StringIO(), stderr=err) == 0
+    assert hanging_cli.run_cli(cli_args("--topic", "t", "--abort"), stdin=Tty("y\n"), stdout=io.StringIO(),
+                               stderr=err) == 0
     assert len(aborts) == 1
     # --dry-run wins over --yes; --start-offset picks none here.
     for extra in (["--yes", "--dry-run"], ["--yes", "--start-offset", "6"]):
-        assert hanging.run_cli(cli_args("--topic", "t", "--abort", *extra), stdin=Tty("y\n"), stdout=io.StringIO(),
+        assert hanging_cli.run_cli(cli_args("--topic", "t", "--abort", *extra), stdin=Tty("y\n"), stdout=io.StringIO(),
                                stderr=err) == 0
     assert len(aborts) == 1
     aborts.clear()
 
     out = io.StringIO()
-    assert hanging.run_cli(cli_args("--topic", "t", "--abort", "--yes"), stdin=io.StringIO(""), stdout=out,
+    assert hanging_cli.run_cli(cli_args("--topic", "t", "--abort", "--yes"), stdin=io.StringIO(""), stdout=out,
                            stderr=err) == 0
     assert "aborted the hanging transaction on topic t partition 0 producer id 7" in out.getvalue()
     assert [(s.producer_id, s.coordinator_epoch) for s in aborts] == [(7, 0)]
@@ -186,7 +188,7 @@ def cli_args(*argv: str) -> Any:
     import argparse
 
     parser = argparse.ArgumentParser()
-    hanging.add_parser(parser.add_subparsers(dest="command"))
+    hanging_cli.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["hanging", "--bootstrap", "b:1", *argv])
 
 

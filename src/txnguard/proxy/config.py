@@ -362,7 +362,7 @@ class Audit(_Section):
 
 
 class Health(_Section):
-    """Transaction health checks the proxy runs itself (see proxy/hanging.py)."""
+    """Transaction health checks the proxy runs itself (see proxy/hanging_monitor.py)."""
 
     hanging_scan_interval_s: PositiveFloat | None = None
     """Set: scan for hanging transactions this often (unset: off)."""

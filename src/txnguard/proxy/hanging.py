@@ -17,19 +17,19 @@ own connections (never a client's):
   TransactionResult=false) to the leader with its producer id, epoch and coordinator epoch (0 when
   it has none): what Admin.abortTransaction sends for `kafka-transactions.sh abort`.
 
-Used by `txnguard hanging` (any cluster, proxy or not) and, with `health.hanging_scan_interval_s`,
-by the proxy itself (`HangingMonitor`): a periodic scan that exports gauges, logs each finding
-once and writes one audit record per new finding.
+Used by `txnguard hanging` (proxy/hanging_cli.py: any cluster, proxy or not) and, with
+`health.hanging_scan_interval_s`, by the proxy itself (proxy/hanging_monitor.py): a periodic scan that
+exports gauges, logs each finding once and writes one audit record per new finding. This module knows
+neither of them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
@@ -47,10 +47,8 @@ from kio.static.primitive import i8, i16, i32
 
 from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
-from txnguard.proxy import logs
-from txnguard.proxy.config import HostPort, ProxyMode
+from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamError
-from txnguard.verification.audit import hanging_record
 from txnguard.verification.hanging import (
     AbortSpec,
     AskDescriptions,
@@ -58,7 +56,6 @@ from txnguard.verification.hanging import (
     AskTransactionalIds,
     Done,
     Finding,
-    FindingTracker,
     HangingScan,
     ProducerState,
     Step,
@@ -66,11 +63,6 @@ from txnguard.verification.hanging import (
     TransactionView,
     abort_spec,
 )
-
-if TYPE_CHECKING:
-    from txnguard.proxy.config import ProxyConfig
-    from txnguard.proxy.guard import AuditLog
-    from txnguard.proxy.metrics import ProxyMetrics
 
 RETRIABLE_COORDINATOR = frozenset({ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available,
                                    ErrorCode.not_coordinator})
@@ -382,247 +374,3 @@ async def abort(admin: ClusterAdmin, plan: AbortPlan) -> str:
             return "TRANSACTION_GONE"
         code = await admin.write_abort_marker(fresh.leader, fresh.spec)
     return _error_name(code)
-
-
-# -- continuous detection in the proxy -----------------------------------------------------------------------
-
-
-class HangingMonitor:
-    """The proxy's periodic scan (`health.hanging_scan_interval_s`)."""
-
-    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any = None) -> None:
-        h = config.health
-        assert h.hanging_scan_interval_s is not None
-        self.interval_s = h.hanging_scan_interval_s
-        self.max_transaction_timeout_ms = int(h.hanging_max_transaction_timeout_s * 1000)
-        self.scope = Scope(local_broker=config.mode is ProxyMode.SIDECAR)
-        self.admin = ClusterAdmin(config.upstream, ssl_context=ssl_context, timeout_s=config.verification.timeout_s,
-                                  auth=config.upstream_auth)
-        self.metrics = metrics
-        self.audit = audit
-        self.tracker = FindingTracker()
-        self.log = logs.get(component="hanging")
-        self.scans = 0
-        self.last: ScanResult | None = None
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await self.scan_once()
-                await asyncio.sleep(self.interval_s)
-        finally:
-            await self.admin.close()
-
-    async def scan_once(self) -> ScanResult | None:
-        m = self.metrics
-        try:
-            result = await scan(self.admin, self.scope, self.max_transaction_timeout_ms)
-        except Exception as e:  # noqa: BLE001 - whatever failed, the next scan runs (and the proxy never notices)
-            m.hanging_scans.labels("failed").inc()
-            self.log.warning("hanging_scan_failed", error=str(e) if isinstance(e, HangingScanError) else repr(e))
-            await self.admin.close()  # a fresh start next time
-            return None
-        self.scans += 1
-        self.last = result
-        m.hanging_scans.labels("ok").inc()
-        before = self.tracker.per_partition()
-        new, gone = self.tracker.update(result.findings)
-        after = self.tracker.per_partition()
-        for (topic, partition), n in after.items():
-            m.hanging_transactions.labels(topic, str(partition)).set(n)
-        for topic, partition in before.keys() - after.keys():
-            with contextlib.suppress(KeyError):
-                m.hanging_transactions.remove(topic, str(partition))
-        m.oldest_open_transaction_age.set((result.oldest_open_age_ms or 0) / 1000)
-        for f in new:
-            self.log.warning("hanging_transaction_found", **_facts(f, result.now_ms),
-                             max_transaction_timeout_ms=self.max_transaction_timeout_ms)
-            self.audit.write(hanging_record(time_ms=result.now_ms, proxy_id=self.audit.proxy_id, finding=f,
-                                            max_transaction_timeout_ms=self.max_transaction_timeout_ms))
-        for f in gone:
-            self.log.info("hanging_transaction_resolved", **_facts(f, result.now_ms))
-        if result.errors:
-            self.log.warning("hanging_scan_partial", failed_partitions=len(result.errors),
-                             example=next(iter(result.errors.items())))
-        return result
-
-
-def _facts(f: Finding, now: int) -> dict[str, Any]:
-    return {"topic": f.topic, "partition": f.partition, "producer_id": f.producer_id,
-            "producer_epoch": f.producer_epoch, "coordinator_epoch": f.coordinator_epoch,
-            "start_offset": f.start_offset, "last_timestamp_ms": f.last_timestamp_ms,
-            "age_s": round((now - f.last_timestamp_ms) / 1000, 1), "transactional_id": f.transactional_id,
-            "reason": f.reason, "coordinator_state": f.coordinator_state}
-
-
-def attach(config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any) -> HangingMonitor | None:
-    """The monitor when `health.hanging_scan_interval_s` is set (off by default)."""
-    if config.health.hanging_scan_interval_s is None:
-        return None
-    return HangingMonitor(config, metrics, audit, ssl_context)
-
-
-# -- `txnguard hanging` ----------------------------------------------------------------------------------------
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "hanging", help="find hanging transactions (as kafka-transactions.sh find-hanging) and optionally abort them",
-        description="Find partitions whose last stable offset is held by a transaction the coordinator will never "
-                    "finish, judged exactly as kafka-transactions.sh find-hanging. Works against any cluster, "
-                    "through a txnguard proxy or not. With neither --topic nor --broker-id every topic (internal ones "
-                    "too) is searched, each partition asked of its leader.")
-    p.add_argument("--bootstrap", help="host:port[,host:port...] of the cluster (or of a proxy); default: the "
-                                       "upstream of --config")
-    p.add_argument("--config", help="a txnguard proxy config: its upstream, upstream_tls and upstream_auth (SASL "
-                                    "SCRAM) are used, so the scan runs as the proxy's own principal, as the proxy's "
-                                    "periodic scan does (TXNGUARD_* environment overrides apply, e.g. the password)")
-    p.add_argument("--topic", help="search this topic only")
-    p.add_argument("--partition", type=int, help="and this partition only (needs --topic)")
-    p.add_argument("--broker-id", type=int, help="search the partitions with a replica on this broker, asking it")
-    p.add_argument("--max-transaction-timeout", type=int, default=15, metavar="MINUTES",
-                   help="open transactions whose producer last wrote longer ago than this are candidates (default "
-                        "15, the tool's; keep it at least the cluster's transaction.max.timeout.ms)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the tool's table")
-    p.add_argument("--abort", action="store_true",
-                   help="abort the hanging transactions found (WriteTxnMarkers, as kafka-transactions.sh abort); "
-                        "a dry run unless confirmed with --yes or at the interactive prompt")
-    p.add_argument("--start-offset", type=int, help="with --abort: only the transaction starting at this offset")
-    p.add_argument("--yes", action="store_true", help="with --abort: abort without asking")
-    p.add_argument("--dry-run", action="store_true", help="with --abort: only show what would be aborted")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (default 30)")
-
-
-def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = None) -> int:
-    import sys
-
-    from txnguard.proxy.config import ConfigError, parse_host_port
-
-    out, err, inp = stdout or sys.stdout, stderr or sys.stderr, stdin or sys.stdin
-    if args.partition is not None and args.topic is None:
-        print("txnguard hanging: --partition needs --topic", file=err)
-        return 2
-    if (args.start_offset is not None or args.yes or args.dry_run) and not args.abort:
-        print("txnguard hanging: --start-offset, --yes and --dry-run go with --abort", file=err)
-        return 2
-    if args.bootstrap is None and args.config is None:
-        print("txnguard hanging: give --bootstrap or --config", file=err)
-        return 2
-    try:
-        connect = _connection_settings(args)
-        bootstrap = [parse_host_port("--bootstrap", b.strip()) for b in args.bootstrap.split(",")] \
-            if args.bootstrap else list(connect.upstream)
-    except (ConfigError, OSError) as e:
-        print(f"txnguard hanging: {e}", file=err)
-        return 2
-    scope = Scope(topic=args.topic, partition=args.partition, broker_id=args.broker_id)
-    return asyncio.run(_run(args, bootstrap, scope, out, err, inp, connect))
-
-
-class _Connect(NamedTuple):
-    """How the CLI reaches the cluster: a proxy config's upstream, TLS and SASL (--config), or nothing set."""
-
-    upstream: tuple[HostPort, ...] = ()
-    ssl_context: Any = None
-    auth: Any = None
-
-
-def _connection_settings(args: Any) -> _Connect:
-    """TLS and SASL of the proxy config given with --config (none without it): the proxy's own principal."""
-    if args.config is None:
-        return _Connect()
-    from txnguard.proxy.config import load
-    from txnguard.proxy.server import upstream_ssl_context  # not at module level: server imports this module
-
-    cfg = load(args.config)
-    return _Connect(cfg.upstream, upstream_ssl_context(cfg), cfg.upstream_auth)
-
-
-async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err: Any, inp: Any,
-               connect: _Connect) -> int:
-    import json
-
-    admin = ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect.ssl_context, auth=connect.auth)
-    try:
-        try:
-            result = await scan(admin, scope, args.max_transaction_timeout * 60_000)
-        except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
-            print(f"txnguard hanging: {e}", file=err)
-            return 1
-        for tp, problem in sorted(result.errors.items()):
-            print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
-        if result.unconfirmed:
-            print("txnguard hanging: the brokers lack ListTransactions and DescribeTransactions (Kafka < 3.0): "
-                  "open transactions older than --max-transaction-timeout are listed unconfirmed by their "
-                  "coordinator (one whose abort marker is still being written would be listed too)", file=err)
-        aborted: list[dict[str, Any]] = []
-        status = 1 if result.errors else 0
-        if not args.json:  # what was found first, then what is done about it
-            from txnguard.verification.hanging import table
-
-            out.write(table(result.findings, result.now_ms))
-        if args.abort:
-            chosen = [f for f in result.findings if args.start_offset is None or f.start_offset == args.start_offset]
-            for f in chosen:
-                outcome = await _abort_one(admin, f, args, out, err, inp)
-                aborted.append({**f.as_dict(result.now_ms), "outcome": outcome})
-                if outcome not in ("NONE", "dry_run", "declined"):
-                    status = 1
-        if args.json:
-            report: dict[str, Any] = {
-                "findings": [f.as_dict(result.now_ms) for f in result.findings],
-                "scanned_partitions": result.partitions, "described_partitions": result.described,
-                "oldest_open_transaction_age_ms": result.oldest_open_age_ms,
-                "max_transaction_timeout_ms": args.max_transaction_timeout * 60_000,
-                "unconfirmed": result.unconfirmed,
-                "errors": {f"{t}-{p}": problem for (t, p), problem in sorted(result.errors.items())},
-            }
-            if args.abort:
-                report["aborts"] = aborted
-            print(json.dumps(report, indent=2), file=out)
-        return status
-    finally:
-        await admin.close()
-
-
-async def _abort_one(admin: ClusterAdmin, f: Finding, args: Any, out: Any, err: Any, inp: Any) -> str:
-    """One confirmed abort: the outcome's name (NONE, an error name, dry_run, declined, TRANSACTION_GONE)."""
-    # Progress goes to stderr when stdout carries JSON.
-    say = err if args.json else out
-    try:
-        plan = await plan_abort(admin, f)
-    except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
-        print(f"cannot abort {f.topic}-{f.partition} at {f.start_offset}: {e}", file=err)
-        return "lookup_failed"
-    if plan.spec is None:
-        print(f"no open transaction starts at offset {f.start_offset} on {f.topic}-{f.partition} any more: "
-              "nothing to abort", file=say)
-        return "TRANSACTION_GONE"
-    what = plan.spec.describe(f.start_offset)
-    if args.dry_run or (not args.yes and not _interactive(inp)):
-        print(f"dry run: would abort the hanging transaction on {what}"
-              f"{'' if args.dry_run else '; confirm with --yes'}", file=say)
-        return "dry_run"
-    if not args.yes:
-        print(f"Abort the hanging transaction on {what}? [y/N] ", end="", file=err, flush=True)
-        answer = inp.readline().strip().lower()
-        if answer not in ("y", "yes"):
-            print("not aborted", file=say)
-            return "declined"
-    try:
-        outcome = await abort(admin, plan)
-    except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
-        print(f"abort of {what} failed: {e}", file=err)
-        return "failed"
-    if outcome == "NONE":
-        print(f"aborted the hanging transaction on {what}", file=say)
-    else:
-        print(f"abort of {what} failed: {outcome}", file=err)
-    return outcome
-
-
-def _interactive(inp: Any) -> bool:
-    try:
-        return bool(inp.isatty())
-    except (AttributeError, ValueError):
-        return False
