@@ -14,7 +14,14 @@ from txnguard.proxy import config, hanging, hanging_cli, hanging_monitor
 from txnguard.proxy.config import ConfigError, HostPort
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import HANGING, hanging_record, record_key
-from txnguard.verification.hanging import NO_TRANSACTIONAL_ID, Finding, ProducerState, TransactionView
+from txnguard.verification.hanging import (
+    NO_TRANSACTIONAL_ID,
+    Finding,
+    MaxTimeout,
+    OwnTimeout,
+    ProducerState,
+    TransactionView,
+)
 
 NOW = 1_700_000_000_000
 MIN = 60_000
@@ -24,7 +31,11 @@ def test_health_is_off_by_default_and_validated():
     base = {"upstream": "127.0.0.1:9092"}
     assert config.from_mapping(base).health.hanging_scan_interval_s is None
     cfg = config.from_mapping({**base, "health": {"hanging_scan_interval_s": 60}})
-    assert cfg.health.hanging_scan_interval_s == 60.0 and cfg.health.hanging_max_transaction_timeout_s == 900.0
+    assert cfg.health.hanging_scan_interval_s == 60.0 and cfg.health.hanging_max_transaction_timeout_s is None
+    assert cfg.health.hanging_timeout_margin_s == 10.0
+    # Unset: each transaction's own timeout plus the margin; set: find-hanging's one threshold.
+    assert hanging_monitor.rule_of(None, 10.0) == OwnTimeout(margin_ms=10_000)
+    assert hanging_monitor.rule_of(900.0, 10.0) == MaxTimeout(900_000)
     with pytest.raises(ConfigError, match=r"health\.hanging_scan_interval_s: -1 is not a positive number"):
         config.from_mapping({**base, "health": {"hanging_scan_interval_s": -1}})
     with pytest.raises(ConfigError, match=r"health\.scan: unknown setting"):
@@ -45,6 +56,7 @@ def test_the_audit_record_names_the_transaction():
     (["hanging", "--bootstrap", "h:1", "--partition", "0"], "--partition needs --topic"),
     (["hanging", "--bootstrap", "h:1", "--topic", "t", "--yes"], "go with --abort"),
     (["hanging", "--bootstrap", "nohostport"], "is not host:port"),
+    (["hanging", "--bootstrap", "h:1", "--timeout-margin", "-1"], "are not negative"),
 ])
 def test_cli_refuses_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]):
     assert cli.main(argv) == 2
@@ -179,6 +191,13 @@ def test_the_cli_prints_the_tools_table_and_a_dry_run(monkeypatch: pytest.Monkey
     assert [(s.producer_id, s.coordinator_epoch) for s in aborts] == [(7, 0)]
 
 
+def test_default_flags_pick_each_transactions_own_timeout_and_the_flag_picks_find_hangings_rule():
+    assert hanging_cli.rule_of_args(cli_args()) == OwnTimeout(margin_ms=10_000)
+    assert hanging_cli.rule_of_args(cli_args("--timeout-margin", "2.5")) == OwnTimeout(margin_ms=2_500)
+    assert hanging_cli.rule_of_args(cli_args("--max-transaction-timeout", "15")) == MaxTimeout(15 * MIN)
+    assert hanging_cli.rule_of_args(cli_args("--max-transaction-timeout", "0")) == MaxTimeout(0)
+
+
 class Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -215,7 +234,7 @@ def test_scopes_pick_the_broker_asked():
     old = hanging.now_ms() - 20 * MIN
     admin = TwoBrokerAdmin()
     admin.producers = {("t", 0): [ProducerState(7, 0, old, -1, 5)], ("t", 1): [ProducerState(8, 0, old, -1, 9)]}
-    run = lambda scope: asyncio.run(hanging.scan(admin, scope, 15 * MIN))  # type: ignore[arg-type]  # noqa: E731
+    run = lambda scope: asyncio.run(hanging.scan(admin, scope, MaxTimeout(15 * MIN)))  # type: ignore[arg-type]  # noqa: E731
 
     # Leaders: t-1's leader does not answer, which is an error for t-1, not the end of the scan.
     result = run(hanging.Scope(topic="t"))

@@ -8,6 +8,8 @@ own connections (never a client's):
   in batches of 500 partitions;
 * ListTransactions on every broker, filtered to the candidates' producer ids;
 * FindCoordinator + DescribeTransactions for their transactional ids;
+* under the own-timeout rule (the default), DescribeProducers once more for the partitions found, after
+  the coordinators answered: a finding stands only if its open transaction is still there;
 * on brokers that lack ListTransactions (Kafka < 3.0: each connection reads the broker's ApiVersions and
   never sends what it does not list), the candidates are reported unconfirmed (verification/hanging.py
   UNCONFIRMED): DescribeProducers alone cannot tell a hanging transaction from one whose abort marker
@@ -53,11 +55,13 @@ from txnguard.verification.hanging import (
     AbortSpec,
     AskDescriptions,
     AskProducers,
+    AskProducersAgain,
     AskTransactionalIds,
     Done,
     Finding,
     HangingScan,
     ProducerState,
+    Rule,
     Step,
     TopicPartition,
     TransactionView,
@@ -240,7 +244,8 @@ class ClusterAdmin:
             except (UpstreamError, OSError, CodecError, TimeoutError, ValueError) as e:
                 raise HangingScanError(f"DescribeTransactions {txn_id} at {address}: {e}") from e
             if desc.error_code == ErrorCode.none:
-                return TransactionView(txn_id, desc.state, desc.producer_id, desc.producer_epoch, desc.partitions)
+                return TransactionView(txn_id, desc.state, desc.producer_id, desc.producer_epoch, desc.partitions,
+                                       desc.timeout_ms, desc.start_time_ms)
             if desc.error_code == ErrorCode.transactional_id_not_found:
                 return None
             last = _error_name(desc.error_code)
@@ -273,9 +278,9 @@ def _in_scope(view: ClusterView, scope: Scope) -> list[TopicPartition]:
                   if scope.broker_id is None or scope.broker_id in info.replicas)
 
 
-async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: int,
-               clock: Callable[[], int] = now_ms) -> ScanResult:
-    """One find-hanging scan of `scope`: the pure HangingScan's steps, carried out."""
+async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[], int] = now_ms) -> ScanResult:
+    """One scan of `scope` under `rule` (MaxTimeout: find-hanging's; OwnTimeout: each transaction's own
+    timeout): the pure HangingScan's steps, carried out."""
     view = await admin.metadata(scope.topic)
     if scope.broker_id is not None and scope.broker_id not in view.brokers:
         raise HangingScanError(f"broker {scope.broker_id} is not in the cluster's metadata")
@@ -291,7 +296,7 @@ async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: in
 
     # Partitions of one broker next to each other, so a batch of 500 goes to as few brokers as possible.
     partitions.sort(key=lambda tp: (str(target(tp)), tp))
-    hs = HangingScan(partitions, max_transaction_timeout_ms)
+    hs = HangingScan(partitions, rule)
     errors: dict[TopicPartition, str] = {}
     unconfirmed = False
     step: Step = hs.start()
@@ -308,6 +313,8 @@ async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: in
             step = hs.transactional_ids_answered(listings)
         elif isinstance(step, AskDescriptions):
             step = hs.descriptions_answered(await admin.describe_transactions(step.transactional_ids))
+        elif isinstance(step, AskProducersAgain):  # asked after the coordinators answered (a failure: not confirmed)
+            step = hs.producers_answered_again(await _describe_batch(admin, step.partitions, target, {}))
     if scope.local_broker:  # partitions the local broker does not hold are not in its scope
         errors = {tp: e for tp, e in errors.items() if e not in NOT_HELD}
     return ScanResult(step.findings, clock(), len(partitions), hs.described_partitions, hs.oldest_open_age_ms, errors,

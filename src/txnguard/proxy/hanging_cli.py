@@ -17,14 +17,15 @@ from txnguard.proxy import hanging
 from txnguard.proxy.config import ConfigError, HostPort, load, parse_host_port
 from txnguard.proxy.kafka_client import UpstreamError
 from txnguard.proxy.tls import upstream_ssl_context
-from txnguard.verification.hanging import Finding, table
+from txnguard.verification.hanging import Finding, MaxTimeout, OwnTimeout, Rule, table
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "hanging", help="find hanging transactions (as kafka-transactions.sh find-hanging) and optionally abort them",
         description="Find partitions whose last stable offset is held by a transaction the coordinator will never "
-                    "finish, judged exactly as kafka-transactions.sh find-hanging. Works against any cluster, "
+                    "finish, judged as kafka-transactions.sh find-hanging, after each transaction's own timeout (or "
+                    "exactly as the tool with --max-transaction-timeout). Works against any cluster, "
                     "through a txnguard proxy or not. With neither --topic nor --broker-id every topic (internal ones "
                     "too) is searched, each partition asked of its leader.")
     p.add_argument("--bootstrap", help="host:port[,host:port...] of the cluster (or of a proxy); default: the "
@@ -35,9 +36,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--topic", help="search this topic only")
     p.add_argument("--partition", type=int, help="and this partition only (needs --topic)")
     p.add_argument("--broker-id", type=int, help="search the partitions with a replica on this broker, asking it")
-    p.add_argument("--max-transaction-timeout", type=int, default=15, metavar="MINUTES",
-                   help="open transactions whose producer last wrote longer ago than this are candidates (default "
-                        "15, the tool's; keep it at least the cluster's transaction.max.timeout.ms)")
+    p.add_argument("--max-transaction-timeout", type=int, metavar="MINUTES",
+                   help="find-hanging's rule exactly: open transactions whose producer last wrote longer ago than "
+                        "this are candidates (the tool's default is 15; keep it at least the cluster's "
+                        "transaction.max.timeout.ms). Without it: an open transaction hangs once its coordinator "
+                        "no longer lists the partition and the producer's last write there is older than that "
+                        "transaction's own timeout plus --timeout-margin, confirmed by a second DescribeProducers "
+                        "(15 minutes when the coordinator cannot describe it)")
+    p.add_argument("--timeout-margin", type=float, default=10.0, metavar="SECONDS",
+                   help="added to each transaction's own timeout when --max-transaction-timeout is not given "
+                        "(default 10: the coordinator looks for timed-out transactions every 10 s by default)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tool's table")
     p.add_argument("--abort", action="store_true",
                    help="abort the hanging transactions found (WriteTxnMarkers, as kafka-transactions.sh abort); "
@@ -56,6 +64,9 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
     if (args.start_offset is not None or args.yes or args.dry_run) and not args.abort:
         print("txnguard hanging: --start-offset, --yes and --dry-run go with --abort", file=err)
         return 2
+    if args.timeout_margin < 0 or (args.max_transaction_timeout is not None and args.max_transaction_timeout < 0):
+        print("txnguard hanging: --timeout-margin and --max-transaction-timeout are not negative", file=err)
+        return 2
     if args.bootstrap is None and args.config is None:
         print("txnguard hanging: give --bootstrap or --config", file=err)
         return 2
@@ -68,6 +79,13 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
         return 2
     scope = hanging.Scope(topic=args.topic, partition=args.partition, broker_id=args.broker_id)
     return asyncio.run(_run(args, bootstrap, scope, out, err, inp, connect))
+
+
+def rule_of_args(args: Any) -> Rule:
+    """--max-transaction-timeout MINUTES: find-hanging's rule; without it, each transaction's own timeout."""
+    if args.max_transaction_timeout is not None:
+        return MaxTimeout(args.max_transaction_timeout * 60_000)
+    return OwnTimeout(margin_ms=int(args.timeout_margin * 1000))
 
 
 class _Connect(NamedTuple):
@@ -91,7 +109,7 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
     admin = hanging.ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect.ssl_context, auth=connect.auth)
     try:
         try:
-            result = await hanging.scan(admin, scope, args.max_transaction_timeout * 60_000)
+            result = await hanging.scan(admin, scope, rule_of_args(args))
         except (hanging.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
             print(f"txnguard hanging: {e}", file=err)
             return 1
@@ -99,7 +117,8 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
             print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
         if result.unconfirmed:
             print("txnguard hanging: the brokers lack ListTransactions and DescribeTransactions (Kafka < 3.0): "
-                  "open transactions older than --max-transaction-timeout are listed unconfirmed by their "
+                  "open transactions older than --max-transaction-timeout (15 minutes unless given) are listed "
+                  "unconfirmed by their "
                   "coordinator (one whose abort marker is still being written would be listed too)", file=err)
         aborted: list[dict[str, Any]] = []
         status = 1 if result.errors else 0
@@ -117,7 +136,11 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
                 "findings": [f.as_dict(result.now_ms) for f in result.findings],
                 "scanned_partitions": result.partitions, "described_partitions": result.described,
                 "oldest_open_transaction_age_ms": result.oldest_open_age_ms,
-                "max_transaction_timeout_ms": args.max_transaction_timeout * 60_000,
+                "rule": "max_transaction_timeout" if isinstance(rule_of_args(args), MaxTimeout) else "own_timeout",
+                "max_transaction_timeout_ms": None if args.max_transaction_timeout is None
+                else args.max_transaction_timeout * 60_000,
+                "timeout_margin_ms": None if args.max_transaction_timeout is not None
+                else int(args.timeout_margin * 1000),
                 "unconfirmed": result.unconfirmed,
                 "errors": {f"{t}-{p}": problem for (t, p), problem in sorted(result.errors.items())},
             }

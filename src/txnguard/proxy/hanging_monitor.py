@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from txnguard.proxy import hanging, logs
 from txnguard.proxy.config import ProxyMode
 from txnguard.verification.audit import hanging_record
-from txnguard.verification.hanging import Finding, FindingTracker
+from txnguard.verification.hanging import Finding, FindingTracker, MaxTimeout, OwnTimeout, Rule
 
 if TYPE_CHECKING:
     from txnguard.proxy.config import ProxyConfig
@@ -27,7 +27,7 @@ class HangingMonitor:
         h = config.health
         assert h.hanging_scan_interval_s is not None
         self.interval_s = h.hanging_scan_interval_s
-        self.max_transaction_timeout_ms = int(h.hanging_max_transaction_timeout_s * 1000)
+        self.rule = rule_of(h.hanging_max_transaction_timeout_s, h.hanging_timeout_margin_s)
         self.scope = hanging.Scope(local_broker=config.mode is ProxyMode.SIDECAR)
         self.admin = hanging.ClusterAdmin(config.upstream, ssl_context=ssl_context,
                                           timeout_s=config.verification.timeout_s, auth=config.upstream_auth)
@@ -49,7 +49,7 @@ class HangingMonitor:
     async def scan_once(self) -> hanging.ScanResult | None:
         m = self.metrics
         try:
-            result = await hanging.scan(self.admin, self.scope, self.max_transaction_timeout_ms)
+            result = await hanging.scan(self.admin, self.scope, self.rule)
         except Exception as e:  # noqa: BLE001 - whatever failed, the next scan runs (and the proxy never notices)
             m.hanging_scans.labels("failed").inc()
             problem = str(e) if isinstance(e, hanging.HangingScanError) else repr(e)
@@ -69,10 +69,8 @@ class HangingMonitor:
                 m.hanging_transactions.remove(topic, str(partition))
         m.oldest_open_transaction_age.set((result.oldest_open_age_ms or 0) / 1000)
         for f in new:
-            self.log.warning("hanging_transaction_found", **_facts(f, result.now_ms),
-                             max_transaction_timeout_ms=self.max_transaction_timeout_ms)
-            self.audit.write(hanging_record(time_ms=result.now_ms, proxy_id=self.audit.proxy_id, finding=f,
-                                            max_transaction_timeout_ms=self.max_transaction_timeout_ms))
+            self.log.warning("hanging_transaction_found", **_facts(f, result.now_ms))
+            self.audit.write(hanging_record(time_ms=result.now_ms, proxy_id=self.audit.proxy_id, finding=f))
         for f in gone:
             self.log.info("hanging_transaction_resolved", **_facts(f, result.now_ms))
         if result.errors:
@@ -86,7 +84,15 @@ def _facts(f: Finding, now: int) -> dict[str, Any]:
             "producer_epoch": f.producer_epoch, "coordinator_epoch": f.coordinator_epoch,
             "start_offset": f.start_offset, "last_timestamp_ms": f.last_timestamp_ms,
             "age_s": round((now - f.last_timestamp_ms) / 1000, 1), "transactional_id": f.transactional_id,
-            "reason": f.reason, "coordinator_state": f.coordinator_state}
+            "reason": f.reason, "coordinator_state": f.coordinator_state, "threshold_ms": f.threshold_ms,
+            "transaction_timeout_ms": f.transaction_timeout_ms}
+
+
+def rule_of(max_transaction_timeout_s: float | None, margin_s: float) -> Rule:
+    """The configured rule: find-hanging's one threshold when set, else each transaction's own timeout."""
+    if max_transaction_timeout_s is not None:
+        return MaxTimeout(int(max_transaction_timeout_s * 1000))
+    return OwnTimeout(margin_ms=int(margin_s * 1000))
 
 
 def attach(config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any) -> HangingMonitor | None:
