@@ -117,7 +117,7 @@ def test_the_monitor_exports_gauges_and_reports_each_finding_once():
     cfg = config.from_mapping({"upstream": "127.0.0.1:9092", "health": {"hanging_scan_interval_s": 1}})
     metrics, audit, admin = ProxyMetrics(), Audit(), FakeAdmin()
     monitor = hanging_monitor.attach(cfg, metrics, audit, None)  # type: ignore[arg-type]
-    assert monitor is not None
+    assert monitor is not None and monitor.rule == OwnTimeout()  # by default: each transaction's own timeout
     monitor.admin = admin  # type: ignore[assignment]
     monitor.log = log = Log()
     old = 20 * 60 * 1000
@@ -254,3 +254,36 @@ def test_scopes_pick_the_broker_asked():
     assert admin.asked == [(HostPort("b", 1), [("t", 0)])]
     with pytest.raises(hanging.HangingScanError, match="broker 5"):
         run(hanging.Scope(broker_id=5))
+
+
+class MarkerMeanwhileAdmin(FakeAdmin):
+    """The coordinator writes t-0's marker while it answers DescribeTransactions (PrepareCommit, t-0 dropped)."""
+
+    def __init__(self, write_marker: bool) -> None:
+        super().__init__()
+        self.write_marker = write_marker
+        self.described: list[list[tuple[str, int]]] = []
+
+    async def describe_producers(self, address: HostPort, tps: Any) -> Any:
+        self.described.append(list(tps))
+        return await super().describe_producers(address, tps)
+
+    async def describe_transactions(self, ids: Any) -> dict[str, TransactionView | None]:
+        if self.write_marker:
+            self.producers[("t", 0)] = [ProducerState(7, 0, self.producers[("t", 0)][0].last_timestamp_ms, 3, -1)]
+        return await super().describe_transactions(ids)
+
+
+def test_the_scan_looks_at_the_partition_again_after_the_coordinator_answered():
+    for write_marker, found in ((True, []), (False, [0])):
+        admin = MarkerMeanwhileAdmin(write_marker)
+        admin.producers = {("t", 0): [ProducerState(7, 0, hanging.now_ms() - 5 * MIN, -1, 5)]}
+        admin.listings = [("app", 7)]
+        admin.descriptions = {"app": TransactionView("app", "PrepareCommit", 7, 0, frozenset({("t", 1)}), 60_000)}
+        result = asyncio.run(hanging.scan(admin, hanging.Scope(topic="t"), OwnTimeout()))  # type: ignore[arg-type]
+        assert admin.described == [[("t", 0)], [("t", 0)]]  # leader, coordinator, leader again
+        assert [f.partition for f in result.findings] == found
+        # find-hanging's rule never looks twice (and at 5 minutes it has no candidate at all).
+        admin.described.clear()
+        assert asyncio.run(hanging.scan(admin, hanging.Scope(topic="t"), MaxTimeout())).findings == ()  # type: ignore[arg-type]
+        assert admin.described == [[("t", 0)]]

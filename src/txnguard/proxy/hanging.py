@@ -73,6 +73,7 @@ RETRIABLE_COORDINATOR = frozenset({ErrorCode.coordinator_load_in_progress, Error
 ATTEMPTS = 5
 NOT_HELD = frozenset({"NOT_LEADER_OR_FOLLOWER", "UNKNOWN_TOPIC_OR_PARTITION"})
 BACKOFF_S = 0.2
+DESCRIBE_CONCURRENCY = 16  # transactional ids described at once
 
 
 def now_ms() -> int:
@@ -219,11 +220,17 @@ class ClusterAdmin:
         return [listing for answer in answers for listing in answer]
 
     async def describe_transactions(self, transactional_ids: Iterable[str]) -> dict[str, TransactionView | None]:
-        """Each id's description; None for TRANSACTIONAL_ID_NOT_FOUND (the tool's "no description")."""
-        out: dict[str, TransactionView | None] = {}
-        for txn_id in sorted(transactional_ids):
-            out[txn_id] = await self._describe_one(txn_id)
-        return out
+        """Each id's description; None for TRANSACTIONAL_ID_NOT_FOUND (the tool's "no description"). Up to
+        DESCRIBE_CONCURRENCY ids at a time (the own-timeout rule asks about every open transaction older than
+        its margin, so there can be many; the connections pipeline their requests)."""
+        ids = sorted(transactional_ids)
+        gate = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+        async def one(txn_id: str) -> TransactionView | None:
+            async with gate:
+                return await self._describe_one(txn_id)
+
+        return dict(zip(ids, await asyncio.gather(*(one(i) for i in ids)), strict=True))
 
     async def _describe_one(self, txn_id: str) -> TransactionView | None:
         last = ""
