@@ -16,6 +16,7 @@ from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import HANGING, hanging_record, record_key
 from txnguard.verification.hanging import (
     NO_TRANSACTIONAL_ID,
+    NOT_IN_TRANSACTION,
     Finding,
     MaxTimeout,
     OwnTimeout,
@@ -50,6 +51,9 @@ def test_the_audit_record_names_the_transaction():
     assert r["kind"] == HANGING and r["schema_version"] == 2 and r["target"] == "orders-3"
     assert (r["producer_id"], r["producer_epoch"], r["start_offset"], r["age_ms"]) == (7, 1, 42, 20 * MIN)
     assert r["transactional_id"] is None and record_key(r) is None
+    # Without the keyword, the threshold the finding passed (its own timeout plus the margin, here).
+    own = Finding("orders", 3, 7, 1, -1, 42, NOW - 71_000, NOT_IN_TRANSACTION, "app", "Empty", 70_000, 60_000)
+    assert hanging_record(time_ms=NOW, proxy_id="gw", finding=own)["max_transaction_timeout_ms"] == 70_000
 
 
 @pytest.mark.parametrize("argv, message", [
