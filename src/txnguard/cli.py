@@ -5,7 +5,7 @@
   effective value and where it came from (file, environment, flag, default), secrets masked.
 * `txnguard config-schema [--markdown | --write]`: the configuration's JSON Schema, or its Markdown reference.
 * `txnguard hanging --bootstrap HOST:PORT|--config FILE [--topic T [--partition P]] [--broker-id N] [--abort ...]`: find
-  hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging.py).
+  hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging_cli.py).
 * `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
 * `txnguard demo`: on a real Kafka 3.5.2, the hanging transaction txnguard prevents, direct and proxied.
 
@@ -52,9 +52,9 @@ def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     schema.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
     schema.add_argument("--write", action="store_true",
                         help="rewrite the shipped copies (deploy/schema/, the Helm chart's values.schema.json)")
-    from txnguard.proxy import hanging
+    from txnguard.proxy import hanging_cli
 
-    hanging.add_parser(sub)
+    hanging_cli.add_parser(sub)
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":  # the fleet pipeline (PySpark)
             return report_options.run(args)
         if args.command == "hanging":
-            from txnguard.proxy import hanging
+            from txnguard.proxy import hanging_cli
 
-            return hanging.run_cli(args)
+            return hanging_cli.run_cli(args)
         if args.command == "check-config":
             return _check_config(args)
         if args.command == "config-schema":

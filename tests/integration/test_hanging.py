@@ -9,6 +9,11 @@ batch, so it is older than the default 15-minute --max-transaction-timeout at on
 
 Beside it, a transaction that is just as old-looking but was added to its transaction (AddPartitionsToTxn)
 is a candidate for both tools and not hanging for either: the coordinator lists its partition.
+
+The comparisons with the tool run `txnguard hanging --max-transaction-timeout 15` (find-hanging's rule, its
+default threshold). With default flags, and in the proxy's scan by default, a transaction hangs after its
+own timeout (plus a 10 s margin) instead: the last test makes one with a 60 s timeout and a current
+timestamp (and one with 20 s), and waits for both to report them, with an idle healthy transaction beside.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -57,11 +63,13 @@ def _produce_ok(client: raw.RawClient, topic: str, partition: int, batch: bytes,
 
 
 def make_open_transaction(bootstrap: str, topic: str, txn_id: str, partition: int = 0, *, added: bool = False,
-                          before: int = 3, after: int = 2) -> Made:
-    """A backdated transactional batch on `partition` between plain records; `added`: the coordinator knows."""
+                          before: int = 3, after: int = 2, timeout_ms: int = 60_000,
+                          backdate: datetime.timedelta = BACKDATE) -> Made:
+    """A transactional batch stamped `backdate` ago on `partition` between plain records, its producer initialised
+    with `timeout_ms`; `added`: the coordinator knows (AddPartitionsToTxn, so an ongoing transaction lists it)."""
     _, coord_host, coord_port = raw.coordinator_for(bootstrap, txn_id)
     with raw.RawClient(coord_host, coord_port) as coordinator:
-        init = coordinator.init_producer_id(txn_id, 60000)
+        init = coordinator.init_producer_id(txn_id, timeout_ms)
         assert init.error_code == ErrorCode.none
         producer = raw.ProducerIdentity(int(init.producer_id), int(init.producer_epoch))
         if added:
@@ -69,7 +77,7 @@ def make_open_transaction(bootstrap: str, topic: str, txn_id: str, partition: in
             assert all(p.partition_error_code == ErrorCode.none
                        for t in resp.results_by_topic_v3_and_below for p in t.results_by_partition), resp
     _, host, port = raw.leader_of(bootstrap, topic, partition)
-    stamp = datetime.datetime.now(datetime.UTC) - BACKDATE
+    stamp = datetime.datetime.now(datetime.UTC) - backdate
     with raw.RawClient(host, port) as leader:
         _produce_ok(leader, topic, partition, raw.build_batch([b"before-%d" % i for i in range(before)]))
         start = _produce_ok(leader, topic, partition, raw.build_batch(
@@ -88,6 +96,13 @@ def txnguard(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 def hanging_table(*args: str) -> list[clients.HangingTransaction]:
     run = txnguard("hanging", *args)
+    assert run.returncode == 0, run.stderr
+    return clients.parse_find_hanging(run.stdout)  # the very table Kafka's tool prints
+
+
+def tool_table(*args: str) -> list[clients.HangingTransaction]:
+    """`txnguard hanging` under find-hanging's own rule (its default threshold, given explicitly)."""
+    run = txnguard("hanging", "--max-transaction-timeout", "15", *args)
     assert run.returncode == 0, run.stderr
     return clients.parse_find_hanging(run.stdout)  # the very table Kafka's tool prints
 
@@ -116,7 +131,7 @@ def test_txnguard_hanging_finds_exactly_what_find_hanging_finds(
     clients.ConfluentKafkaClient().run_transaction(bootstrap, topic, unique_name("tid"), [b"x"], True, partition=2)
 
     kafka_rows = clients.transactions_find_hanging(bootstrap, topic=topic)
-    ours = hanging_table("--bootstrap", bootstrap, "--topic", topic)
+    ours = tool_table("--bootstrap", bootstrap, "--topic", topic)
     assert [(r.partition, r.producer_id, r.producer_epoch, r.coordinator_epoch, r.start_offset) for r in kafka_rows] \
         == [(0, hung.producer_id, hung.producer_epoch, -1, hung.start_offset)]
     assert same(ours) == same(kafka_rows)
@@ -125,16 +140,18 @@ def test_txnguard_hanging_finds_exactly_what_find_hanging_finds(
     assert listed.producer_id not in {r.producer_id for r in kafka_rows}
 
     # The other scopes of the tool: one partition, a broker (every topic on it, internal ones too).
-    assert same(hanging_table("--bootstrap", bootstrap, "--topic", topic, "--partition", "0")) == \
+    assert same(tool_table("--bootstrap", bootstrap, "--topic", topic, "--partition", "0")) == \
         same(clients.transactions_find_hanging(bootstrap, topic=topic, partition=0)) == same(kafka_rows)
-    assert hanging_table("--bootstrap", bootstrap, "--topic", topic, "--partition", "1") == []
+    assert tool_table("--bootstrap", bootstrap, "--topic", topic, "--partition", "1") == []
     broker = cluster.nodes[0].id
-    assert same(hanging_table("--bootstrap", bootstrap, "--broker-id", str(broker))) == \
+    assert same(tool_table("--bootstrap", bootstrap, "--broker-id", str(broker))) == \
         same(clients.transactions_find_hanging(bootstrap, broker_id=broker))
 
     # Through a txnguard gateway: the same answer (its requests pass the proxy like any client's).
     proxy = start_proxy(upstream=bootstrap, mode="gateway")
-    assert same(hanging_table("--bootstrap", proxy.bootstrap, "--topic", topic)) == same(kafka_rows)
+    assert same(tool_table("--bootstrap", proxy.bootstrap, "--topic", topic)) == same(kafka_rows)
+    # With default flags (each transaction's own timeout: 60 s, the backdated write is 30 min old), the same.
+    assert same(hanging_table("--bootstrap", bootstrap, "--topic", topic)) == same(kafka_rows)
 
     # JSON names why: the coordinator has no transactional id for this producer id's partition.
     run = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json")
@@ -239,10 +256,94 @@ def test_parity_on_three_brokers(
     kafka_rows = clients.transactions_find_hanging(bootstrap, topic=topic)
     assert {(r.partition, r.producer_id) for r in kafka_rows} == {(0, hung[0].producer_id), (2, hung[1].producer_id)}
     assert listed.producer_id not in {r.producer_id for r in kafka_rows}
-    assert same(hanging_table("--bootstrap", bootstrap, "--topic", topic)) == same(kafka_rows)
+    assert same(tool_table("--bootstrap", bootstrap, "--topic", topic)) == same(kafka_rows)
     proxy = start_proxy(upstream=bootstrap, mode="gateway")
-    assert same(hanging_table("--bootstrap", proxy.bootstrap, "--topic", topic)) == same(kafka_rows)
+    assert same(tool_table("--bootstrap", proxy.bootstrap, "--topic", topic)) == same(kafka_rows)
     follower = next(n.id for n in cluster.nodes if n.id != cluster.leader(topic, 0))
-    ours = [r for r in hanging_table("--bootstrap", bootstrap, "--broker-id", str(follower)) if r.topic == topic]
+    ours = [r for r in tool_table("--bootstrap", bootstrap, "--broker-id", str(follower)) if r.topic == topic]
     theirs = [r for r in clients.transactions_find_hanging(bootstrap, broker_id=follower) if r.topic == topic]
     assert same(ours) == same(theirs)
+
+
+def _idle_still_open(bootstrap: str, topic: str, txn_id: str, idle: Made, partition: int) -> bool:
+    """The control holds: its coordinator lists its partition in an ongoing transaction and the leader shows it
+    open at its start offset (a healthy transaction, idle on the partition)."""
+    _, host, port = raw.coordinator_for(bootstrap, txn_id)
+    with raw.RawClient(host, port) as coordinator:
+        (desc,) = coordinator.describe_transactions(txn_id).transaction_states
+    listed = desc.transaction_state == "Ongoing" and any(
+        t.topic == topic and partition in t.partitions for t in desc.topics)
+    _, host, port = raw.leader_of(bootstrap, topic, partition)
+    with raw.RawClient(host, port) as leader:
+        (states,) = leader.describe_producers(topic, [partition]).topics[0].partitions
+    return listed and any((int(p.producer_id), int(p.current_txn_start_offset)) == (idle.producer_id, idle.start_offset)
+                          for p in states.active_producers)
+
+
+def test_a_hanging_transaction_is_reported_after_its_own_timeout_not_15_minutes(
+    kafka_pool: ClusterPool, unique_name: NameFactory, start_proxy: Callable[..., ProxyThread], tmp_path: Path,
+) -> None:
+    # The claim: made with a 60 s transaction timeout and stamped now, a hanging transaction (p0) is reported by
+    # the proxy's scan (every 10 s, default rule) and by `txnguard hanging` with default flags within 90 s of its
+    # start. The control: a healthy transaction (p2, its partition added) left idle for longer than the timeout of
+    # a second hanging transaction (p1, 20 s) is never reported. The harness's brokers allow transaction timeouts
+    # up to 60 s (transaction.max.timeout.ms), so the pair is 20 s hanging / 60 s idle rather than 60 s / 120 s;
+    # the idle one is checked to be still open when the 20 s one is reported. The deadline bounds the wait; the
+    # seconds are printed. (A transaction held in PrepareCommit/PrepareAbort is covered by the unit tests with the
+    # coordinator's answer: a real broker writes its markers at once, and a frozen leader cannot be described.)
+    cluster = kafka_pool.get("3.5.2", 1)
+    bootstrap = cluster.bootstrap_servers
+    topic = fresh_topic(cluster, unique_name("own"), partitions=3)
+    audit = tmp_path / "audit.jsonl"
+    p = start_proxy(upstream=bootstrap, mode="gateway", audit_path=str(audit), health={"hanging_scan_interval_s": 10})
+    now = datetime.timedelta(0)
+    started = time.monotonic()
+    hung = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=0, timeout_ms=60_000, backdate=now)
+    short = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=1, timeout_ms=20_000, backdate=now)
+    idle_id = unique_name("tid")
+    idle = make_open_transaction(bootstrap, topic, idle_id, partition=2, added=True, timeout_ms=60_000, backdate=now)
+    expected = {0: (hung.producer_id, hung.start_offset), 1: (short.producer_id, short.start_offset)}
+
+    seen: dict[tuple[str, int], float] = {}          # (reporter, partition) -> seconds after `started`
+    findings: dict[int, dict[str, Any]] = {}
+    idle_s_at_short: float | None = None
+    runs = 0
+    while len(seen) < 4:
+        assert time.monotonic() < started + 90, f"not all reported within 90 s: {seen}"
+        if {("command", 0), ("command", 1)} - seen.keys():
+            run = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json")
+            assert run.returncode == 0, run.stderr
+            runs += 1
+            for f in json.loads(run.stdout)["findings"]:
+                assert expected.get(f["partition"]) == (f["producer_id"], f["start_offset"]), f  # never the idle one
+                seen.setdefault(("command", f["partition"]), time.monotonic() - started)
+                findings.setdefault(f["partition"], f)
+        for partition in (0, 1):
+            if p.metric("txnguard_hanging_transactions", {"topic": topic, "partition": str(partition)}) == 1:
+                seen.setdefault(("scan", partition), time.monotonic() - started)
+        assert p.metric("txnguard_hanging_transactions", {"topic": topic, "partition": "2"}) == 0
+        if idle_s_at_short is None and {("command", 1), ("scan", 1)} <= seen.keys():
+            # Both have reported the 20 s one: the control has been idle longer than that, and is still healthy.
+            idle_s_at_short = (datetime.datetime.now(datetime.UTC) - idle.stamp).total_seconds()
+            assert idle_s_at_short > 20 and _idle_still_open(bootstrap, topic, idle_id, idle, 2)
+        time.sleep(1 if len(seen) >= 2 else 3)
+    when = ", ".join(f"{r} p{q}: {t:.1f}" for (r, q), t in sorted(seen.items()))
+    print(f"\nreported after (s since the start): {when} ({runs} runs of txnguard hanging); the idle transaction "
+          f"(60 s timeout) was idle {idle_s_at_short:.1f} s when the 20 s one had been reported by both, still open, "
+          f"and was never reported")
+
+    # Each reported for the reason the rule names, past the threshold it names: its own timeout plus 10 s.
+    for partition, timeout in ((0, 60_000), (1, 20_000)):
+        f = findings[partition]
+        assert (f["reason"], f["coordinator_state"]) == ("partition_not_in_transaction", "Empty")
+        assert (f["transaction_timeout_ms"], f["threshold_ms"]) == (timeout, timeout + 10_000)
+        assert f["age_ms"] > timeout + 10_000
+    # The scan wrote one audit record per hanging transaction and none for the idle one (one per new finding:
+    # none means never).
+    records = [r for r in map(json.loads, audit.read_text().splitlines())
+               if r["kind"] == "hanging" and r["topic"] == topic]
+    assert sorted((r["partition"], r["producer_id"], r["start_offset"], r["max_transaction_timeout_ms"])
+                  for r in records) == [(0, *expected[0], 70_000), (1, *expected[1], 30_000)]
+    # Leave the session's cluster clean: abort both (the idle one ends by its own timeout).
+    done = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--abort", "--yes")
+    assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ from txnguard.proxy.capabilities import BrokerCapabilities
 from txnguard.proxy.kafka_client import BrokerConnection, UnsupportedApi
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.capabilities import lacking
-from txnguard.verification.hanging import UNCONFIRMED, HangingScan, ProducerState
+from txnguard.verification.hanging import UNCONFIRMED, HangingScan, MaxTimeout, ProducerState
 
 # ApiVersions of Kafka 2.8.2 (ZooKeeper mode) for the keys that matter here: DescribeProducers 0, no 65/66.
 KAFKA_2_8 = {0: (0, 9), 24: (0, 3), 26: (0, 3), 28: (0, 3), 61: (0, 0)}
@@ -82,7 +82,7 @@ def test_without_list_transactions_the_candidates_are_reported_unconfirmed_and_t
     old = ProducerState(7, 0, now - 61_000, current_txn_start_offset=3)
     young = ProducerState(8, 0, now - 30_000, current_txn_start_offset=5)
     closed = ProducerState(9, 0, now - 600_000, current_txn_start_offset=-1)
-    scan = HangingScan([("t", 0), ("t", 1), ("t", 2)], max_timeout)
+    scan = HangingScan([("t", 0), ("t", 1), ("t", 2)], MaxTimeout(max_timeout))
     scan.start()
     scan.producers_answered({("t", 0): [old], ("t", 1): [young], ("t", 2): [closed]}, now)
     (finding,) = scan.transactional_ids_unavailable().findings

@@ -1,4 +1,5 @@
-"""Hanging-transaction judgement, as sequences of what the brokers answered.
+"""Hanging-transaction judgement under find-hanging's rule (`MaxTimeout`), as sequences of what the brokers
+answered (the own-timeout rule: test_hanging_own_timeout.py).
 
 Each test walks a scan step by step: the partitions asked, the DescribeProducers answers, the
 ListTransactions listings, the DescribeTransactions descriptions, then the findings. The cases
@@ -17,6 +18,7 @@ from txnguard.verification.hanging import (
     Finding,
     FindingTracker,
     HangingScan,
+    MaxTimeout,
     ProducerState,
     TransactionView,
     abort_spec,
@@ -36,7 +38,7 @@ def open_txn(pid: int, age_ms: int, start: int = 5, epoch: int = 0, coordinator_
 
 def test_an_old_open_transaction_with_no_transactional_id_hangs():
     # testFindHangingNoMappedTransactionalId
-    scan = HangingScan([T0], TIMEOUT)
+    scan = HangingScan([T0], MaxTimeout(TIMEOUT))
     assert scan.start() == AskProducers((T0,))
     step = scan.producers_answered({T0: [open_txn(7, 20 * MIN, start=42)]}, NOW)
     assert step == AskTransactionalIds(frozenset({7}))
@@ -50,7 +52,7 @@ def test_an_old_open_transaction_with_no_transactional_id_hangs():
 
 def test_a_transactional_id_the_coordinator_no_longer_knows_hangs():
     # testFindHangingWithNoTransactionDescription: DescribeTransactions answers TRANSACTIONAL_ID_NOT_FOUND
-    scan = HangingScan([T0], TIMEOUT)
+    scan = HangingScan([T0], MaxTimeout(TIMEOUT))
     scan.start()
     scan.producers_answered({T0: [open_txn(7, 20 * MIN)]}, NOW)
     assert scan.transactional_ids_answered([("app", 7)]) == AskDescriptions(frozenset({"app"}))
@@ -60,7 +62,7 @@ def test_a_transactional_id_the_coordinator_no_longer_knows_hangs():
 
 def test_a_transaction_that_does_not_list_the_partition_hangs():
     # testFindHangingDoesNotFilterByTransactionInProgressWithDifferentPartitions
-    scan = HangingScan([T0], TIMEOUT)
+    scan = HangingScan([T0], MaxTimeout(TIMEOUT))
     scan.start()
     scan.producers_answered({T0: [open_txn(7, 20 * MIN)]}, NOW)
     scan.transactional_ids_answered([("app", 7)])
@@ -71,7 +73,7 @@ def test_a_transaction_that_does_not_list_the_partition_hangs():
 
 def test_a_transaction_that_lists_the_partition_does_not_hang():
     # testFindHangingFilterByTransactionInProgressWithSamePartition: the coordinator will write its marker
-    scan = HangingScan([T0], TIMEOUT)
+    scan = HangingScan([T0], MaxTimeout(TIMEOUT))
     scan.start()
     scan.producers_answered({T0: [open_txn(7, 20 * MIN)]}, NOW)
     scan.transactional_ids_answered([("app", 7)])
@@ -82,13 +84,13 @@ def test_a_transaction_that_lists_the_partition_does_not_hang():
 
 def test_the_description_is_not_compared_by_producer_id_or_epoch():
     # The tool checks only the partitions: a description of another producer id listing T0 clears it.
-    found = find_hanging({T0: [open_txn(7, 20 * MIN)]}, NOW, TIMEOUT, [("app", 7)],
+    found = find_hanging({T0: [open_txn(7, 20 * MIN)]}, NOW, MaxTimeout(TIMEOUT), [("app", 7)],
                          {"app": TransactionView("app", "Ongoing", 8, 3, frozenset({T0}))})
     assert found == ()
 
 
 def test_only_open_transactions_older_than_the_timeout_are_candidates():
-    scan = HangingScan([T0], TIMEOUT)
+    scan = HangingScan([T0], MaxTimeout(TIMEOUT))
     scan.start()
     step = scan.producers_answered({T0: [
         ProducerState(1, 0, NOW - 60 * MIN, -1, -1),   # no open transaction
@@ -102,7 +104,7 @@ def test_only_open_transactions_older_than_the_timeout_are_candidates():
 
 
 def test_no_candidates_ends_the_scan_without_asking_the_coordinators():
-    scan = HangingScan([T0, T1], TIMEOUT)
+    scan = HangingScan([T0, T1], MaxTimeout(TIMEOUT))
     scan.start()
     assert scan.producers_answered({T0: [open_txn(3, MIN)], T1: []}, NOW) == Done(())
     assert scan.oldest_open_age_ms == MIN
@@ -111,7 +113,7 @@ def test_no_candidates_ends_the_scan_without_asking_the_coordinators():
 
 def test_a_zero_timeout_makes_every_open_transaction_a_candidate():
     # The tool accepts --max-transaction-timeout 0 (tests use it to find everything open).
-    assert len(find_hanging({T0: [open_txn(3, 1)]}, NOW, 0, [], {})) == 1
+    assert len(find_hanging({T0: [open_txn(3, 1)]}, NOW, MaxTimeout(0), [], {})) == 1
 
 
 def test_partitions_are_described_in_batches_of_500():
@@ -126,7 +128,7 @@ def test_partitions_are_described_in_batches_of_500():
 
 
 def test_listings_of_producer_ids_not_asked_are_ignored():
-    scan = HangingScan([T0], TIMEOUT)
+    scan = HangingScan([T0], MaxTimeout(TIMEOUT))
     scan.start()
     scan.producers_answered({T0: [open_txn(7, 20 * MIN)]}, NOW)
     step = scan.transactional_ids_answered([("other", 9)])
@@ -134,13 +136,14 @@ def test_listings_of_producer_ids_not_asked_are_ignored():
 
 
 def test_one_producer_on_several_partitions_is_judged_per_partition():
-    found = find_hanging({T0: [open_txn(7, 20 * MIN, start=1)], T1: [open_txn(7, 20 * MIN, start=2)]}, NOW, TIMEOUT,
-                         [("app", 7)], {"app": TransactionView("app", "Ongoing", 7, 0, frozenset({T1}))})
+    found = find_hanging({T0: [open_txn(7, 20 * MIN, start=1)], T1: [open_txn(7, 20 * MIN, start=2)]}, NOW,
+                         MaxTimeout(TIMEOUT), [("app", 7)],
+                         {"app": TransactionView("app", "Ongoing", 7, 0, frozenset({T1}))})
     assert [(f.partition, f.start_offset) for f in found] == [(0, 1)]
 
 
 def test_a_partition_that_failed_to_answer_is_left_out():
-    scan = HangingScan([T0, T1], TIMEOUT)
+    scan = HangingScan([T0, T1], MaxTimeout(TIMEOUT))
     scan.start()
     assert scan.producers_answered({T1: []}, NOW) == Done(())
     assert scan.described_partitions == 1

@@ -362,12 +362,17 @@ class Audit(_Section):
 
 
 class Health(_Section):
-    """Transaction health checks the proxy runs itself (see proxy/hanging.py)."""
+    """Transaction health checks the proxy runs itself (see proxy/hanging_monitor.py)."""
 
     hanging_scan_interval_s: PositiveFloat | None = None
     """Set: scan for hanging transactions this often (unset: off)."""
-    hanging_max_transaction_timeout_s: PositiveFloat = 900.0
-    """find-hanging's --max-transaction-timeout (15 min)."""
+    hanging_max_transaction_timeout_s: PositiveFloat | None = None
+    """Unset: an open transaction hangs once its coordinator no longer lists the partition and the producer's
+    last write there is older than that transaction's own timeout plus `hanging_timeout_margin_s` (15 min when
+    the coordinator cannot describe it). Set: find-hanging's rule, one --max-transaction-timeout for all."""
+    hanging_timeout_margin_s: NonNegativeFloat = 10.0
+    """Added to each transaction's own timeout (the coordinator checks for timed-out transactions every 10 s
+    by default: transaction.abort.timed.out.transaction.cleanup.interval.ms)."""
     concurrent_transactions_budget_ms: NonNegativeFloat = 2000.0
     """CONCURRENT_TRANSACTIONS on AddPartitionsToTxn/AddOffsetsToTxn asked again by the proxy (KIP-609's
     idea): within this budget the client sees one slower answer instead of the error. 0 turns it off."""

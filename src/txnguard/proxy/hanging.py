@@ -8,6 +8,8 @@ own connections (never a client's):
   in batches of 500 partitions;
 * ListTransactions on every broker, filtered to the candidates' producer ids;
 * FindCoordinator + DescribeTransactions for their transactional ids;
+* under the own-timeout rule (the default), DescribeProducers once more for the partitions found, after
+  the coordinators answered: a finding stands only if its open transaction is still there;
 * on brokers that lack ListTransactions (Kafka < 3.0: each connection reads the broker's ApiVersions and
   never sends what it does not list), the candidates are reported unconfirmed (verification/hanging.py
   UNCONFIRMED): DescribeProducers alone cannot tell a hanging transaction from one whose abort marker
@@ -17,19 +19,19 @@ own connections (never a client's):
   TransactionResult=false) to the leader with its producer id, epoch and coordinator epoch (0 when
   it has none): what Admin.abortTransaction sends for `kafka-transactions.sh abort`.
 
-Used by `txnguard hanging` (any cluster, proxy or not) and, with `health.hanging_scan_interval_s`,
-by the proxy itself (`HangingMonitor`): a periodic scan that exports gauges, logs each finding
-once and writes one audit record per new finding.
+Used by `txnguard hanging` (proxy/hanging_cli.py: any cluster, proxy or not) and, with
+`health.hanging_scan_interval_s`, by the proxy itself (proxy/hanging_monitor.py): a periodic scan that
+exports gauges, logs each finding once and writes one audit record per new finding. This module knows
+neither of them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
@@ -47,36 +49,31 @@ from kio.static.primitive import i8, i16, i32
 
 from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
-from txnguard.proxy import logs
-from txnguard.proxy.config import HostPort, ProxyMode
+from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamError
-from txnguard.verification.audit import hanging_record
 from txnguard.verification.hanging import (
     AbortSpec,
     AskDescriptions,
     AskProducers,
+    AskProducersAgain,
     AskTransactionalIds,
     Done,
     Finding,
-    FindingTracker,
     HangingScan,
     ProducerState,
+    Rule,
     Step,
     TopicPartition,
     TransactionView,
     abort_spec,
 )
 
-if TYPE_CHECKING:
-    from txnguard.proxy.config import ProxyConfig
-    from txnguard.proxy.guard import AuditLog
-    from txnguard.proxy.metrics import ProxyMetrics
-
 RETRIABLE_COORDINATOR = frozenset({ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available,
                                    ErrorCode.not_coordinator})
 ATTEMPTS = 5
 NOT_HELD = frozenset({"NOT_LEADER_OR_FOLLOWER", "UNKNOWN_TOPIC_OR_PARTITION"})
 BACKOFF_S = 0.2
+DESCRIBE_CONCURRENCY = 16  # transactional ids described at once
 
 
 def now_ms() -> int:
@@ -223,11 +220,17 @@ class ClusterAdmin:
         return [listing for answer in answers for listing in answer]
 
     async def describe_transactions(self, transactional_ids: Iterable[str]) -> dict[str, TransactionView | None]:
-        """Each id's description; None for TRANSACTIONAL_ID_NOT_FOUND (the tool's "no description")."""
-        out: dict[str, TransactionView | None] = {}
-        for txn_id in sorted(transactional_ids):
-            out[txn_id] = await self._describe_one(txn_id)
-        return out
+        """Each id's description; None for TRANSACTIONAL_ID_NOT_FOUND (the tool's "no description"). Up to
+        DESCRIBE_CONCURRENCY ids at a time (the own-timeout rule asks about every open transaction older than
+        its margin, so there can be many; the connections pipeline their requests)."""
+        ids = sorted(transactional_ids)
+        gate = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+        async def one(txn_id: str) -> TransactionView | None:
+            async with gate:
+                return await self._describe_one(txn_id)
+
+        return dict(zip(ids, await asyncio.gather(*(one(i) for i in ids)), strict=True))
 
     async def _describe_one(self, txn_id: str) -> TransactionView | None:
         last = ""
@@ -248,7 +251,8 @@ class ClusterAdmin:
             except (UpstreamError, OSError, CodecError, TimeoutError, ValueError) as e:
                 raise HangingScanError(f"DescribeTransactions {txn_id} at {address}: {e}") from e
             if desc.error_code == ErrorCode.none:
-                return TransactionView(txn_id, desc.state, desc.producer_id, desc.producer_epoch, desc.partitions)
+                return TransactionView(txn_id, desc.state, desc.producer_id, desc.producer_epoch, desc.partitions,
+                                       desc.timeout_ms, desc.start_time_ms)
             if desc.error_code == ErrorCode.transactional_id_not_found:
                 return None
             last = _error_name(desc.error_code)
@@ -281,9 +285,9 @@ def _in_scope(view: ClusterView, scope: Scope) -> list[TopicPartition]:
                   if scope.broker_id is None or scope.broker_id in info.replicas)
 
 
-async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: int,
-               clock: Callable[[], int] = now_ms) -> ScanResult:
-    """One find-hanging scan of `scope`: the pure HangingScan's steps, carried out."""
+async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[], int] = now_ms) -> ScanResult:
+    """One scan of `scope` under `rule` (MaxTimeout: find-hanging's; OwnTimeout: each transaction's own
+    timeout): the pure HangingScan's steps, carried out."""
     view = await admin.metadata(scope.topic)
     if scope.broker_id is not None and scope.broker_id not in view.brokers:
         raise HangingScanError(f"broker {scope.broker_id} is not in the cluster's metadata")
@@ -299,7 +303,7 @@ async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: in
 
     # Partitions of one broker next to each other, so a batch of 500 goes to as few brokers as possible.
     partitions.sort(key=lambda tp: (str(target(tp)), tp))
-    hs = HangingScan(partitions, max_transaction_timeout_ms)
+    hs = HangingScan(partitions, rule)
     errors: dict[TopicPartition, str] = {}
     unconfirmed = False
     step: Step = hs.start()
@@ -316,6 +320,8 @@ async def scan(admin: ClusterAdmin, scope: Scope, max_transaction_timeout_ms: in
             step = hs.transactional_ids_answered(listings)
         elif isinstance(step, AskDescriptions):
             step = hs.descriptions_answered(await admin.describe_transactions(step.transactional_ids))
+        elif isinstance(step, AskProducersAgain):  # asked after the coordinators answered (a failure: not confirmed)
+            step = hs.producers_answered_again(await _describe_batch(admin, step.partitions, target, {}))
     if scope.local_broker:  # partitions the local broker does not hold are not in its scope
         errors = {tp: e for tp, e in errors.items() if e not in NOT_HELD}
     return ScanResult(step.findings, clock(), len(partitions), hs.described_partitions, hs.oldest_open_age_ms, errors,
@@ -382,247 +388,3 @@ async def abort(admin: ClusterAdmin, plan: AbortPlan) -> str:
             return "TRANSACTION_GONE"
         code = await admin.write_abort_marker(fresh.leader, fresh.spec)
     return _error_name(code)
-
-
-# -- continuous detection in the proxy -----------------------------------------------------------------------
-
-
-class HangingMonitor:
-    """The proxy's periodic scan (`health.hanging_scan_interval_s`)."""
-
-    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any = None) -> None:
-        h = config.health
-        assert h.hanging_scan_interval_s is not None
-        self.interval_s = h.hanging_scan_interval_s
-        self.max_transaction_timeout_ms = int(h.hanging_max_transaction_timeout_s * 1000)
-        self.scope = Scope(local_broker=config.mode is ProxyMode.SIDECAR)
-        self.admin = ClusterAdmin(config.upstream, ssl_context=ssl_context, timeout_s=config.verification.timeout_s,
-                                  auth=config.upstream_auth)
-        self.metrics = metrics
-        self.audit = audit
-        self.tracker = FindingTracker()
-        self.log = logs.get(component="hanging")
-        self.scans = 0
-        self.last: ScanResult | None = None
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await self.scan_once()
-                await asyncio.sleep(self.interval_s)
-        finally:
-            await self.admin.close()
-
-    async def scan_once(self) -> ScanResult | None:
-        m = self.metrics
-        try:
-            result = await scan(self.admin, self.scope, self.max_transaction_timeout_ms)
-        except Exception as e:  # noqa: BLE001 - whatever failed, the next scan runs (and the proxy never notices)
-            m.hanging_scans.labels("failed").inc()
-            self.log.warning("hanging_scan_failed", error=str(e) if isinstance(e, HangingScanError) else repr(e))
-            await self.admin.close()  # a fresh start next time
-            return None
-        self.scans += 1
-        self.last = result
-        m.hanging_scans.labels("ok").inc()
-        before = self.tracker.per_partition()
-        new, gone = self.tracker.update(result.findings)
-        after = self.tracker.per_partition()
-        for (topic, partition), n in after.items():
-            m.hanging_transactions.labels(topic, str(partition)).set(n)
-        for topic, partition in before.keys() - after.keys():
-            with contextlib.suppress(KeyError):
-                m.hanging_transactions.remove(topic, str(partition))
-        m.oldest_open_transaction_age.set((result.oldest_open_age_ms or 0) / 1000)
-        for f in new:
-            self.log.warning("hanging_transaction_found", **_facts(f, result.now_ms),
-                             max_transaction_timeout_ms=self.max_transaction_timeout_ms)
-            self.audit.write(hanging_record(time_ms=result.now_ms, proxy_id=self.audit.proxy_id, finding=f,
-                                            max_transaction_timeout_ms=self.max_transaction_timeout_ms))
-        for f in gone:
-            self.log.info("hanging_transaction_resolved", **_facts(f, result.now_ms))
-        if result.errors:
-            self.log.warning("hanging_scan_partial", failed_partitions=len(result.errors),
-                             example=next(iter(result.errors.items())))
-        return result
-
-
-def _facts(f: Finding, now: int) -> dict[str, Any]:
-    return {"topic": f.topic, "partition": f.partition, "producer_id": f.producer_id,
-            "producer_epoch": f.producer_epoch, "coordinator_epoch": f.coordinator_epoch,
-            "start_offset": f.start_offset, "last_timestamp_ms": f.last_timestamp_ms,
-            "age_s": round((now - f.last_timestamp_ms) / 1000, 1), "transactional_id": f.transactional_id,
-            "reason": f.reason, "coordinator_state": f.coordinator_state}
-
-
-def attach(config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any) -> HangingMonitor | None:
-    """The monitor when `health.hanging_scan_interval_s` is set (off by default)."""
-    if config.health.hanging_scan_interval_s is None:
-        return None
-    return HangingMonitor(config, metrics, audit, ssl_context)
-
-
-# -- `txnguard hanging` ----------------------------------------------------------------------------------------
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "hanging", help="find hanging transactions (as kafka-transactions.sh find-hanging) and optionally abort them",
-        description="Find partitions whose last stable offset is held by a transaction the coordinator will never "
-                    "finish, judged exactly as kafka-transactions.sh find-hanging. Works against any cluster, "
-                    "through a txnguard proxy or not. With neither --topic nor --broker-id every topic (internal ones "
-                    "too) is searched, each partition asked of its leader.")
-    p.add_argument("--bootstrap", help="host:port[,host:port...] of the cluster (or of a proxy); default: the "
-                                       "upstream of --config")
-    p.add_argument("--config", help="a txnguard proxy config: its upstream, upstream_tls and upstream_auth (SASL "
-                                    "SCRAM) are used, so the scan runs as the proxy's own principal, as the proxy's "
-                                    "periodic scan does (TXNGUARD_* environment overrides apply, e.g. the password)")
-    p.add_argument("--topic", help="search this topic only")
-    p.add_argument("--partition", type=int, help="and this partition only (needs --topic)")
-    p.add_argument("--broker-id", type=int, help="search the partitions with a replica on this broker, asking it")
-    p.add_argument("--max-transaction-timeout", type=int, default=15, metavar="MINUTES",
-                   help="open transactions whose producer last wrote longer ago than this are candidates (default "
-                        "15, the tool's; keep it at least the cluster's transaction.max.timeout.ms)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the tool's table")
-    p.add_argument("--abort", action="store_true",
-                   help="abort the hanging transactions found (WriteTxnMarkers, as kafka-transactions.sh abort); "
-                        "a dry run unless confirmed with --yes or at the interactive prompt")
-    p.add_argument("--start-offset", type=int, help="with --abort: only the transaction starting at this offset")
-    p.add_argument("--yes", action="store_true", help="with --abort: abort without asking")
-    p.add_argument("--dry-run", action="store_true", help="with --abort: only show what would be aborted")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (default 30)")
-
-
-def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = None) -> int:
-    import sys
-
-    from txnguard.proxy.config import ConfigError, parse_host_port
-
-    out, err, inp = stdout or sys.stdout, stderr or sys.stderr, stdin or sys.stdin
-    if args.partition is not None and args.topic is None:
-        print("txnguard hanging: --partition needs --topic", file=err)
-        return 2
-    if (args.start_offset is not None or args.yes or args.dry_run) and not args.abort:
-        print("txnguard hanging: --start-offset, --yes and --dry-run go with --abort", file=err)
-        return 2
-    if args.bootstrap is None and args.config is None:
-        print("txnguard hanging: give --bootstrap or --config", file=err)
-        return 2
-    try:
-        connect = _connection_settings(args)
-        bootstrap = [parse_host_port("--bootstrap", b.strip()) for b in args.bootstrap.split(",")] \
-            if args.bootstrap else list(connect.upstream)
-    except (ConfigError, OSError) as e:
-        print(f"txnguard hanging: {e}", file=err)
-        return 2
-    scope = Scope(topic=args.topic, partition=args.partition, broker_id=args.broker_id)
-    return asyncio.run(_run(args, bootstrap, scope, out, err, inp, connect))
-
-
-class _Connect(NamedTuple):
-    """How the CLI reaches the cluster: a proxy config's upstream, TLS and SASL (--config), or nothing set."""
-
-    upstream: tuple[HostPort, ...] = ()
-    ssl_context: Any = None
-    auth: Any = None
-
-
-def _connection_settings(args: Any) -> _Connect:
-    """TLS and SASL of the proxy config given with --config (none without it): the proxy's own principal."""
-    if args.config is None:
-        return _Connect()
-    from txnguard.proxy.config import load
-    from txnguard.proxy.server import upstream_ssl_context  # not at module level: server imports this module
-
-    cfg = load(args.config)
-    return _Connect(cfg.upstream, upstream_ssl_context(cfg), cfg.upstream_auth)
-
-
-async def _run(args: Any, bootstrap: list[HostPort], scope: Scope, out: Any, err: Any, inp: Any,
-               connect: _Connect) -> int:
-    import json
-
-    admin = ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect.ssl_context, auth=connect.auth)
-    try:
-        try:
-            result = await scan(admin, scope, args.max_transaction_timeout * 60_000)
-        except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
-            print(f"txnguard hanging: {e}", file=err)
-            return 1
-        for tp, problem in sorted(result.errors.items()):
-            print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
-        if result.unconfirmed:
-            print("txnguard hanging: the brokers lack ListTransactions and DescribeTransactions (Kafka < 3.0): "
-                  "open transactions older than --max-transaction-timeout are listed unconfirmed by their "
-                  "coordinator (one whose abort marker is still being written would be listed too)", file=err)
-        aborted: list[dict[str, Any]] = []
-        status = 1 if result.errors else 0
-        if not args.json:  # what was found first, then what is done about it
-            from txnguard.verification.hanging import table
-
-            out.write(table(result.findings, result.now_ms))
-        if args.abort:
-            chosen = [f for f in result.findings if args.start_offset is None or f.start_offset == args.start_offset]
-            for f in chosen:
-                outcome = await _abort_one(admin, f, args, out, err, inp)
-                aborted.append({**f.as_dict(result.now_ms), "outcome": outcome})
-                if outcome not in ("NONE", "dry_run", "declined"):
-                    status = 1
-        if args.json:
-            report: dict[str, Any] = {
-                "findings": [f.as_dict(result.now_ms) for f in result.findings],
-                "scanned_partitions": result.partitions, "described_partitions": result.described,
-                "oldest_open_transaction_age_ms": result.oldest_open_age_ms,
-                "max_transaction_timeout_ms": args.max_transaction_timeout * 60_000,
-                "unconfirmed": result.unconfirmed,
-                "errors": {f"{t}-{p}": problem for (t, p), problem in sorted(result.errors.items())},
-            }
-            if args.abort:
-                report["aborts"] = aborted
-            print(json.dumps(report, indent=2), file=out)
-        return status
-    finally:
-        await admin.close()
-
-
-async def _abort_one(admin: ClusterAdmin, f: Finding, args: Any, out: Any, err: Any, inp: Any) -> str:
-    """One confirmed abort: the outcome's name (NONE, an error name, dry_run, declined, TRANSACTION_GONE)."""
-    # Progress goes to stderr when stdout carries JSON.
-    say = err if args.json else out
-    try:
-        plan = await plan_abort(admin, f)
-    except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
-        print(f"cannot abort {f.topic}-{f.partition} at {f.start_offset}: {e}", file=err)
-        return "lookup_failed"
-    if plan.spec is None:
-        print(f"no open transaction starts at offset {f.start_offset} on {f.topic}-{f.partition} any more: "
-              "nothing to abort", file=say)
-        return "TRANSACTION_GONE"
-    what = plan.spec.describe(f.start_offset)
-    if args.dry_run or (not args.yes and not _interactive(inp)):
-        print(f"dry run: would abort the hanging transaction on {what}"
-              f"{'' if args.dry_run else '; confirm with --yes'}", file=say)
-        return "dry_run"
-    if not args.yes:
-        print(f"Abort the hanging transaction on {what}? [y/N] ", end="", file=err, flush=True)
-        answer = inp.readline().strip().lower()
-        if answer not in ("y", "yes"):
-            print("not aborted", file=say)
-            return "declined"
-    try:
-        outcome = await abort(admin, plan)
-    except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
-        print(f"abort of {what} failed: {e}", file=err)
-        return "failed"
-    if outcome == "NONE":
-        print(f"aborted the hanging transaction on {what}", file=say)
-    else:
-        print(f"abort of {what} failed: {outcome}", file=err)
-    return outcome
-
-
-def _interactive(inp: Any) -> bool:
-    try:
-        return bool(inp.isatty())
-    except (AttributeError, ValueError):
-        return False

@@ -165,7 +165,7 @@ class ProxyMetrics:
         self.audit_queue_depth = Gauge(
             "txnguard_audit_queue_depth", "Audit records waiting in the publisher's queue for the audit topic",
             registry=r)
-        # Hanging transactions (health.hanging_scan_interval_s; proxy/hanging.py), judged as find-hanging.
+        # Hanging transactions (health.hanging_scan_interval_s; proxy/hanging_monitor.py), judged as find-hanging.
         self.hanging_transactions = Gauge(
             "txnguard_hanging_transactions", "Hanging transactions found by the last scan, per partition (a series "
             "exists while the partition has one)", ["topic", "partition"], registry=r)

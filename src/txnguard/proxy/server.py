@@ -26,12 +26,13 @@ from kio.schema.metadata.v9.request import MetadataRequest
 from txnguard.codecs import addresses
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
 from txnguard.policies.policy import policy_from_config
-from txnguard.proxy import audit_sink, hanging, logs
+from txnguard.proxy import audit_sink, hanging_monitor, logs
 from txnguard.proxy.config import HostPort, LogLevel, ProxyConfig, ProxyMode
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.session import ClientProtocol, Session
+from txnguard.proxy.tls import server_ssl_context, upstream_ssl_context
 from txnguard.verification.access import missing_acl
 
 TLS_HANDSHAKE = 0x16
@@ -45,28 +46,6 @@ class Listener:
     sock: socket.socket
     task: asyncio.Task[None] | None = None
     sessions: set[Session] = field(default_factory=set)
-
-
-def server_ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
-    if cfg.tls is None:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cfg.tls.certfile, cfg.tls.keyfile)
-    if cfg.tls.cafile:
-        ctx.load_verify_locations(cfg.tls.cafile)
-        ctx.verify_mode = ssl.CERT_REQUIRED if cfg.tls.require_client_cert else ssl.CERT_OPTIONAL
-    return ctx
-
-
-def upstream_ssl_context(cfg: ProxyConfig) -> ssl.SSLContext | None:
-    t = cfg.upstream_tls
-    if t is None:
-        return None
-    ctx = ssl.create_default_context(cafile=t.cafile)
-    ctx.check_hostname = t.check_hostname
-    if t.certfile:
-        ctx.load_cert_chain(t.certfile, t.keyfile)
-    return ctx
 
 
 class Proxy:
@@ -96,7 +75,7 @@ class Proxy:
         self._bootstrap_rr = 0
         self.stopping = False
         self.audit_publisher: audit_sink.AuditPublisher | None = None
-        self.hanging: hanging.HangingMonitor | None = None
+        self.hanging: hanging_monitor.HangingMonitor | None = None
         # Sees every batch of bytes written to clients; tests use it to prove no broker address leaks.
         self.response_observer: Callable[[list[bytes | memoryview]], None] | None = None
 
@@ -109,7 +88,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._metadata_loop()))
         self._tasks.append(loop.create_task(self._timer_loop()))
-        self.hanging = hanging.attach(self.config, self.metrics, self.guard.audit, self.upstream_ssl)
+        self.hanging = hanging_monitor.attach(self.config, self.metrics, self.guard.audit, self.upstream_ssl)
         if self.hanging is not None:  # health.hanging_scan_interval_s: the periodic hanging-transaction scan
             self._tasks.append(loop.create_task(self.hanging.run()))
         self.log.info("proxy_started", listen=str(self.config.listen),

@@ -107,15 +107,20 @@ def connection_record(*, time_ms: int, proxy_id: str, client: ClientInfo, invent
     }
 
 
-def hanging_record(*, time_ms: int, proxy_id: str, finding: Finding, max_transaction_timeout_ms: int,
+def hanging_record(*, time_ms: int, proxy_id: str, finding: Finding, max_transaction_timeout_ms: int | None = None,
                    ) -> dict[str, Any]:
     """A hanging transaction the scan found (`time_ms`: when), judged as `kafka-transactions.sh find-hanging`.
 
     `transactional_id` is the id ListTransactions named for the producer id (None: none, itself a reason
     it hangs); `reason` is why it hangs (verification/hanging.py); `age_ms` is measured from the producer's
-    last write on the partition, as the tool measures it.
+    last write on the partition, as the tool measures it; `max_transaction_timeout_ms` is the age the
+    finding had to pass: find-hanging's threshold, or its own transaction's timeout plus the margin (the
+    finding's `threshold_ms` unless given).
     """
     f = finding
+    threshold = f.threshold_ms if max_transaction_timeout_ms is None else max_transaction_timeout_ms
+    if threshold is None:
+        raise ValueError("a hanging record needs the threshold its finding passed")
     return {
         **_envelope(HANGING, proxy_id, time_ms),
         **_producer(f.transactional_id, f.producer_id, f.producer_epoch),
@@ -128,7 +133,7 @@ def hanging_record(*, time_ms: int, proxy_id: str, finding: Finding, max_transac
         "age_ms": time_ms - f.last_timestamp_ms,
         "reason": f.reason,
         "coordinator_state": f.coordinator_state,
-        "max_transaction_timeout_ms": max_transaction_timeout_ms,
+        "max_transaction_timeout_ms": threshold,
     }
 
 

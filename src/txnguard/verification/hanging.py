@@ -1,24 +1,46 @@
-"""Hanging transactions: which partitions hold one, judged exactly as `kafka-transactions.sh find-hanging`.
+"""Hanging transactions: which partitions hold one, judged as `kafka-transactions.sh find-hanging` judges,
+after the threshold it uses (`MaxTimeout`) or after each transaction's own timeout (`OwnTimeout`).
 
 Pure (no IO, no clock: every time is passed in). The IO half (proxy/hanging.py) asks the brokers
 and feeds the answers to a `HangingScan`, which says what to ask next:
 
 1. `AskProducers`: DescribeProducers for the partitions, in batches of 500 (the tool's
-   MAX_BATCH_SIZE). A *candidate* is an active producer whose current transaction start offset is
-   present (>= 0) and whose last timestamp is more than the maximum transaction timeout old
-   (`now - lastTimestamp > maxTransactionTimeoutMs`, measured when the batch's answer arrives).
+   MAX_BATCH_SIZE). An *open transaction* is an active producer whose current transaction start offset
+   is present (>= 0); its age is `now - lastTimestamp`, `now` when the batch's answer arrived. A
+   *candidate* is an open transaction older than the rule's floor: the maximum transaction timeout
+   (`MaxTimeout`, the tool's `transactionDurationMs > maxTransactionTimeoutMs`), or the margin
+   (`OwnTimeout`: no transaction's own timeout is shorter than 1 ms, so nothing younger can qualify).
 2. `AskTransactionalIds`: ListTransactions (every broker) filtered to the candidates' producer
    ids, mapping producer id -> transactional id (listings of other producer ids are ignored).
 3. `AskDescriptions`: DescribeTransactions of those transactional ids; TRANSACTIONAL_ID_NOT_FOUND
    is "no description" (None).
-4. `Done`: a candidate hangs if its producer id has no transactional id, or that id has no
-   description, or the description's partitions do not contain the candidate's partition (the
-   coordinator lists the partitions of an ongoing transaction and those still awaiting markers in
-   PrepareCommit/PrepareAbort: a partition among them still gets its marker). The description's
-   producer id, epoch and state are not compared, as the tool does not compare them.
+4. A candidate hangs if its producer id has no transactional id, or that id has no description, or
+   the description's partitions do not contain the candidate's partition (the coordinator lists the
+   partitions of an ongoing transaction and, in PrepareCommit/PrepareAbort, those whose marker is not
+   written yet: a partition among them still gets its marker, however long it waits). The
+   description's producer id, epoch and state are not compared, as the tool does not compare them.
+   `MaxTimeout` ends here (`Done`): the tool's answer exactly.
+5. `OwnTimeout` also needs the candidate older than its own transaction's timeout (the description's
+   transactionTimeoutMs) plus the margin, and then asks once more (`AskProducersAgain`): a finding
+   stands only if DescribeProducers, answered after the coordinator's answer, still shows the same
+   producer's open transaction at the same start offset. Without that second look, a marker written
+   between the two answers (the coordinator drops a partition from a PrepareCommit/PrepareAbort list
+   only once its marker is written) would read as a partition the coordinator does not list.
+
+Why the own timeout is enough. A coordinator aborts an ongoing transaction once it is older than its
+own transactionTimeoutMs (measured from the transaction's start, checked every
+transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default), fencing its producer
+epoch. A write on the partition that is older than timeout + margin therefore belongs to a transaction
+that has ended, or is being aborted, or was never told about the partition; while the partition is
+listed, its marker is still coming and nothing is reported. Without a description (no transactional id,
+or the id not found) the transaction's timeout is unknown: `OwnTimeout.unknown_ms` (the tool's 15
+minutes by default) applies. The ages are the tool's: `lastTimestamp` is the batch's max timestamp
+(the producer's clock for CreateTime topics), so a producer whose clock runs behind looks older; the
+coordinator's answer and the second look still have to agree before anything is reported.
 
 Source: TransactionsCommand.FindHangingTransactionsCommand and the admin client's DescribeProducers
-/ListTransactions/DescribeTransactions handlers, Kafka 3.5.2 (unchanged in 4.x).
+/ListTransactions/DescribeTransactions handlers, Kafka 3.5.2 (unchanged in 4.x); the coordinator's
+timeout abort: TransactionStateManager.timedOutTransactions and the coordinator's cleanup interval.
 """
 
 from __future__ import annotations
@@ -31,6 +53,9 @@ TopicPartition = tuple[str, int]
 MAX_BATCH_SIZE = 500                   # partitions per DescribeProducers request (the tool's)
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN = 15  # the tool's --max-transaction-timeout default
 MINUTE_MS = 60_000
+# Past a transaction's own timeout: the coordinator's check for timed-out transactions runs every
+# transaction.abort.timed.out.transaction.cleanup.interval.ms (10 s by default).
+DEFAULT_MARGIN_MS = 10_000
 
 # Why a candidate hangs (not in the tool's table; in the JSON, logs and audit records).
 NO_TRANSACTIONAL_ID = "no_transactional_id"            # ListTransactions knows no id for this producer id
@@ -71,6 +96,41 @@ class TransactionView:
     producer_id: int
     producer_epoch: int
     partitions: frozenset[TopicPartition]
+    timeout_ms: int = -1        # transactionTimeoutMs (-1: not known)
+    start_time_ms: int = -1     # transactionStartTimeMs, the coordinator's clock (-1: no transaction started)
+
+
+@dataclass(frozen=True, slots=True)
+class MaxTimeout:
+    """find-hanging's rule: one threshold for every transaction (`--max-transaction-timeout`)."""
+
+    ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS
+
+
+@dataclass(frozen=True, slots=True)
+class OwnTimeout:
+    """Each transaction's own timeout (the coordinator's transactionTimeoutMs) plus `margin_ms`; `unknown_ms`
+    when the coordinator cannot say (no transactional id for the producer, or the id not found)."""
+
+    margin_ms: int = DEFAULT_MARGIN_MS
+    unknown_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS
+
+
+Rule = MaxTimeout | OwnTimeout
+
+
+def candidate_floor_ms(rule: Rule) -> int:
+    """An open transaction must be older than this to be worth asking its coordinator about."""
+    return rule.ms if isinstance(rule, MaxTimeout) else rule.margin_ms
+
+
+def threshold_ms(rule: Rule, description: TransactionView | None) -> int:
+    """The age a candidate must pass to hang, given its coordinator's description (None: none)."""
+    if isinstance(rule, MaxTimeout):
+        return rule.ms
+    if description is None or description.timeout_ms <= 0:
+        return rule.unknown_ms
+    return description.timeout_ms + rule.margin_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +138,7 @@ class OpenTransaction:
     topic: str
     partition: int
     producer: ProducerState
+    age_ms: int = 0           # now - last timestamp, now when DescribeProducers answered
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -98,6 +159,8 @@ class Finding:
     reason: str
     transactional_id: str | None = None
     coordinator_state: str | None = None  # the state DescribeTransactions named, if it knew the id
+    threshold_ms: int | None = None       # the age it had to pass (the rule's, for this transaction)
+    transaction_timeout_ms: int | None = None  # the coordinator's transactionTimeoutMs, if it described it
 
     @property
     def key(self) -> tuple[str, int, int, int, int]:
@@ -120,7 +183,8 @@ class Finding:
             "start_offset": self.start_offset, "last_timestamp_ms": self.last_timestamp_ms,
             "age_ms": now_ms - self.last_timestamp_ms, "duration_min": self.duration_min(now_ms),
             "reason": self.reason, "transactional_id": self.transactional_id,
-            "coordinator_state": self.coordinator_state,
+            "coordinator_state": self.coordinator_state, "threshold_ms": self.threshold_ms,
+            "transaction_timeout_ms": self.transaction_timeout_ms,
         }
 
 
@@ -154,15 +218,23 @@ class AskDescriptions:
 
 
 @dataclass(frozen=True, slots=True)
+class AskProducersAgain:
+    """DescribeProducers once more for the partitions of the findings (`OwnTimeout` only): asked after the
+    coordinator answered, it tells a marker written meanwhile from a transaction that still hangs."""
+
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     findings: tuple[Finding, ...]
 
 
-Step = AskProducers | AskTransactionalIds | AskDescriptions | Done
+Step = AskProducers | AskTransactionalIds | AskDescriptions | AskProducersAgain | Done
 
 
-def is_candidate(producer: ProducerState, now_ms: int, max_transaction_timeout_ms: int) -> bool:
-    return producer.has_open_transaction and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms
+def is_candidate(producer: ProducerState, now_ms: int, floor_ms: int) -> bool:
+    return producer.has_open_transaction and now_ms - producer.last_timestamp_ms > floor_ms
 
 
 @dataclass
@@ -170,7 +242,7 @@ class HangingScan:
     """One scan as a sequence: `start()`, then feed each answer to the step's method; ends with `Done`."""
 
     partitions: Sequence[TopicPartition]
-    max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS
+    rule: Rule = field(default_factory=MaxTimeout)
     batch_size: int = MAX_BATCH_SIZE
     candidates: list[OpenTransaction] = field(default_factory=list)
     open_transactions: list[OpenTransaction] = field(default_factory=list)  # every one seen, candidate or not
@@ -178,6 +250,7 @@ class HangingScan:
     described_partitions: int = 0
     _next_batch: int = 0
     _transactional_ids: dict[int, str] = field(default_factory=dict)
+    _pending: tuple[Finding, ...] = ()      # findings awaiting the second look (OwnTimeout)
 
     def start(self) -> Step:
         return self._next_producers_step()
@@ -193,18 +266,18 @@ class HangingScan:
 
     def producers_answered(self, answers: Mapping[TopicPartition, Sequence[ProducerState]], now_ms: int) -> Step:
         """One batch's answers (partitions that failed are simply absent), `now_ms` when they arrived."""
+        floor = candidate_floor_ms(self.rule)
         for (topic, partition), producers in answers.items():
             self.described_partitions += 1
             for p in producers:
                 if not p.has_open_transaction:
                     continue
-                open_txn = OpenTransaction(topic, partition, p)
+                open_txn = OpenTransaction(topic, partition, p, now_ms - p.last_timestamp_ms)
                 self.open_transactions.append(open_txn)
                 if p.last_timestamp_ms >= 0:
-                    age = now_ms - p.last_timestamp_ms
-                    self.oldest_open_age_ms = age if self.oldest_open_age_ms is None else max(
-                        self.oldest_open_age_ms, age)
-                if is_candidate(p, now_ms, self.max_transaction_timeout_ms):
+                    self.oldest_open_age_ms = open_txn.age_ms if self.oldest_open_age_ms is None else max(
+                        self.oldest_open_age_ms, open_txn.age_ms)
+                if is_candidate(p, now_ms, floor):
                     self.candidates.append(open_txn)
         return self._next_producers_step()
 
@@ -215,18 +288,36 @@ class HangingScan:
             if producer_id in wanted:
                 self._transactional_ids[producer_id] = transactional_id
         if not self._transactional_ids:
-            return Done(self._judge({}))
+            return self._second_look(self._judge({}))
         return AskDescriptions(frozenset(self._transactional_ids.values()))
 
     def transactional_ids_unavailable(self) -> Done:
-        """The brokers lack ListTransactions (Kafka < 3.0): every candidate, unconfirmed (see UNCONFIRMED)."""
-        return Done(tuple(Finding(c.topic, c.partition, c.producer.producer_id, c.producer.producer_epoch,
-                                  c.producer.coordinator_epoch, c.producer.current_txn_start_offset,
-                                  c.producer.last_timestamp_ms, UNCONFIRMED) for c in self.candidates))
+        """The brokers lack ListTransactions (Kafka < 3.0): every candidate older than the threshold for an
+        undescribed transaction, unconfirmed (see UNCONFIRMED)."""
+        limit = threshold_ms(self.rule, None)
+        return Done(tuple(_finding(c, UNCONFIRMED, None, None, limit) for c in self.candidates if c.age_ms > limit))
 
-    def descriptions_answered(self, descriptions: Mapping[str, TransactionView | None]) -> Done:
+    def descriptions_answered(self, descriptions: Mapping[str, TransactionView | None]) -> Step:
         """Every asked id: its description, or None for TRANSACTIONAL_ID_NOT_FOUND."""
-        return Done(self._judge(descriptions))
+        return self._second_look(self._judge(descriptions))
+
+    def producers_answered_again(self, answers: Mapping[TopicPartition, Sequence[ProducerState]]) -> Done:
+        """The second look: a finding stands while its partition still shows the same producer's open transaction
+        at the same start offset (a partition that failed to answer is not confirmed this time)."""
+        still = []
+        for f in self._pending:
+            producers = answers.get((f.topic, f.partition), ())
+            if any(p.producer_id == f.producer_id and p.current_txn_start_offset == f.start_offset
+                   for p in producers if p.has_open_transaction):
+                still.append(f)
+        self._pending = ()
+        return Done(tuple(still))
+
+    def _second_look(self, findings: tuple[Finding, ...]) -> Step:
+        if not findings or isinstance(self.rule, MaxTimeout):
+            return Done(findings)  # the tool's answer, exactly
+        self._pending = findings
+        return AskProducersAgain(tuple(sorted({(f.topic, f.partition) for f in findings})))
 
     def _judge(self, descriptions: Mapping[str, TransactionView | None]) -> tuple[Finding, ...]:
         out = []
@@ -241,19 +332,30 @@ class HangingScan:
                 reason = NOT_IN_TRANSACTION
             else:
                 continue  # the coordinator will still write this partition's marker
-            p = c.producer
-            out.append(Finding(c.topic, c.partition, p.producer_id, p.producer_epoch, p.coordinator_epoch,
-                               p.current_txn_start_offset, p.last_timestamp_ms, reason, txn_id,
-                               desc.state if desc is not None else None))
+            limit = threshold_ms(self.rule, desc)
+            if c.age_ms <= limit:
+                continue  # its own transaction may still be running: not yet
+            out.append(_finding(c, reason, txn_id, desc, limit))
         return tuple(out)
 
 
-def find_hanging(producers: Mapping[TopicPartition, Sequence[ProducerState]], now_ms: int,
-                 max_transaction_timeout_ms: int, listings: Iterable[tuple[str, int]],
-                 descriptions: Mapping[str, TransactionView | None]) -> tuple[Finding, ...]:
+def _finding(c: OpenTransaction, reason: str, txn_id: str | None, desc: TransactionView | None,
+             limit: int) -> Finding:
+    p = c.producer
+    return Finding(c.topic, c.partition, p.producer_id, p.producer_epoch, p.coordinator_epoch,
+                   p.current_txn_start_offset, p.last_timestamp_ms, reason, txn_id,
+                   desc.state if desc is not None else None, limit,
+                   desc.timeout_ms if desc is not None and desc.timeout_ms > 0 else None)
+
+
+def find_hanging(producers: Mapping[TopicPartition, Sequence[ProducerState]], now_ms: int, rule: Rule,
+                 listings: Iterable[tuple[str, int]], descriptions: Mapping[str, TransactionView | None],
+                 producers_later: Mapping[TopicPartition, Sequence[ProducerState]] | None = None,
+                 ) -> tuple[Finding, ...]:
     """The whole judgement in one call, for answers already in hand (ListTransactions and
-    DescribeTransactions may answer for more than the candidates: the extra are ignored)."""
-    scan = HangingScan(sorted(producers), max_transaction_timeout_ms, batch_size=max(1, len(producers)))
+    DescribeTransactions may answer for more than the candidates: the extra are ignored).
+    `producers_later`: the second look's answers (`OwnTimeout`; default: the same as `producers`)."""
+    scan = HangingScan(sorted(producers), rule, batch_size=max(1, len(producers)))
     step = scan.start()
     if isinstance(step, AskProducers):
         step = scan.producers_answered(producers, now_ms)
@@ -261,6 +363,8 @@ def find_hanging(producers: Mapping[TopicPartition, Sequence[ProducerState]], no
         step = scan.transactional_ids_answered(listings)
     if isinstance(step, AskDescriptions):
         step = scan.descriptions_answered(descriptions)
+    if isinstance(step, AskProducersAgain):
+        step = scan.producers_answered_again(producers if producers_later is None else producers_later)
     assert isinstance(step, Done)
     return step.findings
 
