@@ -28,7 +28,8 @@ def test_a_rolling_upgrade_3_4_to_3_9_behind_a_gateway_copies_exactly_once_witho
     cluster = kafka.up(FROM, 3, tmp_path / "kafka", zookeeper=True, die_with_parent=True)
     try:
         result = run_roll(cluster, Gateways(cluster, tmp_path), broker_roll, tmp_path, variant="roll-gateway",
-                          records=12000, commit_every=50, pace_s=0.5, baseline_s=2)
+                          records=12000, commit_every=50, pace_s=0.5, baseline_s=2,
+                          timeout_s=240)
         assert cluster.versions() == {1: TO, 2: TO, 3: TO}
     finally:
         cluster.down()
