@@ -1,6 +1,6 @@
 """Upgrades without downtime under a live transactional copier: Kafka and txnguard rolled one process at a time.
 
-Run: `.venv/bin/python bench/rolling_upgrade_zk.py [--variants roll-gateway,roll-sidecars,sidecars,gateways]
+Run: `.venv/bin/python bench/rolling_upgrade_zk.py [--variants roll-gateway,roll-sidecars,sidecars,gateways,roll-direct]
       [--records 24000] [--commit-every 50] [--pace 0.5]`
 
 Each variant on a fresh 3-broker Kafka 3.4.1 cluster in ZooKeeper mode (txnguard.testing.rolling):
@@ -8,6 +8,7 @@ Each variant on a fresh 3-broker Kafka 3.4.1 cluster in ZooKeeper mode (txnguard
 * roll-gateway: a gateway in front; each broker restarted on 3.9.2 (inter.broker.protocol.version=3.4 written
   before its restart), then each again with the protocol raised to 3.9 (Kafka's upgrade notes);
 * roll-sidecars: the same roll, a txnguard sidecar in front of each broker (the cluster in sidecar layout);
+* roll-direct: the same roll with no txnguard (the control: what the copier sees from Kafka alone);
 * sidecars: the three sidecars restarted one at a time (SIGTERM, drain, start on the same port);
 * gateways: two gateway replicas (the client bootstraps from both), restarted one at a time.
 
@@ -23,11 +24,12 @@ import tempfile
 from pathlib import Path
 
 from txnguard.testing import kafka
-from txnguard.testing.rolling import FROM, Gateways, RollResult, Sidecars, broker_roll, proxy_roll, run_roll
+from txnguard.testing.rolling import FROM, Direct, Gateways, RollResult, Sidecars, broker_roll, proxy_roll, run_roll
 
 VARIANTS = {
     # name: (sidecar layout, front, steps)
     "roll-gateway": (False, lambda c, t: Gateways(c, t), broker_roll),
+    "roll-direct": (False, Direct, broker_roll),
     "roll-sidecars": (True, Sidecars, broker_roll),
     "sidecars": (True, Sidecars, proxy_roll),
     "gateways": (False, lambda c, t: Gateways(c, t, replicas=2), proxy_roll),
@@ -36,7 +38,7 @@ VARIANTS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="roll-gateway,roll-sidecars,sidecars,gateways,roll-direct")
     ap.add_argument("--records", type=int, default=24000)
     ap.add_argument("--commit-every", type=int, default=50)
     ap.add_argument("--pace", type=float, default=0.5, help="the copier's pause after each commit during the steps")

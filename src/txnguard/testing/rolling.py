@@ -104,6 +104,17 @@ class Front:
                 p.terminate()
 
 
+class Direct(Front):
+    """The control: no txnguard, the copier bootstraps from the brokers themselves."""
+
+    def __init__(self, cluster: Cluster, tmp: Path) -> None:
+        super().__init__(cluster, tmp)
+        self.bootstrap = cluster.bootstrap_servers
+
+    def start(self) -> None:
+        pass
+
+
 class Gateways(Front):
     """`replicas` gateway processes, each on its own ports; the client bootstraps from all of them."""
 
