@@ -29,7 +29,6 @@ from kio.schema.add_partitions_to_txn.v4.request import (
     AddPartitionsToTxnTopic,
     AddPartitionsToTxnTransaction,
 )
-from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.errors import ErrorCode
@@ -215,18 +214,17 @@ class Verifier:
         raise AssertionError("unreachable")
 
     async def _verify_only_supported(self, address: HostPort) -> bool:
-        """Does this coordinator take AddPartitionsToTxn v4 from us? Asked once per broker (ApiVersions).
+        """Does this coordinator take AddPartitionsToTxn v4 from us? Read from the ApiVersions answer of the
+        connection the question would go on (each connection reads it when it opens), so a broker restarted
+        on another Kafka version in a rolling upgrade (or downgrade) is judged by what it lists now.
 
         Kafka 3.5 has v4 only between brokers (its ApiVersions names v3 to clients). Where it is
         missing, the broker itself would skip verification; the proxy asks DescribeTransactions instead.
         """
-        known = self._verify_only_versions.get(address)
-        if known is None:
-            conn = await self._connections.get(address)
-            resp = await conn.request(ApiVersionsRequest(client_software_name="txnguard",
-                                                         client_software_version="verifier"), self.timeout_s)
-            known = max((int(k.max_version) for k in resp.api_keys if int(k.api_key) == ApiKey.ADD_PARTITIONS_TO_TXN),
-                        default=-1)
+        conn = await self._connections.get(address)
+        ranges = conn.api_versions or {}
+        known = ranges.get(ApiKey.ADD_PARTITIONS_TO_TXN, (0, -1))[1]
+        if self._verify_only_versions.get(address) != known:  # said once per broker and answer
             self._verify_only_versions[address] = known
             if known < VERIFY_ONLY_VERSION:
                 self.log.warning("verify_only_unsupported", coordinator=str(address), max_version=known,

@@ -314,7 +314,7 @@ def _txn_id_coordinated_away_from(cluster: Cluster, leader: int, prefix: str) ->
     raise AssertionError("every transactional id landed on the leader")
 
 
-def _hanging(cluster: Cluster, sink: str, group: str) -> int:
+def count_hanging(cluster: Cluster, sink: str, group: str) -> int:
     """find-hanging rows on the output partition and on the group's __consumer_offsets partition (the two
     the copier writes in its transactions), with a 0-minute bound so that every open transaction is a
     candidate (the tool's default, 15 minutes, would see none in a run this short)."""
@@ -322,6 +322,18 @@ def _hanging(cluster: Cluster, sink: str, group: str) -> int:
     return sum(len(clients.transactions_find_hanging(cluster.bootstrap_servers, topic=t, partition=p,
                                                      max_transaction_timeout_minutes=0))
                for t, p in ((sink, 0), (CONSUMER_OFFSETS, offsets)))
+
+
+def read_back(cluster: Cluster, sink: str, group: str) -> tuple[list[bytes], int, str]:
+    """After a copy: the output at read_committed, find-hanging's rows (count_hanging), and why the output's
+    LSO did not reach its high watermark ("" when it did: no transaction left open)."""
+    left_open = ""
+    try:
+        clients.stable_end_offsets(cluster.bootstrap_servers, sink)
+    except clients.ClientError as e:  # a transaction left open: find-hanging names it
+        left_open = str(e)
+    out = clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, sink)
+    return out, count_hanging(cluster, sink, group), left_open
 
 
 def _front(mode: str, cluster: Cluster, tmp: Path, u: str, sink: str) -> tuple[str, _Gateway | _Sidecars | _Relays]:
@@ -388,12 +400,9 @@ def run_bounce(cluster: Cluster, copier: str, tmp: Path, *, mode: str = "gateway
         seconds = time.monotonic() - started
         finished = (getattr(outcome, "shutdown_complete", True) and getattr(outcome, "remaining", 0) == 0
                     and getattr(outcome, "total_processed", getattr(outcome, "copied", None)) == records)
-        try:
-            clients.stable_end_offsets(cluster.bootstrap_servers, sink)
-        except clients.ClientError as e:  # a transaction left open: the find-hanging below names it
-            outcome = f"{outcome}; {e}"
-        out = clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, sink)
-        hanging = _hanging(cluster, sink, group)
+        out, hanging, left_open = read_back(cluster, sink, group)
+        if left_open:
+            outcome = f"{outcome}; {left_open}"
         after = front.records_after(killed_ms)
     finally:
         if isinstance(job, ConfluentChild) and not job.done():

@@ -88,6 +88,7 @@ class Node:
     broker_port: int | None = None
     ssl_port: int | None = None  # a TLS listener (PEM key store), when the cluster was made with certs
     sasl_port: int | None = None  # a SASL_PLAINTEXT listener (PLAIN; SCRAM-SHA-512 too with scram users)
+    version: str | None = None  # the Kafka this node runs, when a rolling upgrade moved it off the cluster's
 
     @property
     def address(self) -> str:
@@ -195,7 +196,7 @@ class Cluster:
             _check_port_free(node.host, node.controller_port)
         else:
             self._wait_unregistered(node_id)
-        classpath = jars.classpath(jars.resolve("kafka_2.13", self.version))
+        classpath = jars.classpath(jars.resolve("kafka_2.13", node.version or self.version))
         nd = self.node_dir(node_id)
         log = open(nd / "server.log", "ab")  # noqa: SIM115 - handed to the child process
         cmd = [
@@ -262,6 +263,25 @@ class Cluster:
             self.stop_node(node_id)
         self.start_node(node_id)
         self.wait_ready(timeout_s)
+
+    def upgrade_node(self, node_id: int, version: str, config: Mapping[str, str] | None = None, *,
+                     timeout_s: float = READY_TIMEOUT_S) -> None:
+        """One step of a rolling upgrade: a clean shutdown (SIGTERM), `config` merged into the node's
+        server.properties, the node started on Kafka `version` with its data folder, and the cluster ready.
+        The same version with new settings is a rolling restart (inter.broker.protocol.version raised).
+        ZooKeeper stays as it is: the broker's own ZooKeeper client talks to it."""
+        self.stop_node(node_id)
+        props = self.node_dir(node_id) / "server.properties"
+        values = dict(line.split("=", 1) for line in props.read_text().splitlines() if "=" in line)
+        props.write_text(_properties({**values, **(config or {})}))
+        self.node(node_id).version = version
+        self.save()
+        self.start_node(node_id)
+        self.wait_ready(timeout_s)
+
+    def versions(self) -> dict[int, str]:
+        """The Kafka version each node runs (differs from `version` during a rolling upgrade)."""
+        return {n.id: n.version or self.version for n in self.nodes}
 
     # -- ZooKeeper (ZooKeeper mode only) ---------------------------------------------------------
 
@@ -392,6 +412,25 @@ class Cluster:
                 last = repr(e)
             if time.monotonic() > deadline:
                 raise HarnessError(f"cluster in {self.dir} not ready after {timeout_s:.0f}s: {last}")
+            time.sleep(0.3)
+
+    def wait_in_sync(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Every partition (the internal topics too) has all its replicas in sync: a rolling upgrade takes
+        the next broker down only then, or a partition can drop below its min.insync.replicas."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            live = [n for n in self.nodes if _alive(n.pid)]
+            try:
+                with RawClient(live[0].host, live[0].port, timeout=5) as c:
+                    md = c.metadata(None)
+                lagging = [f"{t.name}-{p.partition_index}" for t in md.topics for p in t.partitions
+                           if set(p.isr_nodes) != set(p.replica_nodes)]
+            except (OSError, RawProtocolError) as e:
+                lagging = [repr(e)]
+            if not lagging:
+                return
+            if time.monotonic() > deadline:
+                raise HarnessError(f"not in sync after {timeout_s:.0f}s: {', '.join(lagging[:10])}")
             time.sleep(0.3)
 
     def _check_alive(self, n: Node) -> None:

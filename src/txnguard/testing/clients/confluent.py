@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from txnguard.testing.clients.base import (
@@ -422,8 +422,9 @@ class BackgroundProducer:
             raise ClientError(f"background producer failed: {self._error!r}") from self._error
 
 
-def _confluent_commit(producer: Any, timeout_s: float) -> None:
-    """commit_transaction, retried while librdkafka calls the error retriable (its documented contract)."""
+def _confluent_commit(producer: Any, timeout_s: float, on_retry: Callable[[str], None] | None = None) -> None:
+    """commit_transaction, retried while librdkafka calls the error retriable (its documented contract);
+    `on_retry(error)` hears of each retry."""
     from confluent_kafka import KafkaException
 
     deadline = time.monotonic() + timeout_s
@@ -434,6 +435,8 @@ def _confluent_commit(producer: Any, timeout_s: float) -> None:
         except KafkaException as e:
             if not e.args[0].retriable() or time.monotonic() > deadline:
                 raise
+            if on_retry is not None:
+                on_retry(str(e.args[0]))
             time.sleep(0.1)
 
 
@@ -444,6 +447,10 @@ class ExactlyOnceCopy:
     aborted: int  # transactions aborted after an abortable error or a rebalance, then redone
     errors: list[str]  # every error the loop handled (retried or aborted), for the report
     producers: int = 1  # producer instances used: a fatal error (e.g. fenced) replaces the producer
+    # What the application saw, when: (wall clock s, kind, text). Errors: "retriable" (a commit retried),
+    # "abortable" (the transaction aborted and redone), "fatal" (the producer replaced), "delivery"; and
+    # "committed" after each commit, its text the input records copied so far.
+    timeline: list[tuple[float, str, str]] = field(default_factory=list)
 
 
 def confluent_exactly_once_copy(
@@ -490,6 +497,7 @@ class _ExactlyOnceLoop:
         self.producers = 1
         self.rebalanced = threading.Event()
         self.errors: list[str] = []
+        self.timeline: list[tuple[float, str, str]] = []
         self.aborted = 0
         self.in_txn = False
         self.pending = 0
@@ -497,7 +505,7 @@ class _ExactlyOnceLoop:
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         if err is not None:
-            self.errors.append(f"delivery: {err}")
+            self._note("delivery", f"delivery: {err}")
 
     def run(self, count: int, commit_every: int, deadline: float, progress: Callable[[int], None]) -> ExactlyOnceCopy:
         copied = transactions = 0
@@ -523,10 +531,15 @@ class _ExactlyOnceLoop:
                     if done:
                         copied += done
                         transactions += 1
+                        self.timeline.append((time.time(), "committed", str(copied)))
                         progress(copied)
         finally:
             self.consumer.close()
-        return ExactlyOnceCopy(copied, transactions, self.aborted, self.errors, self.producers)
+        return ExactlyOnceCopy(copied, transactions, self.aborted, self.errors, self.producers, self.timeline)
+
+    def _note(self, kind: str, text: str) -> None:
+        self.errors.append(text)
+        self.timeline.append((time.time(), kind, text))
 
     def _transform(self, batch: list[ConsumedRecord]) -> None:
         if batch and not self.in_txn:
@@ -552,7 +565,8 @@ class _ExactlyOnceLoop:
             self.producer.send_offsets_to_transaction(
                 [TopicPartition(self.source, p, o) for p, o in self.positions.items()],
                 self.consumer.consumer_group_metadata(), self.timeout_s)
-            _confluent_commit(self.producer, self.timeout_s)
+            _confluent_commit(self.producer, self.timeout_s,
+                              on_retry=lambda why: self._note("retriable", f"commit retried: {why}"))
         except KafkaException as e:
             err = e.args[0]
             if err.fatal():
@@ -568,7 +582,7 @@ class _ExactlyOnceLoop:
         """Abort the transaction and rewind every assigned partition to the group's committed offset."""
         from confluent_kafka import KafkaException
 
-        self.errors.append(why)
+        self._note("abortable", why)
         self.aborted += 1
         try:
             self.producer.abort_transaction(self.timeout_s)
@@ -584,7 +598,7 @@ class _ExactlyOnceLoop:
         (init_transactions aborts whatever it left open) and the consumer rewinds."""
         from confluent_kafka import Producer
 
-        self.errors.append(f"fatal, producer replaced: {why}")
+        self._note("fatal", f"fatal, producer replaced: {why}")
         if self.producers >= MAX_PRODUCERS:
             raise ClientError(f"confluent-kafka exactly-once copy: {self.producers} producers failed; last: {why}")
         self.producer.purge()
