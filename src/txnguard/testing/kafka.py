@@ -189,8 +189,13 @@ class Cluster:
         if _alive(node.pid):
             return
         # A SIGKILLed node's accepted connections linger on its port for a while (in ZooKeeper mode the
-        # controller's connection to every broker, itself included, lands on the broker's port).
-        _wait_port_free(node.host, node.port)
+        # controller's connection to every broker, itself included, lands on the broker's port): a node
+        # that ran before gets time for them to go. A node that never ran has nothing of its own there,
+        # so a taken port is someone else's and is named at once (waiting would only delay the error).
+        if (self.node_dir(node_id) / "server.log").exists():
+            _wait_port_free(node.host, node.port)
+        else:
+            _check_port_free(node.host, node.port)
         if not self.zookeeper:
             _check_port_free(node.host, node.controller_port)
         else:
