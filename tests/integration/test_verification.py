@@ -29,7 +29,9 @@ UNVERIFIED_BROKERS = [
 ]
 
 
-@pytest.fixture(params=UNVERIFIED_BROKERS)
+# Module scope: pytest runs every test of one broker before the next broker's, so each cluster starts once
+# (five versions do not fit in the pool's three slots when the tests take turns).
+@pytest.fixture(scope="module", params=UNVERIFIED_BROKERS)
 def cluster(request, kafka_pool):
     version, config, zookeeper = request.param
     return kafka_pool.get(version, 1, config, zookeeper=zookeeper)
