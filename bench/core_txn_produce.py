@@ -19,6 +19,7 @@ import statistics
 import time
 from typing import Any
 
+from core_harness import DirectCluster
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
@@ -72,7 +73,7 @@ def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, fl
     guard.registry.added(TXN, PID, EPOCH, now, partitions={(TOPIC, p) for p in range(partitions)})
     conn = Connection(Settings(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
                                max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
-                      guard.rules, _Cluster(), SystemClock(), metrics.traffic, ConnectionInventory("c", now))
+                      guard.rules, DirectCluster(), SystemClock(), metrics.traffic, ConnectionInventory("c", now))
     log = _Log()
 
     def execute(commands: list[c.Command]) -> None:
@@ -110,23 +111,6 @@ def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, fl
     assert not conn.closed and conn.in_flight == 0
     done_n = n // len(pairs) * len(pairs)
     return requests_s / done_n, responses_s / done_n
-
-
-class _Cluster:
-    from txnguard.codecs.api_versions import VersionPolicy
-    version_policy = VersionPolicy()
-
-    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
-        return host, port
-
-    def learn_brokers(self, found: Any) -> None:
-        pass
-
-    def remember_broker_api_versions(self, body: Any) -> None:
-        pass
-
-    def advertised_api_versions(self) -> list[tuple[int, int, int]]:
-        return []
 
 
 def main() -> None:

@@ -18,13 +18,14 @@ import statistics
 import time
 from typing import Any
 
+from core_harness import DirectCluster
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
-from txnguard.codecs.api_versions import VersionPolicy
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
+from txnguard.proxy.guard import SystemClock
 from txnguard.testing.raw import build_batch
 from txnguard.verification.decisions import TransactionRules
 from txnguard.verification.in_doubt import EndTxnLedger
@@ -81,33 +82,6 @@ def frames() -> list[tuple[bytes, bytes]]:
     return out
 
 
-class _Clock:
-    def wall_ms(self) -> int:
-        return int(time.time() * 1000)
-
-    def perf(self) -> float:
-        return time.perf_counter()
-
-    def cpu(self) -> float:
-        return time.thread_time()
-
-
-class _Cluster:
-    version_policy = VersionPolicy()
-
-    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
-        return host, port
-
-    def learn_brokers(self, found: Any) -> None:
-        pass
-
-    def remember_broker_api_versions(self, body: Any) -> None:
-        pass
-
-    def advertised_api_versions(self) -> list[tuple[int, int, int]]:
-        return []
-
-
 def run(defence: bool, transactions: int, pairs: list[tuple[bytes, bytes]]) -> float:
     """Seconds of thread CPU per transaction."""
     registry = Registry()
@@ -115,7 +89,7 @@ def run(defence: bool, transactions: int, pairs: list[tuple[bytes, bytes]]) -> f
     rules = TransactionRules(registry, policy_from_config({}), in_doubt=EndTxnLedger() if defence else None)
     conn = Connection(Settings(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
                                max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
-                      rules, _Cluster(), _Clock())
+                      rules, DirectCluster(), SystemClock())
     started = time.thread_time()
     for _ in range(transactions):
         for req, resp in pairs:

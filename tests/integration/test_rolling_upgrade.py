@@ -87,9 +87,10 @@ def test_sigterm_answers_the_request_in_flight_refuses_new_connections_and_exits
     print(f"\nSIGTERM drain: new connections refused after {refused_after:.3f} s; the Fetch in flight answered "
           f"after {answered_after:.2f} s (the broker's max_wait: 3 s from its send); process exited after "
           f"{exited_after:.2f} s with {code} (drain bound {DRAIN_S:.0f} s)")
-    assert refused_after is not None and refused_after < 2
-    assert code == 0 and exited_after < DRAIN_S
-    assert '"event": "draining"' in proxy.log()
+    # New connections were refused while the Fetch was still in flight, and the process exited because every
+    # connection had finished, not because the drain bound ran out (that closes them with "drain_deadline").
+    assert refused_after is not None and refused_after < answered_after
+    assert code == 0 and '"event": "draining"' in proxy.log() and "drain_deadline" not in proxy.log()
 
 
 def test_a_transactional_client_retries_through_a_rolling_restart(cluster, tmp_path, unique_name):

@@ -17,23 +17,13 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from connection_playbook import FakeClock
+
 T = TypeVar("T")
 
 
-class VirtualClock:
-    """Seconds that move only when the loop has nothing to do but wait for its next timer."""
-
-    def __init__(self, seconds: float = 1000.0) -> None:
-        self.seconds = seconds
-
-    def wall_ms(self) -> int:
-        return int(self.seconds * 1000)
-
-    def perf(self) -> float:
-        return self.seconds
-
-    def cpu(self) -> float:
-        return 0.0
+# The core's fake clock (the playbook's) is the clock here too: the loop moves its `seconds`.
+VirtualClock = FakeClock
 
 
 class _Selector(selectors.DefaultSelector):

@@ -49,7 +49,7 @@ class ClusterPool:
         if cluster is None:
             while len(self._clusters) >= self.max_alive:
                 _, oldest = self._clusters.popitem(last=False)
-                oldest.down()
+                oldest.down(grace_s=0)  # never used again: its data goes with the session's folder
             directory = self.root / (f"kafka-{version}-{nodes}n{'-zk' if zookeeper else ''}"
                                      f"{'-sidecar' if sidecars else ''}-{next(_counter)}")
             cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars, die_with_parent=True,

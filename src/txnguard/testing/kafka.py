@@ -190,8 +190,13 @@ class Cluster:
         if _alive(node.pid):
             return
         # A SIGKILLed node's accepted connections linger on its port for a while (in ZooKeeper mode the
-        # controller's connection to every broker, itself included, lands on the broker's port).
-        _wait_port_free(node.host, node.port)
+        # controller's connection to every broker, itself included, lands on the broker's port): a node
+        # that ran before gets time for them to go. A node that never ran has nothing of its own there,
+        # so a taken port is someone else's and is named at once (waiting would only delay the error).
+        if (self.node_dir(node_id) / "server.log").exists():
+            _wait_port_free(node.host, node.port)
+        else:
+            _check_port_free(node.host, node.port)
         if not self.zookeeper:
             _check_port_free(node.host, node.controller_port)
         else:
@@ -351,15 +356,16 @@ class Cluster:
         log = self.zookeeper_dir / "zookeeper.log"
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
 
-    def down(self) -> None:
+    def down(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop every node: SIGTERM to all at once (one at a time, the last waits for the others'
-        timeouts), wait, then SIGKILL whatever is left. ZooKeeper last: brokers shut down cleanly
-        only while they can reach it."""
+        timeouts), wait up to `grace_s`, then SIGKILL whatever is left. ZooKeeper last: brokers shut down
+        cleanly only while they can reach it. `grace_s=0` kills at once, for a cluster whose data is thrown
+        away (a clean shutdown of three nodes can take the whole grace while the quorum shrinks)."""
         running = [n.pid for n in self.nodes if n.pid is not None and _alive(n.pid)]
-        for pid in running:
+        for pid in running if grace_s > 0 else ():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + grace_s
         while any(_alive(pid) for pid in running) and time.monotonic() < deadline:
             for pid in running:
                 _reap(pid)
