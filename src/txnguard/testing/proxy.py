@@ -182,7 +182,9 @@ class ProxyProcess:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_port: tuple[str, int] | None = None, timeout: float = 20.0) -> ProxyProcess:
+    # A cold interpreter importing kio's schemas, pydantic and uvloop takes about 1 s on an idle machine, and
+    # twenty times that on two cores loaded by a dozen JVMs: the bound is for a process that never comes up.
+    def start(self, wait_port: tuple[str, int] | None = None, timeout: float = 90.0) -> ProxyProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "txnguard.cli", "run", *self.args],
@@ -197,7 +199,9 @@ class ProxyProcess:
                 with contextlib.suppress(OSError), socket.create_connection(wait_port, timeout=0.5):
                     return self
                 time.sleep(0.1)
-            raise RuntimeError(f"proxy did not listen on {wait_port}:\n{self.log()}")
+            self.proc.kill()  # a proxy that comes up after the test gave up must not outlive it
+            self.proc.wait()
+            raise RuntimeError(f"proxy did not listen on {wait_port} within {timeout:.0f} s:\n{self.log()}")
         return self
 
     def log(self) -> str:
