@@ -58,6 +58,7 @@ from txnguard.connection.commands import (
     StartTimer,
 )
 from txnguard.connection.holds import Hold, Holds, Pause
+from txnguard.connection.in_flight import InFlight
 from txnguard.connection.ledger import Ledger
 from txnguard.connection.modes import Event, Mode, next_mode
 from txnguard.connection.reader import ResponseReader
@@ -129,27 +130,6 @@ class Cluster(Protocol):
 
 class ResponseOutOfOrder(CodecError):
     reason = "response_out_of_order"
-
-
-class InFlight:
-    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "evidence", "evidence_at",
-                 "refused_at", "request", "response", "retries", "sent_at")
-
-    def __init__(self, correlation_id: int, api_key: int, api_version: int, action: ResponseAction,
-                 sent_at: float) -> None:
-        self.correlation_id = correlation_id
-        self.api_key = api_key
-        self.api_version = api_version
-        self.action = action
-        self.sent_at = sent_at
-        self.response: list[Chunk] | None = None   # complete and waiting its turn
-        self.context: Any = None                    # the decoded request, or the Decision to merge
-        # A verified write: its answer closes the check-to-append window opened at evidence_at (Clock.perf).
-        self.evidence: str | None = None
-        self.evidence_at = 0.0
-        self.request: bytes | None = None           # kept to ask again after CONCURRENT_TRANSACTIONS
-        self.retries = 0                            # times sent again
-        self.refused_at: float | None = None        # the first CONCURRENT_TRANSACTIONS answer
 
 
 class Connection:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from txnguard.verification.decisions import PendingCheck
 
 if TYPE_CHECKING:
-    from txnguard.connection.core import InFlight
+    from txnguard.connection.in_flight import InFlight
 
 
 class Pause(enum.Enum):
