@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import clients, raw
 from txnguard.testing.bounce import (
     ConfluentChild,
@@ -52,7 +53,8 @@ IBP = "inter.broker.protocol.version"
 FROM_IBP, TO_IBP = "3.4", "3.9"
 ERROR_KINDS = ("retriable", "abortable", "delivery", "fatal")
 # What the step table says of each broker's ApiVersions: the APIs a transactional copy goes through.
-SHOWN_APIS = {0: "Produce", 24: "AddPartitionsToTxn", 26: "EndTxn", 65: "DescribeTransactions"}
+SHOWN_APIS = {ApiKey.PRODUCE: "Produce", ApiKey.ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn", ApiKey.END_TXN: "EndTxn",
+              ApiKey.DESCRIBE_TRANSACTIONS: "DescribeTransactions"}
 
 
 def paced(go: Any, seconds: float, _copied: int) -> None:
