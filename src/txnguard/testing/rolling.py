@@ -16,7 +16,7 @@ refused (their audit records) is counted per window. After the copy: the output 
 the input (lost, duplicated), and find-hanging with a 0-minute bound (bounce._hanging) on the output and
 the group's __consumer_offsets partition.
 
-Used by tests/integration/test_rolling_upgrade_zk.py and bench/rolling_upgrade_zk.py.
+Used by bench/rolling_upgrade_zk.py.
 """
 
 from __future__ import annotations
