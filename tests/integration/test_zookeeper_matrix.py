@@ -31,11 +31,12 @@ order), so its cluster evicts none that a later file would have to start again.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import pytest
 from kio.schema.errors import ErrorCode
+from test_clients_through_proxy import _produce_spread, _values
 from test_exactly_once import s6_java_copiers_through_a_broker_crash
 from test_hanging import hanging_table, make_open_transaction, same
 
@@ -69,28 +70,6 @@ def sidecars(cluster: Cluster, start_proxy: StartProxy) -> dict[int, ProxyThread
     """Broker id -> its sidecar, listening on the port that broker advertises to clients."""
     return {n.id: start_proxy(mode="sidecar", upstream=f"{n.host}:{n.port}", listen=f"{n.host}:{n.sidecar_port}")
             for n in cluster.nodes}
-
-
-@pytest.fixture
-def restarts_killed_nodes(cluster: Cluster) -> Iterator[None]:
-    """Whatever happens, the shared cluster gets every broker back."""
-    yield
-    for n in cluster.nodes:
-        cluster.start_node(n.id)  # a no-op for a broker that runs
-    cluster.wait_ready()
-
-
-def _values(prefix: str, n: int) -> list[bytes]:
-    return [f"{prefix}-{i}".encode() for i in range(n)]
-
-
-def _produce_spread(producer: clients.PlainProducer, bootstrap: str, topic: str, values: Sequence[bytes],
-                    partitions: int) -> dict[int, list[bytes]]:
-    """Value i goes to partition i % partitions; returns what each partition got."""
-    spread = {p: list(values[p::partitions]) for p in range(partitions)}
-    for p, vs in spread.items():
-        producer.produce(bootstrap, topic, vs, partition=p)
-    return spread
 
 
 def _sum(proxies: Sequence[ProxyThread], metric: str, **labels: str) -> float:
