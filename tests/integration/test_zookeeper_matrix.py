@@ -37,7 +37,7 @@ from typing import TypeVar
 import pytest
 from kio.schema.errors import ErrorCode
 from test_clients_through_proxy import _produce_spread, _values
-from test_exactly_once import s6_java_copiers_through_a_broker_crash
+from test_exactly_once import restarts_killed_nodes, s6_java_copiers_through_a_broker_crash  # noqa: F401 - a fixture
 from test_hanging import hanging_table, make_open_transaction, same
 
 from txnguard.testing import clients
@@ -298,8 +298,9 @@ def test_txnguard_hanging_finds_what_kafka_3_0_2_find_hanging_finds(
 
 
 @pytest.mark.java
+@pytest.mark.usefixtures("restarts_killed_nodes")  # test_exactly_once's, imported above
 def test_s6_java_2_8_2_copier_exactly_once_through_a_broker_sigkill(
-    cluster: Cluster, start_proxy: StartProxy, unique_name: NameFactory, restarts_killed_nodes: None,
+    cluster: Cluster, start_proxy: StartProxy, unique_name: NameFactory,
 ) -> None:
     """test_exactly_once.py's S6 cell on ZooKeeper 3.0.2: the killed broker's ZooKeeper session expires before
     the controller moves its leaderships, and the restarted broker waits for that too (harness). Last in the
