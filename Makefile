@@ -95,7 +95,7 @@ test-integration: setup
 	$(BIN)/pytest tests/integration -q
 
 test: setup lint image
-	$(BIN)/pytest tests -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
+	$(BIN)/pytest tests -q -p no:cacheprovider --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning, a broken link or anchor
 # included. `make test` builds it too (tests/unit/test_docs.py). Offline: nothing is fetched at build time.

@@ -459,7 +459,7 @@ def test_s4_java_copier_rides_out_a_frozen_coordinator_through_the_proxy(
     group = _group_coordinated_by(cluster, unique_name("group"), lambda c: c != coordinator)
     # ~300-byte values: the copier's 512-byte batches then hold one record each, so a transaction is
     # mostly a long run of small Produce requests (see the note at the end).
-    values = [f"java-{i:05d}-{'x' * 300}".encode() for i in range(6000)]
+    values = [f"java-{i:05d}-{'x' * 300}".encode() for i in range(3000)]
     clients.ConfluentKafkaClient().produce(cluster.bootstrap_servers, source, values, partition=0)
     proxy = gateway_for(cluster, start_proxy, verification=VERIFY_WITH_COORDINATOR)
 

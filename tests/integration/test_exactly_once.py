@@ -1,11 +1,11 @@
 """S6: exactly once through the gateway, with a broker SIGKILLed and restarted in the middle of the copy.
 
-Consume-transform-produce applications copy 20,000 records each from an input topic (RF 3,
+Consume-transform-produce applications copy 10,000 records each from an input topic (RF 3,
 two partitions) to an output topic (RF 3, two partitions) through a gateway proxy with verification
 on (its defaults), on three Kafka 3.5.2 nodes:
 
 * Java 3.5.2 TransactionalMessageCopier: Kafka's own system-test tool, one copier per input partition
-  as Kafka's transactions system test runs it (10,000 records each), 200 records per transaction, the
+  as Kafka's transactions system test runs it (5,000 records each here, 10,000 there), 200 records per transaction, the
   offsets in the transaction, abort and rewind to the committed offsets on any non-fatal error. The
   same cell with the Java 2.8.2 copier runs on three ZooKeeper-mode Kafka 3.0.2 brokers
   (test_zookeeper_matrix.py, `s6_java_copiers_through_a_broker_crash`);
@@ -16,7 +16,7 @@ on (its defaults), on three Kafka 3.5.2 nodes:
   send_offsets_to_transaction when the group coordinator leaves the Metadata (#5511/#5456), which
   bench/librdkafka_5511.py reports directly against the brokers (a client race: not a test).
 
-    seed 20,000 ──▶ input (p0, p1)
+    seed 10,000 ──▶ input (p0, p1)
     copier(s) ──consume──▶ proxy ──▶ brokers        copier ──Produce/TxnOffsetCommit/EndTxn──▶ proxy ──▶ brokers
                          ══ SIGKILL the leader of output partition 0 at ~30 % progress; start it again ══
     copier(s) retry, abort and rewind as they see fit, and finish
@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.integration]
 NameFactory = Callable[[str], str]
 StartProxy = Callable[..., ProxyThread]
 
-RECORDS = 20_000
+RECORDS = 10_000
 PARTITIONS = 2
 COPY_TIMEOUT_S = 240.0
 CRASH_AT = 0.3  # fraction of the output written (committed or not) when the broker is killed

@@ -503,23 +503,23 @@ def _wait(what: str, check, timeout_s: float, proc: subprocess.Popen[bytes], log
 @pytest.mark.timeout(1500)
 def test_follow_killed_mid_stream_and_restarted_counts_every_record_once(spark, cluster, unique_name, tmp_path):
     topic = fresh_topic(cluster, unique_name("audit-follow"), partitions=2)
-    records = list(Generator(seed=23, failure_rate=0.1).records(3000))
-    first, second = records[:2000], records[2000:]
+    records = list(Generator(seed=23, failure_rate=0.1).records(1500))
+    first, second = records[:1000], records[1000:]
     _produce(cluster.bootstrap_servers, topic, first)
     out, log = tmp_path / "follow", tmp_path / "follow.log"
     # Small micro-batches first: the run is still mid-stream when it is killed; larger ones after the restart.
     proc = _follow(cluster.bootstrap_servers, topic, out, log, batch=100)
     try:
-        # Two committed micro-batches of at most 100 records each, of 2000: the stream is mid-way.
+        # Two committed micro-batches of at most 100 records each, of 1000: the stream is mid-way.
         _wait("two committed micro-batches", lambda: _commits(out, "decisions") >= 2, 600, proc, log)
         os.killpg(proc.pid, signal.SIGKILL)  # no shutdown hook, no last commit: a crash
         proc.wait()
         before = _table(spark, out, "decisions").count()
         assert 0 < before < _expected(first)["decisions"].total()  # killed mid-stream, with something committed
         # More records arrive while it is down and after it is back, plus two lines that are no record.
-        _produce(cluster.bootstrap_servers, topic, second[:500])
-        proc = _follow(cluster.bootstrap_servers, topic, out, log, batch=2000)
-        _produce(cluster.bootstrap_servers, topic, second[500:], [b"not json", b'{"schema_version": 99}'])
+        _produce(cluster.bootstrap_servers, topic, second[:250])
+        proc = _follow(cluster.bootstrap_servers, topic, out, log, batch=1000)
+        _produce(cluster.bootstrap_servers, topic, second[250:], [b"not json", b'{"schema_version": 99}'])
         want = _expected(records)
         want_rows = {"decisions": want["decisions"].total(), "connections": want["connections"].total(),
                      "quarantine": 2}

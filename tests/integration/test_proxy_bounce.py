@@ -46,8 +46,9 @@ def sidecar_cluster(kafka_pool: ClusterPool) -> Cluster:
 def test_the_gateway_killed_and_restarted_mid_copy_loses_nothing_doubles_nothing_hangs_nothing(
     cluster: Cluster, tmp_path: Path,
 ) -> None:
-    # The Java 3.5.2 copier here; bench/proxy_bounce.py runs Java 2.8.2 and confluent-kafka too, several times.
-    result = run_bounce(cluster, "java-3.5.2", tmp_path)
+    # The Java 3.5.2 copier here, 3,000 records killed at 1,000; bench/proxy_bounce.py runs 6,000 with Java 2.8.2
+    # and confluent-kafka too, several times.
+    result = run_bounce(cluster, "java-3.5.2", tmp_path, records=3000, kill_at=1000)
     print(f"\n{result}")
     assert result.copied_exactly_once and result.hanging == 0, result
     # No false rejection: every write the restarted proxy judged passed. (The Java copier aborts the

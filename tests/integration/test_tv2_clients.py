@@ -1,6 +1,6 @@
-"""TV2 clients (KIP-890 part 2) through the proxy on Kafka 4.3.1: passed through, or made to fall back.
+"""TV2 clients (KIP-890 part 2) through the proxy on Kafka 4.4.0: passed through, or made to fall back.
 
-The Java 4.3.1 client (TransactionalMessageCopier of kafka-tools 4.3.1: consume a partition,
+The Java 4.4.0 client (TransactionalMessageCopier of kafka-tools 4.4.0: consume a partition,
 produce + send offsets in transactions of 200) copies a few thousand records through a
 gateway, once with the default (TV2 passes through untouched: Produce v12+ and TxnOffsetCommit
 v5+ on the wire, no AddPartitionsToTxn, nothing verified by the proxy; the broker adds the
@@ -37,7 +37,7 @@ RECORDS = 2000
 
 @pytest.fixture(scope="module")
 def cluster(kafka_pool: ClusterPool) -> Cluster:
-    return kafka_pool.get("4.3.1", 1)
+    return kafka_pool.get("4.4.0", 1)
 
 
 def _total(proxy: ProxyThread, sample: str, **labels: str) -> float:
@@ -76,7 +76,7 @@ def _copy(cluster: Cluster, proxy: ProxyThread, audit: Path, name: Callable[[str
 
     started = time.monotonic()
     result = clients.java_transactional_copier(
-        proxy.bootstrap, source, sink, name("tid"), group, max_messages=RECORDS, java_version="4.3.1",
+        proxy.bootstrap, source, sink, name("tid"), group, max_messages=RECORDS, java_version="4.4.0",
         transaction_size=200, timeout_s=240)
     took = time.monotonic() - started
     assert result.shutdown_complete
@@ -156,7 +156,7 @@ def test_negative_control_capping_versions_without_hiding_the_feature_breaks_a_t
     with pytest.raises(clients.ClientError) as failed:
         clients.java_transactional_copier(
             proxy.bootstrap, source, sink, unique_name("tid"), unique_name("group"), max_messages=200,
-            java_version="4.3.1", transaction_size=200, timeout_s=60)
+            java_version="4.4.0", transaction_size=200, timeout_s=60)
     print(f"capped only: {str(failed.value).splitlines()[0]}; "
           f"AddPartitionsToTxn {_total(proxy, 'txnguard_frames_total', api='add_partitions_to_txn'):.0f}; "
           f"failures {_by_labels(proxy, 'txnguard_verification_failures_total')}")

@@ -19,7 +19,7 @@ Every client family meets 3.0.2 in ZooKeeper mode once, spread so that each mode
 | produce to three partitions, metadata, read_committed consume | kcat | G |
 | paced transactions, one Produce per record | Sarama | S |
 | VerifiableProducer + TransactionalMessageCopier | Java 3.5.2 | S |
-| S6: 20,000 records, two copiers, the output leader SIGKILLed at 30 % and restarted | Java 2.8.2 | G |
+| S6: 10,000 records, two copiers, the output leader SIGKILLed at 30 % and restarted | Java 2.8.2 | G |
 | S1, S2, S5 refused with the coordinator's answer (DescribeTransactions: KIP-664, from 3.0) | raw actor | S |
 | `txnguard hanging` = 3.0.2's own `find-hanging` (topic and broker scopes) | Java 3.0.2 tool | direct, G |
 

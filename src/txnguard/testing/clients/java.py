@@ -246,7 +246,7 @@ def java_producer_performance(
 
     Transactions are on when `transaction_duration_ms` > 0 (the tool commits after each
     such interval). --transactional-id and --transaction-duration-ms exist in every
-    kafka-tools version we use (2.8.2 up to 4.3.1).
+    kafka-tools version we use (2.8.2 up to 4.4.0).
     """
     # A properties file rather than --producer-props, which rejects any value containing "=".
     props = {"bootstrap.servers": bootstrap_servers, "acks": "all", **(producer_props or {})}
