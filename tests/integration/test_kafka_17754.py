@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import pytest
 from kio.schema.errors import ErrorCode
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import raw
 from txnguard.testing.faults import Action, Fault, FaultRelay
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
@@ -51,8 +52,6 @@ from txnguard.testing.kafka_17754 import J3ClientRun, run_once
 from txnguard.testing.scenarios import TxnActor, error_name
 
 pytestmark = pytest.mark.integration
-
-END_TXN = 26
 
 
 @dataclass
@@ -125,7 +124,7 @@ def j3_sequence(cluster: Cluster) -> J3Run:
         # T1
         assert actor.add_partitions(topic, 0) == {0: ErrorCode.none}
         assert _produce_when_led(actor, topic, 0, b"t1") == ErrorCode.none
-        held = relay.add(Fault(Action.HOLD, api_key=END_TXN))
+        held = relay.add(Fault(Action.HOLD, api_key=ApiKey.END_TXN))
         with raw.RawClient(relay.host, relay.port, timeout=2.0) as c, pytest.raises(socket.timeout):
             c.end_txn(actor.transactional_id, actor.producer, committed=True)
         run.t1_retry = error_name(actor.end(commit=True))          # the client retries: T1 commits

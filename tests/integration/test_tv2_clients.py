@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.testing import clients
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.kafka import Cluster
@@ -149,7 +150,8 @@ def test_negative_control_capping_versions_without_hiding_the_feature_breaks_a_t
     # api_max_versions alone: the client still reads transaction.version 2, adds no partition, and its
     # Produce (now v11) is judged as TV1: the proxy finds the partition not in the transaction.
     audit = tmp_path / "audit.jsonl"
-    proxy = gateway_for(cluster, start_proxy, audit_path=str(audit), api_max_versions={0: 11, 26: 4, 28: 4})
+    proxy = gateway_for(cluster, start_proxy, audit_path=str(audit), api_max_versions={
+        ApiKey.PRODUCE: 11, ApiKey.END_TXN: 4, ApiKey.TXN_OFFSET_COMMIT: 4})
     source, sink = fresh_topic(cluster, unique_name("src")), fresh_topic(cluster, unique_name("sink"))
     clients.ConfluentKafkaClient().produce(cluster.bootstrap_servers, source, [b"x"] * 200)
 

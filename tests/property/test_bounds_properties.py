@@ -18,6 +18,7 @@ from kio.serial import entity_writer
 from kio.static.primitive import Records
 
 from txnguard.codecs import bounds, schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import peek_request
 from txnguard.codecs.produce import produce_partitions
@@ -26,7 +27,10 @@ from txnguard.codecs.schemas import encode_request
 
 # Requests and responses the proxy reads: its inspected requests, the responses it rewrites
 # or watches, SASL, and its own verification requests' answers.
-DECODED_KEYS = (0, 1, 3, 10, 17, 18, 22, 24, 25, 26, 28, 36, 60, 61, 65, 78, 79)
+DECODED_KEYS = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.SASL_HANDSHAKE,
+                ApiKey.API_VERSIONS, ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN,
+                ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_CLUSTER,
+                ApiKey.DESCRIBE_PRODUCERS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE)
 
 st.register_type_strategy(Records, st.binary(max_size=128))
 

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import peek_request, produce_acks_and_txn_id_null, request_body_offset
@@ -42,7 +43,7 @@ VALID = _valid_requests()
 
 def _inspect_request(body: bytes) -> None:
     head = peek_request(body)
-    if head.api_key == 0:
+    if head.api_key == ApiKey.PRODUCE:
         produce_acks_and_txn_id_null(body, head)
     request_body_offset(body, head)
     schemas.decode_request(body)

@@ -15,6 +15,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import peek_request
 from txnguard.codecs.lifecycle_scan import (
@@ -26,7 +27,8 @@ from txnguard.codecs.lifecycle_scan import (
     read_txn_response,
 )
 
-VERSIONS = {22: range(0, 6), 24: range(0, 4), 25: range(0, 5), 26: range(0, 5)}
+VERSIONS = {ApiKey.INIT_PRODUCER_ID: range(0, 6), ApiKey.ADD_PARTITIONS_TO_TXN: range(0, 4),
+            ApiKey.ADD_OFFSETS_TO_TXN: range(0, 5), ApiKey.END_TXN: range(0, 5)}
 NAMES = st.sampled_from(["app", "", "é" * 3, "t" * 130])
 CODES = st.sampled_from([ErrorCode.none, ErrorCode.concurrent_transactions, ErrorCode.invalid_txn_state])
 
@@ -42,19 +44,19 @@ def requests(draw: st.DrawFn) -> tuple[int, int, bytes]:
     cls = schemas.request_schema(key, version)
     m = _module(cls)
     pid, epoch = i64(draw(st.integers(-1, 2**40))), i16(draw(st.integers(-1, 3)))
-    if key == 22:
+    if key == ApiKey.INIT_PRODUCER_ID:
         kw: dict[str, Any] = {"transactional_id": draw(st.one_of(st.none(), NAMES)),
                               "transaction_timeout": datetime.timedelta(milliseconds=draw(st.integers(0, 900_000)))}
         if version >= 3:
             kw |= {"producer_id": pid, "producer_epoch": epoch}
         body = cls(**kw)
-    elif key == 24:
+    elif key == ApiKey.ADD_PARTITIONS_TO_TXN:
         topics = tuple(m.AddPartitionsToTxnTopic(name=draw(NAMES) + str(t), partitions=tuple(
             i32(p) for p in draw(st.lists(st.integers(0, 200), max_size=3))))
             for t in range(draw(st.integers(0, 3))))
         body = cls(v3_and_below_transactional_id=draw(NAMES), v3_and_below_producer_id=pid,
                    v3_and_below_producer_epoch=epoch, v3_and_below_topics=topics)
-    elif key == 25:
+    elif key == ApiKey.ADD_OFFSETS_TO_TXN:
         body = cls(transactional_id=draw(NAMES), producer_id=pid, producer_epoch=epoch, group_id=draw(NAMES))
     else:
         body = cls(transactional_id=draw(NAMES), producer_id=pid, producer_epoch=epoch, committed=draw(st.booleans()))
@@ -63,15 +65,15 @@ def requests(draw: st.DrawFn) -> tuple[int, int, bytes]:
 
 @st.composite
 def responses(draw: st.DrawFn) -> tuple[int, int, bytes]:
-    key = draw(st.sampled_from([22, 24, 25]))
+    key = draw(st.sampled_from([ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN]))
     version = draw(st.sampled_from(VERSIONS[key]))
     cls = schemas.response_schema(key, version)
     m = _module(cls)
     throttle = datetime.timedelta(milliseconds=draw(st.integers(0, 1000)))
-    if key == 22:
+    if key == ApiKey.INIT_PRODUCER_ID:
         body = cls(throttle_time=throttle, error_code=draw(CODES), producer_id=i64(draw(st.integers(-1, 2**40))),
                    producer_epoch=i16(draw(st.integers(-1, 3))))
-    elif key == 24:
+    elif key == ApiKey.ADD_PARTITIONS_TO_TXN:
         results = tuple(m.AddPartitionsToTxnTopicResult(name=draw(NAMES) + str(t), results_by_partition=tuple(
             m.AddPartitionsToTxnPartitionResult(partition_index=i32(p), partition_error_code=draw(CODES))
             for p in draw(st.lists(st.integers(0, 200), max_size=3))))

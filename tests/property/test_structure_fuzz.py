@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.batches import batch_heads
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import DEFAULT_MAX_FRAME, FrameSplitter
@@ -46,9 +47,12 @@ MAX_TRACED_BYTES = 32 * 1024 * 1024
 MAX_RSS_GROWTH_KIB = 256 * 1024
 
 # The API keys the proxy decodes, each of which must have request or response seeds.
-DECODED = {0: "Produce", 1: "Fetch", 3: "Metadata", 10: "FindCoordinator", 18: "ApiVersions", 22: "InitProducerId",
-           24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit",
-           60: "DescribeCluster", 61: "DescribeProducers", 65: "DescribeTransactions"}
+DECODED = {ApiKey.PRODUCE: "Produce", ApiKey.FETCH: "Fetch", ApiKey.METADATA: "Metadata",
+           ApiKey.FIND_COORDINATOR: "FindCoordinator", ApiKey.API_VERSIONS: "ApiVersions",
+           ApiKey.INIT_PRODUCER_ID: "InitProducerId", ApiKey.ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn",
+           ApiKey.ADD_OFFSETS_TO_TXN: "AddOffsetsToTxn", ApiKey.END_TXN: "EndTxn",
+           ApiKey.TXN_OFFSET_COMMIT: "TxnOffsetCommit", ApiKey.DESCRIBE_CLUSTER: "DescribeCluster",
+           ApiKey.DESCRIBE_PRODUCERS: "DescribeProducers", ApiKey.DESCRIBE_TRANSACTIONS: "DescribeTransactions"}
 
 
 def _warm_up() -> None:
@@ -79,7 +83,7 @@ def _decode_frame(case: Case, frame: memoryview) -> None:
         with contextlib.suppress(CodecError):
             head = peek_request(frame)
             calls.append(lambda: request_body_offset(frame, head))
-            if head.api_key == 0:
+            if head.api_key == ApiKey.PRODUCE:
                 calls.append(lambda: produce_acks_and_txn_id_null(frame, head))
                 if head.api_version >= 3:  # the verification's in-place reader of transactional Produce
                     calls.append(lambda: scan_produce(frame, head))
@@ -143,7 +147,7 @@ def test_every_seed_decodes():
 
 def test_the_walker_finds_the_structure_the_mutations_target():
     """A transactional Produce seed has array counts, lengths and a record batch header where kio puts them."""
-    produce = [(s, st_) for s, st_ in MUTATOR.seeds if s.api_key == 0 and s.direction == "request"
+    produce = [(s, st_) for s, st_ in MUTATOR.seeds if s.api_key == ApiKey.PRODUCE and s.direction == "request"
                and any(m.kind == "batch.attributes" and m.value & 0x10 for m in st_.landmarks)]
     assert produce
     seed, structure = produce[0]

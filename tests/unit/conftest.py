@@ -25,6 +25,16 @@ def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
 
 
 @pytest.fixture(autouse=True)
+def _logs_back_to_the_process_stderr() -> Iterator[None]:
+    """After every test the proxy's logs go to the process's own stderr again: a test that calls
+    `logs.configure("info")` binds them to pytest's capture of its stderr, closed after it, and the next
+    test that logs (test_upstream_auth's readyz test, then test_verify_only_support's warning) raised
+    "I/O operation on closed file"."""
+    yield
+    logs.configure("info", sys.__stderr__)
+
+
+@pytest.fixture(autouse=True)
 def _playbook_commands_all_asserted() -> Iterator[None]:
     """A connection playbook's test fails when the core emitted a command the test never asserted
     (tests/unit/connection_playbook.py), as mitmproxy's playbook does."""

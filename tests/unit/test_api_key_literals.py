@@ -1,6 +1,7 @@
 """API keys are named once, in `codecs/api_keys.py` (`ApiKey`); nowhere else is one spelled as an integer.
 
-The scan reads every module of src/ and bench/ with `ast` and reports, outside codecs/api_keys.py:
+The scan reads every module of src/, bench/ and tests/ (tests are code too) with `ast` and reports, outside
+codecs/api_keys.py:
 
 - a name bound to an integer (or a tuple/list/set of integers; `A, B = 61, 65` pairwise) when the
   name says it is an API key (it ends in API, API_KEY, _KEY or _KEYS) or is the name of the API whose
@@ -12,7 +13,8 @@ The scan reads every module of src/ and bench/ with `ast` and reports, outside c
 - an integer compared with, or passed as, something named `api_key` (`api_key == 0`, `request_api_key=24`).
 
 A partition map (`{0: 30, 1: 30}`), a count (`MAX_PRODUCERS = 3`) or a version (`LAST_TV1_LEVEL = 1`)
-is none of these, and the tests below show both sides.
+is none of these, and the tests below show both sides. This module is scanned as well: its planted copies
+are source held in strings, which the scan (reading the syntax tree, not the text) does not parse.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from kio.schema.index import api_key_map
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = (ROOT / "src", ROOT / "bench")
+SCANNED = (ROOT / "src", ROOT / "bench", ROOT / "tests")
 THE_ENUM = ROOT / "src" / "txnguard" / "codecs" / "api_keys.py"
 
 _KEY_NAME = re.compile(r"(API|API_KEYS?|_KEYS?)$")

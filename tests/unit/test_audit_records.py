@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.header import peek_request
 from txnguard.testing.raw import ProducerIdentity, RawClient, build_batch
 from txnguard.verification.audit import (
@@ -43,7 +44,7 @@ FRAMES = _Frames()
 def _feed(inv: ConnectionInventory, body: bytes, transactional: bool | None = None) -> None:
     head = peek_request(body)
     inv.request(head, body)
-    if head.api_key == 0:
+    if head.api_key == ApiKey.PRODUCE:
         inv.produce(head, body, bool(transactional))
 
 

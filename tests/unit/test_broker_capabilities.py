@@ -12,6 +12,7 @@ from kio.schema.describe_producers.v0.request import DescribeProducersRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.types import TransactionalId
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.proxy.capabilities import BrokerCapabilities
 from txnguard.proxy.kafka_client import BrokerConnection, UnsupportedApi
 from txnguard.proxy.metrics import ProxyMetrics
@@ -19,8 +20,9 @@ from txnguard.verification.capabilities import lacking
 from txnguard.verification.hanging import UNCONFIRMED, HangingScan, MaxTimeout, ProducerState
 
 # ApiVersions of Kafka 2.8.2 (ZooKeeper mode) for the keys that matter here: DescribeProducers 0, no 65/66.
-KAFKA_2_8 = {0: (0, 9), 24: (0, 3), 26: (0, 3), 28: (0, 3), 61: (0, 0)}
-KAFKA_3_0 = {**KAFKA_2_8, 65: (0, 0), 66: (0, 0)}
+KAFKA_2_8 = {ApiKey.PRODUCE: (0, 9), ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3), ApiKey.END_TXN: (0, 3),
+             ApiKey.TXN_OFFSET_COMMIT: (0, 3), ApiKey.DESCRIBE_PRODUCERS: (0, 0)}
+KAFKA_3_0 = {**KAFKA_2_8, ApiKey.DESCRIBE_TRANSACTIONS: (0, 0), ApiKey.LIST_TRANSACTIONS: (0, 0)}
 
 
 class Transport:

@@ -105,3 +105,49 @@ def test_an_in_place_assembly_hands_over_what_arrived_when_cut_through_or_raw():
         else:
             assert splitter.take_buffered() == stream[:arrived]
         assert splitter.buffered == 0 and splitter.feed(frame(b"next")) == [frame(b"next")]
+
+
+# -- cut through: a frame forwarded as it arrives, its bytes told apart from the next frame's ---------------------
+
+def test_a_frame_cut_through_is_told_apart_from_the_next_frame_read_by_read():
+    big, after, third = frame(b"p" * 1000), frame(b"after"), frame(b"third")
+    splitter = FrameSplitter()
+
+    # read 1: the big frame's first 300 bytes, assembled as usual until its owner decides
+    assert splitter.feed(big[:300]) == [] and splitter.buffered == 300
+    # the owner cuts it through: the pieces so far leave now, the rest as it arrives
+    assert b"".join(splitter.cut_through()) == big[:300]
+    assert splitter.buffered == 0 and splitter.through == len(big) - 300
+
+    # read 2: wholly inside the big frame, handed back as it came (nothing copied, nothing after it)
+    read2 = big[300:700]
+    through, rest = splitter.take_cut_through(read2)
+    assert through is read2 and rest == b"" and splitter.through == len(big) - 700
+
+    # read 3: the big frame ends inside it; the next frame and a part of the third follow
+    read3 = big[700:] + after + third[:3]
+    through, rest = splitter.take_cut_through(read3)
+    assert bytes(through) == big[700:] and splitter.through == 0
+    assert splitter.feed(rest) == [after] and splitter.buffered == 3  # framed again, from the first byte after
+
+    # read 4: the third frame completes; nothing is being cut through, so the read is all for feed
+    read4 = third[3:]
+    assert splitter.take_cut_through(read4) == (b"", read4)
+    assert splitter.feed(read4) == [third] and splitter.buffered == 0
+
+
+def test_a_cut_through_ending_exactly_at_a_read_s_end_leaves_the_next_read_to_be_framed():
+    big, after = frame(b"q" * 500), frame(b"after")
+    splitter = FrameSplitter()
+
+    assert splitter.feed(big[:100]) == []
+    assert b"".join(splitter.cut_through()) == big[:100]
+
+    # the read that brings the big frame's last byte ends with it
+    last = big[100:]
+    through, rest = splitter.take_cut_through(last)
+    assert through is last and rest == b"" and splitter.through == 0
+
+    # the next read is a frame of its own, not bytes of the one cut through
+    assert splitter.take_cut_through(after) == (b"", after)
+    assert splitter.feed(after) == [after] and splitter.buffered == 0

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.proxy.config import CoordinatorEvidence, HostPort
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
 
 COORDINATOR = HostPort("127.0.0.1", 9092)
-ON_341 = {24: (0, 3), 65: (0, 0)}  # what Kafka 3.4.1 lists (AddPartitionsToTxn, DescribeTransactions)
-ON_392 = {24: (0, 5), 65: (0, 0)}  # Kafka 3.9.2
+ON_341 = {ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3), ApiKey.DESCRIBE_TRANSACTIONS: (0, 0)}  # what Kafka 3.4.1 lists
+ON_392 = {ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5), ApiKey.DESCRIBE_TRANSACTIONS: (0, 0)}  # Kafka 3.9.2
 
 
 class Connections:

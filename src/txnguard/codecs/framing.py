@@ -38,9 +38,13 @@ class FrameSplitter:
     copied in as it comes, so completing the frame copies only its last read. The
     mapping's pages exist once written: memory held is what arrived, never what a
     length prefix claims (a client that claims 100 MiB and sends 2 holds 2).
+
+    A frame its owner forwards without reading whole (a large Produce the proxy need not verify) is
+    cut through: `cut_through` hands over the pieces so far, and `take_cut_through` tells the rest of
+    its bytes, as they arrive, from the next frame's; `through` says how many are still to come.
     """
 
-    __slots__ = ("_buf", "_parts", "_want", "buffered", "max_frame")
+    __slots__ = ("_buf", "_parts", "_want", "buffered", "max_frame", "through")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self._parts: list[bytes | memoryview] = []  # the pieces of the incomplete frame
@@ -50,6 +54,8 @@ class FrameSplitter:
         self.buffered = 0
         self._want: int | None = None                # its whole length with the prefix, once known
         self.max_frame = max_frame
+        # Bytes still to come of a frame being cut through (`cut_through`); a plain attribute, as `buffered`.
+        self.through = 0
 
     def take_buffered(self) -> bytes:
         """Hand over the bytes of an incomplete frame (when a connection stops being framed)."""
@@ -66,7 +72,7 @@ class FrameSplitter:
         """(whole length, first bytes so far) of the frame being assembled, once its length is known.
 
         A relay that needs only a frame's header can forward the rest as it arrives (cut-through)
-        instead of holding the whole frame; `detach` hands the assembly over.
+        instead of holding the whole frame; `cut_through` hands the assembly over.
         """
         if self._want is None:
             return None
@@ -86,6 +92,31 @@ class FrameSplitter:
         parts, left = self._pieces(), self._want - self.buffered
         self._reset()
         return parts, left
+
+    def cut_through(self) -> list[bytes | memoryview]:
+        """Forward the incomplete frame as it arrives instead of assembling it: its pieces so far.
+
+        The rest of its bytes are not frames to split: `take_cut_through` takes them off the reads
+        that bring them, before `feed` sees what follows.
+        """
+        parts, self.through = self.detach()
+        return parts
+
+    def take_cut_through(self, data: bytes | memoryview) -> tuple[bytes | memoryview, bytes | memoryview]:
+        """Split a read at the end of the frame being cut through: (its bytes in the read, the bytes after).
+
+        A read that lies wholly inside the frame comes back as it is, with nothing after it; a read the
+        frame ends inside comes back as two slices of it, the second for `feed`.
+        """
+        left = self.through
+        if not left:
+            return b"", data
+        if left >= len(data):
+            self.through = left - len(data)
+            return data, b""
+        self.through = 0
+        view = memoryview(data)
+        return view[:left], view[left:]
 
     def _reset(self) -> None:
         self._parts = []
@@ -114,6 +145,8 @@ class FrameSplitter:
         return int(size)
 
     def feed(self, data: bytes | memoryview) -> list[memoryview]:
+        """The complete frames `data` finishes; the remainder is kept for the next read."""
+        assert not self.through, "the bytes of a frame being cut through go through take_cut_through"
         frames: list[memoryview] = []
         view = memoryview(data)
         if self._parts or self._buf is not None:

@@ -146,7 +146,6 @@ class Connection:
         limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
         self.requests = FrameSplitter(limit)
         self._fast = settings.fast_path and not settings.debug  # debug wants a RequestSeen per request
-        self._request_left = 0  # bytes still to come of a request being cut through
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
         # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
@@ -212,14 +211,12 @@ class Connection:
         if mode is _RAW:
             return [SendToBroker([data])]
         out: list[Command] = []
-        if self._request_left:
+        if self.requests.through:
             # The rest of a request being cut through: forwarded as it arrives, never assembled.
-            n = min(self._request_left, len(data))
-            self._request_left -= n
-            if n == len(data):
-                return [SendToBroker([data])]
-            out.append(SendToBroker([memoryview(data)[:n]]))
-            data = memoryview(data)[n:]  # the splitter reads any buffer
+            through, data = self.requests.take_cut_through(data)
+            if not data:
+                return [SendToBroker([through])]
+            out.append(SendToBroker([through]))
         to_broker: list[Chunk] = []
         done = relayed or self.relay_from_client(data)
         if done:
@@ -259,7 +256,7 @@ class Connection:
         """
         # Only while relaying (no hold, no byte pipe, not draining...), with the fast path on, the client
         # identified, and no request read in part (buffered, or being cut through).
-        if (self.mode is not _RELAY or not self._fast or self.client_id is None or self._request_left
+        if (self.mode is not _RELAY or not self._fast or self.client_id is None or self.requests.through
                 or self.requests.buffered):
             return 0
         clock = self.clock
@@ -619,7 +616,7 @@ class Connection:
             return  # the header has not all arrived (or is broken: the whole frame will be judged)
         if not txn_id_null and self.rules.wants(_PRODUCE, head.api_version):
             return
-        parts, self._request_left = self.requests.detach()
+        parts = self.requests.cut_through()
         self.partial_since = None
         self._note_request(head, body, size, out)
         if self.inventory is not None:
