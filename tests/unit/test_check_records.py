@@ -43,7 +43,14 @@ from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.decisions import Answer, Decision, PendingCheck
+from txnguard.verification.checks import (
+    Answer,
+    EndTxnSettled,
+    EndTxnStillInDoubt,
+    PartitionVerdicts,
+    TransactionDescription,
+)
+from txnguard.verification.decisions import Decision, PendingCheck
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 
 CLIENT = ClientInfo("c", None, None, JAVA, "bootstrap", 2)
@@ -102,7 +109,7 @@ def produce_check(proxy: _Proxy) -> Decision:
     pending = proxy.rules.check_produce(memoryview(produce(1, [T0, T1])), 9, CLIENT, proxy.clock)
     not_added = Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not in the transaction",
                         "INVALID_TXN_STATE")
-    return _decided(pending, proxy, Answer(verdicts={T1: not_added}))
+    return _decided(pending, proxy, PartitionVerdicts({T1: not_added}))
 
 
 def txn_offset_commit_check(proxy: _Proxy) -> Decision:
@@ -124,7 +131,7 @@ def _held(proxy: _Proxy, key: int, frame: bytes, settled: bool) -> Decision:
     observed = proxy.rules.observe_request(key, 3, body, proxy.clock.wall_ms(), connection_id=2)
     pending = proxy.rules.end_txn_hold(key, 3, memoryview(frame), observed, CLIENT, 2, proxy.clock)
     assert pending is not None
-    return _decided(pending, proxy, Answer(settled=settled))
+    return _decided(pending, proxy, EndTxnSettled() if settled else EndTxnStillInDoubt())
 
 
 def add_partitions_held(proxy: _Proxy) -> Decision:
@@ -141,7 +148,7 @@ def _timed_out(proxy: _Proxy, frame: bytes, version: int) -> Decision:
     proxy.clock.seconds += TIMEOUT_MS / 1000 + 1
     aborted = DescribedTransaction(0, TXN, "CompleteAbort", TIMEOUT_MS, started - 3, PID, EPOCH + 1, frozenset())
     return _decided(proxy.rules.check_lifecycle(memoryview(frame), version, CLIENT, proxy.clock), proxy,
-                    Answer(description=aborted))
+                    TransactionDescription(aborted))
 
 
 def end_txn_timed_out(proxy: _Proxy) -> Decision:

@@ -40,7 +40,7 @@ from txnguard.connection.commands import (
     StartTimer,
 )
 from txnguard.connection.modes import TRANSITIONS, Event, Mode, ModeError, next_mode
-from txnguard.verification.decisions import Answer
+from txnguard.verification.checks import PartitionVerdicts
 from txnguard.verification.outcomes import Evidence, passed
 
 R, H, P, W, D, L, C = (Mode.RELAY, Mode.HOLDING, Mode.RAW_PENDING, Mode.RAW, Mode.DRAINING, Mode.LINGERING,
@@ -102,7 +102,7 @@ def test_a_verification_and_an_absorption_hold_together_and_relay_resumes_after_
     assert pb.conn.mode is H
     out = pb.broker_answers(add_partitions_response(1, [T0], error=ErrorCode.concurrent_transactions))
     assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), StartTimer(2, 0.002)]
-    out = pb.conn.answered(1, Answer(verdicts={T1: passed(Evidence.COORDINATOR)}))
+    out = pb.conn.answered(1, PartitionVerdicts({T1: passed(Evidence.COORDINATOR)}))
     assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), SendToBroker([produce(2, [T1])])]
     assert pb.conn.mode is H                          # heartbeat 3 still waits behind the absorption
     assert steps(pb.conn.timer_fired(2)) == [SendToBroker([add_partitions(1, [T0])])]

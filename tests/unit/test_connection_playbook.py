@@ -47,7 +47,7 @@ from txnguard.connection.commands import (
     SendToClient,
     Side,
 )
-from txnguard.verification.decisions import Answer
+from txnguard.verification.checks import PartitionVerdicts
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
 
 NOT_ADDED = Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not added")
@@ -215,7 +215,7 @@ def test_partial_rejection_across_two_partitions_merges_one_response_in_request_
     [ask] = of_type(out, Ask)
     assert ask.question.partitions == (T1,)
     assert of_type(out, PauseReading) == [PauseReading(Side.CLIENT, "verification")]
-    out = pb.conn.answered(ask.check_id, Answer(verdicts={T1: NOT_ADDED}))
+    out = pb.conn.answered(ask.check_id, PartitionVerdicts({T1: NOT_ADDED}))
     [decided] = of_type(out, Decided)
     assert sorted(r.decision for r in decided.decision.records) == ["forwarded", "rejected"]
     _, reduced = schemas.decode_request(to_broker(out)[4:])
@@ -233,7 +233,7 @@ def test_every_partition_rejected_is_answered_without_the_broker():
     pb = Playbook()
     ask = Like(Ask)
     assert steps(pb.client_sends(produce(1, [T0, T1]))) == [PauseReading(Side.CLIENT, "verification"), ask]
-    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED, T1: NOT_ADDED}))
+    out = pb.conn.answered(1, PartitionVerdicts({T0: NOT_ADDED, T1: NOT_ADDED}))
     assert steps(out) == [Like(Decided), AnsweredLocally(0, 9, 1, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]
     assert [(t, p, e) for t, p, e, _ in decode_produce_response(to_client(out))] == [
@@ -244,7 +244,7 @@ def test_monitor_mode_forwards_what_it_would_reject_and_says_so():
     pb = Playbook(policy={"mode": "monitor"})
     request = produce(1, [T0])
     assert steps(pb.client_sends(request)) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
-    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED}))
+    out = pb.conn.answered(1, PartitionVerdicts({T0: NOT_ADDED}))
     assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), SendToBroker([request])]
     [decided] = of_type(out, Decided)
     assert [r.decision for r in decided.decision.records] == ["forwarded_unenforced"]
@@ -255,7 +255,7 @@ def test_a_rejected_acks_zero_write_closes_the_connection_as_the_broker_does():
     out = pb.client_sends(produce(1, [T0], acks=0))
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
     assert pb.conn.in_flight == 0  # no response will ever come for it
-    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED}))
+    out = pb.conn.answered(1, PartitionVerdicts({T0: NOT_ADDED}))
     assert steps(out) == [Like(Decided), Close("rejected_without_response",
                                                "a transactional acks=0 write failed verification", "warning")]
 
@@ -267,7 +267,7 @@ def test_requests_behind_a_held_one_wait_and_leave_in_the_clients_order():
     out = pb.client_sends(b, c)
     # b waits for its verification, c waits behind it
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
-    out = pb.conn.answered(1, Answer(verdicts={T0: passed(Evidence.COORDINATOR)}))
+    out = pb.conn.answered(1, PartitionVerdicts({T0: passed(Evidence.COORDINATOR)}))
     assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), SendToBroker([b + c])]
     stream = to_client(pb.broker_answers(heartbeat_response(1), produce_response(2, [T0]), heartbeat_response(3)))
     assert correlation_ids(stream) == [1, 2, 3]
@@ -280,7 +280,7 @@ def test_a_hold_released_before_an_earlier_response_still_answers_in_order():
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
     # The verifier answers before the broker answered request 1: request 2 is rejected locally,
     # request 3 goes out; the local answer waits for request 1's response.
-    out = pb.conn.answered(1, Answer(verdicts={T0: NOT_ADDED}))
+    out = pb.conn.answered(1, PartitionVerdicts({T0: NOT_ADDED}))
     assert steps(out) == [Like(Decided), AnsweredLocally(0, 9, 2, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), SendToBroker([heartbeat(3)])]
     stream = to_client(pb.broker_answers(heartbeat_response(1), heartbeat_response(3)))
@@ -292,7 +292,7 @@ def test_a_close_while_a_request_is_held_sends_nothing_when_the_answer_comes():
     out = pb.client_sends(produce(1, [T0]), heartbeat(2))
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), ask := Like(Ask, check_id=1)]
     pb.conn.connection_lost()
-    assert pb.conn.answered(ask.fields["check_id"], Answer(verdicts={T0: passed(Evidence.COORDINATOR)})) == []
+    assert pb.conn.answered(ask.fields["check_id"], PartitionVerdicts({T0: passed(Evidence.COORDINATOR)})) == []
     assert pb.client_sends(heartbeat(3)) == []
 
 

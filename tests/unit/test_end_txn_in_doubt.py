@@ -52,8 +52,8 @@ from txnguard.connection.commands import (
 from txnguard.connection.core import Connection, Settings
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.policy import policy_from_config
-from txnguard.verification.checks import AwaitEndTxn
-from txnguard.verification.decisions import Answer, TransactionRules
+from txnguard.verification.checks import AwaitEndTxn, EndTxnSettled, EndTxnStillInDoubt
+from txnguard.verification.decisions import TransactionRules
 from txnguard.verification.in_doubt import Ending, EndTxnLedger, InDoubtLimits
 from txnguard.verification.registry import Registry
 
@@ -171,7 +171,7 @@ def test_a_new_transaction_waits_for_the_unanswered_end_txn_and_goes_once_it_is_
     assert ask.question.hold_ms == 1_000                    # then CONCURRENT_TRANSACTIONS, held again on retry
     delivers(timed_out, end_txn_response(1))                # the late EndTxn landed (in T1: a retry)
     assert proxy.ledger.blocking(TXN, PID, EPOCH, 2, proxy.clock.wall_ms()) is None
-    out = retry.answered(ask.check_id, Answer(settled=True))
+    out = retry.answered(ask.check_id, EndTxnSettled())
     assert steps(out) == [Like(Decided), RELEASED,
                           SendToBroker([add_partitions(2, [T0, T1]) + heartbeat(3)])]   # in the client's order
     [decided] = of_type(out, Decided)
@@ -188,7 +188,7 @@ def test_at_the_bound_the_held_request_is_answered_concurrent_transactions():
     out = sends(second, add_partitions(2, [T0, T1]))
     assert steps(out) == [HELD, Like(Ask)]
     [ask] = of_type(out, Ask)
-    out = second.answered(ask.check_id, Answer(settled=False))
+    out = second.answered(ask.check_id, EndTxnStillInDoubt())
     assert steps(out) == [Like(Decided), AnsweredLocally(24, 3, 2, "end_txn_in_doubt"), RELEASED, Like(SendToClient)]
     body = decode(to_client(out), 24)
     assert {(str(t.name), int(p.partition_index), p.partition_error_code)
@@ -203,7 +203,7 @@ def test_add_offsets_to_txn_is_held_too():
     out = sends(second, add_offsets(2))
     assert steps(out) == [HELD, Like(Ask)]
     [ask] = of_type(out, Ask)
-    out = second.answered(ask.check_id, Answer(settled=False))
+    out = second.answered(ask.check_id, EndTxnStillInDoubt())
     assert steps(out) == [Like(Decided), AnsweredLocally(25, 3, 2, "end_txn_in_doubt"), RELEASED, Like(SendToClient)]
     assert decode(to_client(out), 25).error_code == ErrorCode.concurrent_transactions
 

@@ -29,7 +29,7 @@ from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
-from txnguard.verification.decisions import Answer
+from txnguard.verification.checks import PartitionVerdicts
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 
@@ -119,7 +119,7 @@ def _play(shell: _Shell) -> None:
         if i % 5 == 0:  # the general path rejects what the verifier found (not in the transaction)
             [ask] = shell.asked
             shell.asked = []
-            shell._execute(shell.core.answered(ask.check_id, Answer(verdicts={("orders", 9): Verdict(
+            shell._execute(shell.core.answered(ask.check_id, PartitionVerdicts({("orders", 9): Verdict(
                 Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not added")})))
             cid += 1
         cid += 2

@@ -29,8 +29,8 @@ from txnguard.proxy.config import ConfigError, HostPort, ProxyConfig, from_mappi
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.checks import CountOffsetsPartitions, VerifyPartitions
-from txnguard.verification.decisions import Answer, PendingCheck
+from txnguard.verification.checks import CountOffsetsPartitions, OffsetsPartitionCount, VerifyPartitions
+from txnguard.verification.decisions import PendingCheck
 from txnguard.verification.holds import NO_HOLD, HoldLimits, worth_asking_again
 from txnguard.verification.judge import coordinator_unreachable
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
@@ -122,11 +122,11 @@ def test_a_first_question_for_the_offsets_partition_count_spends_the_same_budget
     first = pb.rules.check_txn_offset_commit(memoryview(txn_offset_commit(3)), 3, CLIENT, clock)
     assert isinstance(first, PendingCheck) and isinstance(first.question, CountOffsetsPartitions)
     clock.seconds += 1.0
-    second = pb.rules.resume(first, Answer(offsets_partitions=50), clock)
+    second = pb.rules.resume(first, OffsetsPartitionCount(50), clock)
     assert isinstance(second, PendingCheck) and second.question.hold_ms == 3_000
     # A first question that outlasted the whole budget leaves one question, bounded by its own timeout.
     clock.seconds += 10.0
-    third = pb.rules.resume(first, Answer(offsets_partitions=50), clock)
+    third = pb.rules.resume(first, OffsetsPartitionCount(50), clock)
     assert isinstance(third, PendingCheck) and third.question.hold_ms == 0
 
 

@@ -22,8 +22,8 @@ from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.families import AIOKAFKA, JAVA, KAFKA_PYTHON, LIBRDKAFKA, SARAMA
 from txnguard.policies.policy import PolicyError, policy_from_config
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.checks import DescribeTransaction, ProduceWrite
-from txnguard.verification.decisions import Answer, Decision, PendingCheck, TransactionRules
+from txnguard.verification.checks import DescribeTransaction, ProduceWrite, TransactionDescription
+from txnguard.verification.decisions import Decision, PendingCheck, TransactionRules
 from txnguard.verification.registry import Registry, RegistryLimits
 from txnguard.verification.timeouts import START_SKEW_MS, Candidate, end_txn_reply, timed_out
 
@@ -141,7 +141,7 @@ def _asked(rules: TransactionRules, frame: memoryview, family: str, desc: Descri
     clock = _due()
     pending = rules.check_lifecycle(frame, 3 if len(frame) and frame[5] == 26 else 4, _client(family), clock)
     assert isinstance(pending, PendingCheck) and isinstance(pending.question, DescribeTransaction)
-    decided = rules.resume(pending, Answer(description=desc), clock)
+    decided = rules.resume(pending, TransactionDescription(desc), clock)
     assert isinstance(decided, Decision)
     return decided
 
@@ -288,7 +288,7 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     (ask,) = of_type(out, Ask)
     assert isinstance(ask.question, DescribeTransaction)
-    out = pb.conn.answered(ask.check_id, Answer(description=aborted))
+    out = pb.conn.answered(ask.check_id, TransactionDescription(aborted))
     assert steps(out) == [Like(Decided), AnsweredLocally(26, 3, 21, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]
     _, body = schemas.decode_response(memoryview(to_client(out))[4:], 26, 3)
@@ -300,7 +300,7 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
     out = pb.client_sends(request(bump, 22))
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     (ask,) = of_type(out, Ask)
-    out = pb.conn.answered(ask.check_id, Answer(description=aborted))
+    out = pb.conn.answered(ask.check_id, TransactionDescription(aborted))
     assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), Like(SendToBroker)]
     _, sent = schemas.decode_request(memoryview(to_broker(out))[4:])
     assert int(sent.producer_epoch) == EPOCH + 1 and int(sent.producer_id) == PB_PID
@@ -328,5 +328,5 @@ def test_through_the_core_a_fenced_producers_end_txn_reaches_the_coordinator_unt
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
     (ask,) = of_type(out, Ask)
     # no Decided: the coordinator's answer leaves nothing to judge, the EndTxn goes on as it is
-    assert steps(pb.conn.answered(ask.check_id, Answer(description=fenced))) == [
+    assert steps(pb.conn.answered(ask.check_id, TransactionDescription(fenced))) == [
         ResumeReading(Side.CLIENT, "verification"), SendToBroker([frame])]

@@ -65,8 +65,9 @@ from txnguard.connection.reader import ResponseReader
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
 from txnguard.policies.enforcement import Mode as Enforcement
 from txnguard.verification.audit import ClientInfo
+from txnguard.verification.checks import Answer
 from txnguard.verification.concurrent import ABSORBED_KEYS
-from txnguard.verification.decisions import Answer, Clock, Decision, PendingCheck, TransactionRules
+from txnguard.verification.decisions import Clock, Decision, PendingCheck, TransactionRules
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.plan import LAST_PRODUCE_VERSION_BEFORE_TV2
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, assert_never
 
+from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.connection.ledger import Ledger
 from txnguard.policies.enforcement import Mode
 from txnguard.policies.policy import Policy
@@ -32,21 +33,28 @@ from txnguard.verification.audit import (
     record_key,
 )
 from txnguard.verification.checks import (
+    Answer,
     AwaitEndTxn,
     CountOffsetsPartitions,
     DescribeTransaction,
+    EndTxnSettled,
+    EndTxnStillInDoubt,
     HeldForEndTxn,
     OffsetCommitWrite,
+    OffsetsPartitionCount,
+    OffsetsPartitionCountFailed,
+    PartitionVerdicts,
     ProduceWrite,
     Question,
     TimedOutEndTxn,
     TimedOutInitProducerId,
+    TransactionDescription,
+    TransactionDescriptionFailed,
     VerifyPartitions,
 )
 from txnguard.verification.concurrent import concurrent_retry
 from txnguard.verification.decisions import (
     FORWARDED,
-    Answer,
     Clock,
     Decision,
     TransactionRules,
@@ -209,7 +217,7 @@ class TransactionGuard:
         if event is not None:
             event.set()
 
-    async def _await_end_txn(self, question: AwaitEndTxn) -> Answer:
+    async def _await_end_txn(self, question: AwaitEndTxn) -> EndTxnSettled | EndTxnStillInDoubt:
         """Hold until no EndTxn in doubt can land in the transaction the held request opens, within its
         bound. Meanwhile the coordinator is asked whether the producer moved on (an epoch bump fences the
         old EndTxn); its answer on its own connection is what normally ends the doubt."""
@@ -229,7 +237,7 @@ class TransactionGuard:
             while self.in_doubt.blocking(txn_id, pid, epoch, question.connection_id, self.clock.wall_ms()) is not None:
                 left = deadline - loop.time()
                 if left <= 0:
-                    return Answer(settled=False)
+                    return EndTxnStillInDoubt()
                 event = self._in_doubt_waits.setdefault(txn_id, asyncio.Event())
                 try:
                     await asyncio.wait_for(event.wait(), min(left, max(next_describe - loop.time(), 0.01)))
@@ -239,7 +247,7 @@ class TransactionGuard:
                 if loop.time() >= next_describe:
                     next_describe = loop.time() + 0.5
                     await self._fenced_by_coordinator(txn_id, pid, epoch)
-            return Answer(settled=True)
+            return EndTxnSettled()
         finally:
             self.metrics.end_txn_holds.dec()
 
@@ -286,20 +294,20 @@ class TransactionGuard:
                 return await self._verify(question, leader)
             case CountOffsetsPartitions():
                 try:
-                    return Answer(offsets_partitions=await self.verifier.offsets_partitions())
+                    return OffsetsPartitionCount(await self.verifier.offsets_partitions())
                 except Exception as e:  # noqa: BLE001 - no partition count: the core answers "cannot verify"
-                    return Answer(failure=repr(e))
+                    return OffsetsPartitionCountFailed(repr(e))
             case DescribeTransaction():  # a coordinator timeout to confirm (verification/timeouts.py)
                 try:
-                    return Answer(description=await self.verifier.describe(question.transactional_id))
+                    return TransactionDescription(await self.verifier.describe(question.transactional_id))
                 except Exception as e:  # noqa: BLE001 - no answer: the request passes as it is
-                    return Answer(failure=repr(e))
+                    return TransactionDescriptionFailed(repr(e))
             case AwaitEndTxn():
                 return await self._await_end_txn(question)
             case _:
                 assert_never(question)
 
-    async def _verify(self, question: VerifyPartitions, leader: HostPort | None) -> Answer:
+    async def _verify(self, question: VerifyPartitions, leader: HostPort | None) -> PartitionVerdicts:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + question.hold_ms / 1000
         ask_leader = leader if question.ask_leader else None
@@ -307,11 +315,12 @@ class TransactionGuard:
                                                     question.producer_epoch, question.partitions, ask_leader)
         again = worth_asking_again(verdicts)
         if not again or loop.time() >= deadline:
-            return Answer(verdicts=verdicts, description=desc)
+            return PartitionVerdicts(verdicts, desc)
         return await self._hold(question, ask_leader, verdicts, desc, again, deadline)
 
     async def _hold(self, question: VerifyPartitions, leader: HostPort | None, verdicts: dict[TopicPartition, Verdict],
-                    desc: Any, again: list[TopicPartition], deadline: float) -> Answer:
+                    desc: DescribedTransaction | None, again: list[TopicPartition],
+                    deadline: float) -> PartitionVerdicts:
         """Ask again while the coordinator can only say "not now", until the request's own bound
         (verification/holds.py). Each question keeps its own `timeout_s`; the last one is cut at the
         deadline. The check stays pending meanwhile: the core holds the request, and only it."""
@@ -345,7 +354,7 @@ class TransactionGuard:
                              partitions=[f"{t}-{p}" for t, p in again], questions=attempt + 1,
                              held_ms=round(question.hold_ms),
                              reason="the coordinator gave no definite answer within the request's own timeout")
-        return Answer(verdicts=verdicts, description=desc)
+        return PartitionVerdicts(verdicts, desc)
 
     def _record_timeout_recovery(self, decision: Decision, log: Any) -> None:
         """A KIP-588 answer or rewrite (verification/timeouts.py): a log line, a metric, an audit record."""

@@ -26,7 +26,7 @@ from txnguard.proxy import logs
 from txnguard.proxy.config import ClientAuth, HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
-from txnguard.verification.decisions import Answer
+from txnguard.verification.checks import Answer
 from txnguard.verification.inventory import ConnectionInventory
 
 _ids = itertools.count(1)

@@ -1,9 +1,19 @@
-"""The kinds of check, as types: what a check is about (`Check`) and what it must find out first (`Question`).
+"""The kinds of check, as types: what a check is about (`Check`), what it must find out first (`Question`) and
+what was found out (`Answer`).
 
-A kind is a frozen dataclass of its own; a `Check` or a `Question` is the union of them. Code that treats the
-kinds differently matches on the class and ends in `assert_never`, so that a new kind is a type error (mypy)
-wherever it is not handled. (They were once a string, `RequestContext.api == "end_txn"`, and three flags of
-one `Question`, decoded by if-chains in the rules and in the guard.)
+A kind is a frozen dataclass of its own; a `Check`, a `Question` or an `Answer` is the union of them. Code
+that treats the kinds differently matches on the class and ends in `assert_never`, so that a new kind is a
+type error (mypy) wherever it is not handled. (They were once a string, `RequestContext.api == "end_txn"`,
+three flags of one `Question`, and one `Answer` of five optional fields whose meaning hung on which were set,
+all decoded by if-chains in the rules and in the guard.)
+
+Each kind of `Question` has its own answers, and each answer carries only what that answer has
+(`answers(question, answer)` pairs them):
+
+    VerifyPartitions       ─▶ PartitionVerdicts (and the coordinator's description, when it was asked)
+    CountOffsetsPartitions ─▶ OffsetsPartitionCount | OffsetsPartitionCountFailed
+    DescribeTransaction    ─▶ TransactionDescription | TransactionDescriptionFailed
+    AwaitEndTxn            ─▶ EndTxnSettled | EndTxnStillInDoubt
 
 Each kind of `Check` keeps its `api`: the name that log lines, metric labels and audit records have always
 given it (tests/unit/test_check_records.py pins them).
@@ -12,11 +22,13 @@ given it (tests/unit/test_check_records.py pins them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, assert_never
 
 from txnguard.codecs.api_keys import ApiKey
+from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.produce import ProducePartition
 from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
+from txnguard.verification.outcomes import Verdict
 
 TopicPartition = tuple[str, int]
 
@@ -121,3 +133,72 @@ class AwaitEndTxn:
 
 
 Question = VerifyPartitions | CountOffsetsPartitions | DescribeTransaction | AwaitEndTxn
+
+
+# -- what was found out: the shell's answer, one kind (or two: found, or not) per kind of question --------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionVerdicts:
+    """VerifyPartitions: a verdict for each partition asked about, and the coordinator's DescribeTransactions
+    answer when it was asked (an "Ongoing" in it is kept as evidence for the generation)."""
+
+    verdicts: dict[TopicPartition, Verdict]
+    description: DescribedTransaction | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsPartitionCount:
+    """CountOffsetsPartitions: __consumer_offsets has this many partitions."""
+
+    partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsPartitionCountFailed:
+    """CountOffsetsPartitions: the count could not be read (why: `failure`); the write cannot be verified."""
+
+    failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    """DescribeTransaction: the coordinator's view of the transaction."""
+
+    description: DescribedTransaction
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescriptionFailed:
+    """DescribeTransaction: no answer (why: `failure`); nothing proves a timeout, so the request passes."""
+
+    failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnSettled:
+    """AwaitEndTxn: no EndTxn in doubt can land in the held request's transaction any more (answered or fenced)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnStillInDoubt:
+    """AwaitEndTxn: the hold's bound passed with an EndTxn of this producer id and epoch still unanswered."""
+
+
+Answer = (PartitionVerdicts | OffsetsPartitionCount | OffsetsPartitionCountFailed | TransactionDescription
+          | TransactionDescriptionFailed | EndTxnSettled | EndTxnStillInDoubt)
+
+
+def answers(question: Question, answer: Answer) -> bool:
+    """Whether `answer` is one of the answers `question` can have."""
+    match question:
+        case VerifyPartitions():
+            return isinstance(answer, PartitionVerdicts)
+        case CountOffsetsPartitions():
+            return isinstance(answer, OffsetsPartitionCount | OffsetsPartitionCountFailed)
+        case DescribeTransaction():
+            return isinstance(answer, TransactionDescription | TransactionDescriptionFailed)
+        case AwaitEndTxn():
+            return isinstance(answer, EndTxnSettled | EndTxnStillInDoubt)
+        case _:
+            assert_never(question)

@@ -5,7 +5,7 @@ AddPartitionsToTxn v0-3, AddOffsetsToTxn, EndTxn) into the registry, says which
 requests it `wants` to check, and turns a transactional Produce (<= v11) or a
 TxnOffsetCommit (<= v4) into a `Decision`, at once when the registry can decide
 alone (the hot path), else into a `PendingCheck` whose `question` someone with
-IO must answer (`resume` takes the `Answer`, and may ask again).
+IO must answer (`resume` takes the `Answer`, one kind per kind of question, and may ask again).
 
 No IO, no clock of its own: wall-clock milliseconds and a CPU/perf clock arrive
 through the `Clock` the caller passes. What the shell logs, counts and audits is
@@ -47,17 +47,26 @@ from txnguard.policies.errors import ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.checks import (
+    Answer,
     AwaitEndTxn,
     Check,
     CountOffsetsPartitions,
     DescribeTransaction,
+    EndTxnSettled,
+    EndTxnStillInDoubt,
     HeldForEndTxn,
     OffsetCommitWrite,
+    OffsetsPartitionCount,
+    OffsetsPartitionCountFailed,
+    PartitionVerdicts,
     ProduceWrite,
     TimedOutEndTxn,
     TimedOutInitProducerId,
+    TransactionDescription,
+    TransactionDescriptionFailed,
     VerifyPartitions,
     Write,
+    answers,
 )
 from txnguard.verification.checks import Question as Question  # re-exported: connection/commands.py's Ask carries one
 from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry
@@ -152,15 +161,6 @@ class Decision:
     evidence: str | None = None
     observe: Any = None                             # a forwarded life-cycle request whose answer is observed
     local_reason: str = "verification"              # why the proxy answered alone (a metric label)
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    verdicts: dict[TopicPartition, Verdict] = field(default_factory=dict)
-    description: Any = None                    # the coordinator's DescribedTransaction, when asked
-    offsets_partitions: int | None = None
-    failure: str | None = None                 # the offsets partition count could not be read
-    settled: bool | None = None                # an EndTxn in doubt: ended (True) or still in doubt (False)
 
 
 @dataclass
@@ -317,20 +317,25 @@ class TransactionRules:
             return None
         return self.in_doubt.sent(txn_id, producer_id, epoch, committed, connection_id, now_ms)
 
-    def _after_in_doubt(self, check: PendingCheck, answer: Answer, clock: Clock) -> Decision:
+    def _after_in_doubt(self, check: PendingCheck, answer: EndTxnSettled | EndTxnStillInDoubt,
+                        clock: Clock) -> Decision:
         """Forward once the doubt ended; else answer CONCURRENT_TRANSACTIONS, the coordinator's own "the
         previous transaction is still completing", which every client retries after a backoff."""
         ctx = check.context
         assert isinstance(ctx.kind, HeldForEndTxn)  # the only kind that awaits an EndTxn
         elapsed = (clock.perf() - check.started) * 1000
-        if answer.settled:
-            return Decision(forward=ctx.frame, context=ctx, elapsed_ms=elapsed)
-        header = peek_request(ctx.frame[4:])
-        _, request = schemas.decode_request(ctx.frame[4:])  # kio: the answer is built from the request
-        response = add_to_txn_error(ctx.kind.key, ctx.api_version, header.correlation_id, request,
-                                    ErrorCode.concurrent_transactions)
-        return Decision(forward=None, local_response=response, context=ctx, elapsed_ms=elapsed,
-                        local_reason="end_txn_in_doubt")
+        match answer:
+            case EndTxnSettled():
+                return Decision(forward=ctx.frame, context=ctx, elapsed_ms=elapsed)
+            case EndTxnStillInDoubt():
+                header = peek_request(ctx.frame[4:])
+                _, request = schemas.decode_request(ctx.frame[4:])  # kio: the answer is built from the request
+                response = add_to_txn_error(ctx.kind.key, ctx.api_version, header.correlation_id, request,
+                                            ErrorCode.concurrent_transactions)
+                return Decision(forward=None, local_response=response, context=ctx, elapsed_ms=elapsed,
+                                local_reason="end_txn_in_doubt")
+            case _:
+                assert_never(answer)
 
     # -- checking writes ---------------------------------------------------------------------------------
 
@@ -410,28 +415,30 @@ class TransactionRules:
 
     def resume(self, check: PendingCheck, answer: Answer, clock: Clock) -> Decision | PendingCheck:
         """The answer to a check's question: a decision, or (TxnOffsetCommit) the next question."""
-        ctx, question = check.context, check.question
-        match question:
-            case VerifyPartitions():
+        ctx = check.context
+        if not answers(check.question, answer):
+            raise AssertionError(f"{type(answer).__name__} does not answer {type(check.question).__name__}")
+        match answer:
+            case PartitionVerdicts(verdicts=found):
                 verdicts = dict(check.verdicts)
-                verdicts.update(answer.verdicts)
+                verdicts.update(found)
                 self._remember(ctx, answer, clock.wall_ms())
                 return self.decide(ctx, verdicts, check.started, clock)
-            case CountOffsetsPartitions():
-                if answer.offsets_partitions is None:
-                    # No partition count: cannot verify; retriable for the client.
-                    v = coordinator_unreachable(f"cannot read __consumer_offsets metadata: {answer.failure}")
-                    return self.decide(ctx, {(CONSUMER_OFFSETS, -1): v}, check.started, clock)
-                self.offsets_partitions = answer.offsets_partitions
+            case OffsetsPartitionCount(partitions=partitions):
+                self.offsets_partitions = partitions
                 return self._group_verdict(ctx, check.started, clock)
-            case DescribeTransaction():
+            case OffsetsPartitionCountFailed(failure=failure):
+                # No partition count: cannot verify; retriable for the client.
+                v = coordinator_unreachable(f"cannot read __consumer_offsets metadata: {failure}")
+                return self.decide(ctx, {(CONSUMER_OFFSETS, -1): v}, check.started, clock)
+            case TransactionDescription() | TransactionDescriptionFailed():
                 return self._timeout_decision(ctx, answer, check.started, clock)
-            case AwaitEndTxn():
+            case EndTxnSettled() | EndTxnStillInDoubt():
                 return self._after_in_doubt(check, answer, clock)
             case _:
-                assert_never(question)
+                assert_never(answer)
 
-    def _remember(self, ctx: RequestContext, answer: Answer, now_ms: int) -> None:
+    def _remember(self, ctx: RequestContext, answer: PartitionVerdicts, now_ms: int) -> None:
         """Keep a coordinator's "Ongoing" as evidence for this generation (bounded by the registry's TTL)."""
         desc = answer.description
         if desc is None or desc.state != "Ongoing" or not any(v.passed for v in answer.verdicts.values()):
@@ -531,11 +538,19 @@ class TransactionRules:
         ctx = RequestContext(kind, version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req, client)
         return PendingCheck(ctx, DescribeTransaction(txn_id), started)
 
-    def _timeout_decision(self, ctx: RequestContext, answer: Answer, started: float, clock: Clock) -> Decision:
+    def _timeout_decision(self, ctx: RequestContext, answer: TransactionDescription | TransactionDescriptionFailed,
+                          started: float, clock: Clock) -> Decision:
         req, now_ms, kind = ctx.request, clock.wall_ms(), ctx.kind
         candidate = self.registry.timeout_candidate(ctx.transactional_id, ctx.producer_id, ctx.producer_epoch,
                                                     now_ms)
-        why = timed_out(answer.description, candidate) if candidate is not None else None
+        why: str | None
+        match answer:
+            case TransactionDescription(description=desc):
+                why = timed_out(desc, candidate) if candidate is not None else None
+            case TransactionDescriptionFailed():
+                why = None  # no answer proves no timeout: the request passes as it is
+            case _:
+                assert_never(answer)
         match kind:
             case TimedOutEndTxn(committed=committed):
                 reply = end_txn_reply(ctx.client.family, committed)
