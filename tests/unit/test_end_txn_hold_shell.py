@@ -19,7 +19,7 @@ from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
-from txnguard.verification.checks import AwaitEndTxn
+from txnguard.verification.checks import AwaitEndTxn, EndTxnSettled, EndTxnStillInDoubt
 
 TXN, PID, EPOCH = "app", 7, 0
 
@@ -72,7 +72,7 @@ def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):
         return held_now, answer, clock.seconds - answered_at
 
     held_now, answer, after = run(scenario(), clock)
-    assert held_now == 1 and answer.settled is True
+    assert held_now == 1 and answer == EndTxnSettled()
     assert after == 0 and coordinator.asked == 0          # woken by the answer at that instant, not by a poll
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "answered"}) == 1
     assert metric(metrics, "txnguard_end_txn_holds") == 0
@@ -87,7 +87,7 @@ def test_a_coordinator_naming_a_newer_epoch_fences_the_end_txn_and_ends_the_hold
     guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
     started = clock.seconds
     answer = run(guard.answer(held_question(5_000), None), clock)
-    assert answer.settled is True and coordinator.asked == 1
+    assert answer == EndTxnSettled() and coordinator.asked == 1
     assert clock.seconds - started == pytest.approx(0.25)  # ended by the first question, at 0.25 s
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "fenced"}) == 1
 
@@ -99,7 +99,7 @@ def test_a_coordinator_answer_after_the_end_txns_connection_closed_ends_the_hold
     sent = guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
     guard.in_doubt.orphaned(sent, clock.wall_ms())
     answer = run(guard.answer(held_question(5_000), None), clock)
-    assert answer.settled is True and coordinator.asked == 1
+    assert answer == EndTxnSettled() and coordinator.asked == 1
     assert metric(metrics, "txnguard_end_txn_in_doubt_endings_total", {"ending": "closed"}) == 1
 
 
@@ -110,7 +110,7 @@ def test_at_the_bound_the_hold_says_still_in_doubt():
     guard.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
     started = clock.seconds
     answer = run(guard.answer(held_question(800), None), clock)
-    assert answer.settled is False
+    assert answer == EndTxnStillInDoubt()
     assert clock.seconds - started == pytest.approx(0.8)  # exactly its bound
     assert coordinator.asked == 2                         # at 0.25 s, then every 0.5 s: at 0.75 s
     assert len(guard.in_doubt) == 1                       # still in doubt: the next request is held again
