@@ -6,7 +6,9 @@ answer the proxy reads; decoding them with kio (after the bounds check kio needs
 per short transaction. These readers take the few fields the rules use, checking every length against the
 bytes as they go. Whatever they cannot read plainly (a size past the end, an unknown tag, trailing bytes, a
 version they do not know) they leave to kio (`from_kio_*`), which judges it as before: both give the same
-`TxnRequest` / `TxnResponse`. kio still decodes a request the proxy must answer itself (synthesis.py).
+`TxnRequest` / `TxnResponse`. A `TxnRequest` is one type per API (`InitProducerIdSeen`, `AddPartitionsSeen`,
+`AddOffsetsSeen`, `EndTxnSeen`), each with only the fields that request has: the rules match on the type.
+kio still decodes a request the proxy must answer itself (synthesis.py).
 """
 
 from __future__ import annotations
@@ -36,17 +38,46 @@ _KNOWN_ERRORS = frozenset(int(code) for code in ErrorCode)  # kio refuses an ans
 
 
 @dataclass(frozen=True, slots=True)
-class TxnRequest:
-    """What the rules read of a life-cycle request."""
+class InitProducerIdSeen:
+    """What the rules read of an InitProducerId (v0-2 carry no producer id and epoch: -1)."""
 
-    api_key: int
-    transactional_id: str | None
+    transactional_id: str | None                       # None: an idempotent producer's
     producer_id: int
     producer_epoch: int
-    committed: bool = False                            # EndTxn
-    group_id: str | None = None                        # AddOffsetsToTxn
-    transaction_timeout_ms: int = 0                    # InitProducerId
-    partitions: tuple[tuple[str, int], ...] = ()       # AddPartitionsToTxn v0-3, in request order
+    transaction_timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddPartitionsSeen:
+    """What the rules read of an AddPartitionsToTxn (v0-3: one transaction, the client's shape)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[tuple[str, int], ...]            # in request order
+
+
+@dataclass(frozen=True, slots=True)
+class AddOffsetsSeen:
+    """What the rules read of an AddOffsetsToTxn."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnSeen:
+    """What the rules read of an EndTxn."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+
+
+TxnRequest = InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen | EndTxnSeen
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,17 +186,19 @@ def _request(r: _Reader, key: int, version: int) -> TxnRequest:
         timeout = r.i32()
         pid, epoch = (r.i64(), r.i16()) if version >= 3 else (-1, -1)
         r.done()
-        return TxnRequest(key, txn_id, pid, epoch, transaction_timeout_ms=timeout)
+        return InitProducerIdSeen(txn_id, pid, epoch, timeout)
     txn_id = r.string()
+    assert txn_id is not None
     pid, epoch = r.i64(), r.i16()
     if key == END_TXN:
         committed = r.boolean()
         r.done()
-        return TxnRequest(key, txn_id, pid, epoch, committed=committed)
+        return EndTxnSeen(txn_id, pid, epoch, committed)
     if key == ADD_OFFSETS:
         group = r.string()
+        assert group is not None
         r.done()
-        return TxnRequest(key, txn_id, pid, epoch, group_id=group)
+        return AddOffsetsSeen(txn_id, pid, epoch, group)
     partitions: list[tuple[str, int]] = []
     for _ in range(r.count(2 if r.flexible else 6)):
         topic = r.string()
@@ -174,7 +207,7 @@ def _request(r: _Reader, key: int, version: int) -> TxnRequest:
             partitions.append((topic, r.i32()))
         r.tags()
     r.done()
-    return TxnRequest(key, txn_id, pid, epoch, partitions=tuple(partitions))
+    return AddPartitionsSeen(txn_id, pid, epoch, tuple(partitions))
 
 
 def read_txn_response(body: memoryview, key: int, version: int) -> TxnResponse | None:
@@ -214,19 +247,21 @@ def read_txn_response(body: memoryview, key: int, version: int) -> TxnResponse |
 def from_kio_request(key: int, req: Any) -> TxnRequest:
     """The same as `read_txn_request` gives, from kio's decoded request."""
     if key == INIT_PRODUCER_ID:
-        return TxnRequest(key, None if req.transactional_id is None else str(req.transactional_id),
-                          int(getattr(req, "producer_id", -1)), int(getattr(req, "producer_epoch", -1)),
-                          # exact milliseconds (total_seconds() * 1000 made 1001 ms 1000)
-                          transaction_timeout_ms=req.transaction_timeout // datetime.timedelta(milliseconds=1))
+        return InitProducerIdSeen(None if req.transactional_id is None else str(req.transactional_id),
+                                  int(getattr(req, "producer_id", -1)), int(getattr(req, "producer_epoch", -1)),
+                                  # exact milliseconds (total_seconds() * 1000 made 1001 ms 1000)
+                                  req.transaction_timeout // datetime.timedelta(milliseconds=1))
     if key == ADD_PARTITIONS:
-        return TxnRequest(key, str(req.v3_and_below_transactional_id), int(req.v3_and_below_producer_id),
-                          int(req.v3_and_below_producer_epoch),
-                          partitions=tuple((str(t.name), int(p)) for t in req.v3_and_below_topics
-                                           for p in t.partitions))
-    committed = bool(req.committed) if key == END_TXN else False
-    group = str(req.group_id) if key == ADD_OFFSETS else None
-    return TxnRequest(key, str(req.transactional_id), int(req.producer_id), int(req.producer_epoch),
-                      committed=committed, group_id=group)
+        return AddPartitionsSeen(str(req.v3_and_below_transactional_id), int(req.v3_and_below_producer_id),
+                                 int(req.v3_and_below_producer_epoch),
+                                 tuple((str(t.name), int(p)) for t in req.v3_and_below_topics for p in t.partitions))
+    if key == ADD_OFFSETS:
+        return AddOffsetsSeen(str(req.transactional_id), int(req.producer_id), int(req.producer_epoch),
+                              str(req.group_id))
+    if key == END_TXN:
+        return EndTxnSeen(str(req.transactional_id), int(req.producer_id), int(req.producer_epoch),
+                          bool(req.committed))
+    raise ValueError(f"not a life-cycle request: API key {key}")
 
 
 def from_kio_response(key: int, resp: Any) -> TxnResponse:

@@ -27,7 +27,11 @@ from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.codecs.header import peek_request, produce_timeout_ms
 from txnguard.codecs.lifecycle_scan import (
-    TxnRequest,
+    AddOffsetsSeen,
+    AddPartitionsSeen,
+    EndTxnSeen,
+    InitProducerIdSeen,
+    TxnResponse,
     from_kio_request,
     from_kio_response,
     read_txn_offset_commit,
@@ -69,7 +73,7 @@ from txnguard.verification.checks import (
     answers,
 )
 from txnguard.verification.checks import Question as Question  # re-exported: connection/commands.py's Ask carries one
-from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry
+from txnguard.verification.concurrent import ConcurrentRetry
 from txnguard.verification.holds import HoldLimits
 from txnguard.verification.in_doubt import EndTxnLedger, SentEndTxn
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
@@ -94,6 +98,22 @@ FORWARDED = "forwarded"  # a VerdictRecord's decision when the partition passed
 
 # From least to most exposed to a change between check and append.
 _EVIDENCE_ORDER = ("local", "cache", "leader", "coordinator", "request")
+
+
+# What an observed life-cycle request leaves for its answer: the request as read, or a forwarded EndTxn in doubt.
+Observed = InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen | SentEndTxn
+
+
+def _txn_response(body: memoryview, key: int, version: int) -> TxnResponse | None:
+    """A life-cycle answer read in place, or by kio; None when neither can read it (nothing is learned)."""
+    resp = read_txn_response(body, key, version)
+    if resp is not None:
+        return resp
+    try:
+        _, decoded = schemas.decode_response(body, key, version)
+    except Exception:  # noqa: BLE001
+        return None
+    return from_kio_response(key, decoded)
 
 
 class Clock(Protocol):
@@ -228,7 +248,8 @@ class TransactionRules:
 
     # -- observing the transaction life cycle ---------------------------------------------------------
 
-    def observe_request(self, key: int, version: int, body: memoryview, now_ms: int, connection_id: int = 0) -> Any:
+    def observe_request(self, key: int, version: int, body: memoryview, now_ms: int,
+                        connection_id: int = 0) -> Observed | None:
         """Decode an observed request; what the response handler needs (None: nothing to watch).
 
         An EndTxn is written down as in doubt until its answer (its `SentEndTxn` is what comes back)."""
@@ -243,60 +264,71 @@ class TransactionRules:
             except CodecError:
                 return None  # values kio refuses (an unknown tag, say): the broker judges; we only watch
             req = from_kio_request(key, decoded)
-        if key == END_TXN:
-            txn_id = str(req.transactional_id)
-            self.registry.end_txn(txn_id, req.producer_id, req.producer_epoch, now_ms)
-            if self.in_doubt is None:
-                return None  # EndTxn takes effect when sent: its answer changes nothing in the registry
-            return self.in_doubt.sent(txn_id, req.producer_id, req.producer_epoch, req.committed, connection_id,
-                                      now_ms)
-        return req
+        match req:
+            case EndTxnSeen(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, committed=committed):
+                self.registry.end_txn(txn_id, pid, epoch, now_ms)
+                if self.in_doubt is None:
+                    return None  # EndTxn takes effect when sent: its answer changes nothing in the registry
+                return self.in_doubt.sent(txn_id, pid, epoch, committed, connection_id, now_ms)
+            case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
+                return req
+            case _:
+                assert_never(req)
 
-    def observe_response(self, key: int, version: int, request: Any, body: memoryview, now_ms: int) -> bool:
+    def observe_response(self, key: int, version: int, request: Observed | None, body: memoryview,
+                         now_ms: int) -> bool:
         """Learn from a life-cycle answer; True when it refuses the whole request with
         CONCURRENT_TRANSACTIONS (the core may then ask again itself: verification/concurrent.py)."""
-        if request is None:
-            return False
-        if isinstance(request, SentEndTxn):
-            # Any answer, error or not: the coordinator has processed it and it can no longer land later.
-            if self.in_doubt is not None:
-                self.in_doubt.answered(request)
-            return False
-        resp = read_txn_response(body, key, version)  # in place; kio for what it cannot read plainly
-        if resp is None:
-            try:
-                _, decoded = schemas.decode_response(body, key, version)
-            except Exception:  # noqa: BLE001
+        match request:
+            case None:
                 return False
-            resp = from_kio_response(key, decoded)
-        req: TxnRequest = request
-        if key == INIT_PRODUCER_ID:
-            if resp.error_code == ErrorCode.none and req.transactional_id:
-                self.registry.init_producer_id(req.transactional_id, resp.producer_id, resp.producer_epoch,
-                                               req.transaction_timeout_ms, now_ms)
+            case SentEndTxn():
+                # Any answer, error or not: the coordinator has processed it and it can no longer land later.
                 if self.in_doubt is not None:
-                    # A new epoch fences every EndTxn of the old one: none of them can land any more.
-                    self.in_doubt.fenced(req.transactional_id, resp.producer_id, resp.producer_epoch)
-        elif key == ADD_PARTITIONS:
-            # What counts as added: the partitions an AddPartitionsToTxn (v0-3) answer accepted.
-            if resp.accepted:
-                self.registry.added(str(req.transactional_id), req.producer_id, req.producer_epoch, now_ms,
-                                    partitions=resp.accepted)
-        elif key == ADD_OFFSETS and resp.error_code == ErrorCode.none:
-            self.registry.added(str(req.transactional_id), req.producer_id, req.producer_epoch, now_ms,
-                                group=req.group_id)
-        return key in ABSORBED_KEYS and resp.all_concurrent
+                    self.in_doubt.answered(request)
+                return False
+            case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
+                resp = _txn_response(body, key, version)
+                return resp is not None and self._learn(request, resp, now_ms)
+            case _:
+                assert_never(request)
+
+    def _learn(self, request: InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen, resp: TxnResponse,
+               now_ms: int) -> bool:
+        """What the registry learns from a life-cycle answer; True as `observe_response` says (only
+        AddPartitionsToTxn and AddOffsetsToTxn are asked again: concurrent.ABSORBED_KEYS)."""
+        match request:
+            case InitProducerIdSeen(transactional_id=txn_id):
+                if resp.error_code == ErrorCode.none and txn_id:
+                    self.registry.init_producer_id(txn_id, resp.producer_id, resp.producer_epoch,
+                                                   request.transaction_timeout_ms, now_ms)
+                    if self.in_doubt is not None:
+                        # A new epoch fences every EndTxn of the old one: none of them can land any more.
+                        self.in_doubt.fenced(txn_id, resp.producer_id, resp.producer_epoch)
+                return False
+            case AddPartitionsSeen():
+                # What counts as added: the partitions an AddPartitionsToTxn (v0-3) answer accepted.
+                if resp.accepted:
+                    self.registry.added(request.transactional_id, request.producer_id, request.producer_epoch,
+                                        now_ms, partitions=resp.accepted)
+                return resp.all_concurrent
+            case AddOffsetsSeen():
+                if resp.error_code == ErrorCode.none:
+                    self.registry.added(request.transactional_id, request.producer_id, request.producer_epoch,
+                                        now_ms, group=request.group_id)
+                return resp.all_concurrent
+            case _:
+                assert_never(request)
 
     # -- the KAFKA-17754 defence: no new transaction while an EndTxn is in doubt ---------------------------
 
-    def end_txn_hold(self, key: int, version: int, frame: memoryview, request: Any, client: ClientInfo,
-                     connection_id: int, clock: Clock) -> PendingCheck | None:
+    def end_txn_hold(self, key: int, version: int, frame: memoryview, request: AddPartitionsSeen | AddOffsetsSeen,
+                     client: ClientInfo, connection_id: int, clock: Clock) -> PendingCheck | None:
         """Hold an AddPartitionsToTxn/AddOffsetsToTxn (decoded: `request`) while an EndTxn in doubt could land
         in the transaction it opens; None: forward it. See verification/in_doubt.py."""
         if self.in_doubt is None or not self.in_doubt.limits.enabled:
             return None
-        req: TxnRequest = request
-        txn_id, producer_id, epoch = str(req.transactional_id), req.producer_id, req.producer_epoch
+        txn_id, producer_id, epoch = request.transactional_id, request.producer_id, request.producer_epoch
         if self.in_doubt.blocking(txn_id, producer_id, epoch, connection_id, clock.wall_ms()) is None:
             return None
         started = clock.perf()
