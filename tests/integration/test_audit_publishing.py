@@ -35,7 +35,7 @@ def data_cluster(kafka_pool):
 
 @pytest.fixture(scope="module")
 def audit_cluster(tmp_path_factory) -> Iterator[kafka.Cluster]:
-    cluster = kafka.up("3.5.2", 1, tmp_path_factory.mktemp("audit-kafka"), die_with_parent=True)
+    cluster = kafka.up("3.5.2", 1, tmp_path_factory.mktemp("audit-kafka"), die_with_parent=True, quick_jit=True)
     try:
         yield cluster
     finally:

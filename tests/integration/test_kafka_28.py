@@ -97,7 +97,7 @@ def test_a_zookeeper_cluster_is_what_the_harness_says(cluster: Cluster) -> None:
 def test_zookeeper_cluster_kill_restart_and_down_leaves_nothing(tmp_path) -> None:
     """Kafka 3.4.1 in ZooKeeper mode through the Python API: a SIGKILLed broker comes back (its old ZooKeeper
     session expires first), and `down` leaves no process and no port behind."""
-    c = kafka.up("3.4.1", 1, tmp_path / "zk341", zookeeper=True, die_with_parent=True)
+    c = kafka.up("3.4.1", 1, tmp_path / "zk341", zookeeper=True, die_with_parent=True, quick_jit=True)
     try:
         pids = [c.node(1).pid, c.zookeeper_pid]
         c.restart_node(1, kill=True)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def sasl_cluster(tmp_path_factory):
     cluster = kafka.up("3.5.2", 1, tmp_path_factory.mktemp("kafka-sasl"), sasl_users={"alice": "alice-secret"},
-                       die_with_parent=True)
+                       die_with_parent=True, quick_jit=True)
     yield cluster
     cluster.down()
 

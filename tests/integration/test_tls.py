@@ -29,7 +29,7 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tls_cluster(certs, tmp_path_factory):
-    cluster = kafka.up("3.5.2", 1, tmp_path_factory.mktemp("kafka-tls"), tls=certs)
+    cluster = kafka.up("3.5.2", 1, tmp_path_factory.mktemp("kafka-tls"), tls=certs, quick_jit=True)
     yield cluster
     cluster.down()
 

@@ -119,7 +119,7 @@ class Demo:
         self.say()
         self.say(f"[1/5] Starting Kafka {self.version} (one KRaft node) and txnguard in front of it")
         t = time.monotonic()
-        self.cluster = kafka.up(self.version, 1, folder / "kafka", die_with_parent=True)
+        self.cluster = kafka.up(self.version, 1, folder / "kafka", die_with_parent=True, quick_jit=True)
         result.kafka_pids = [n.pid for n in self.cluster.nodes if n.pid is not None]
         self.say(f"      Kafka {self.version} is up at {self.cluster.bootstrap_servers} in "
                  f"{time.monotonic() - t:.1f} s (pid {', '.join(map(str, result.kafka_pids))})")

@@ -53,7 +53,7 @@ class ClusterPool:
             directory = self.root / (f"kafka-{version}-{nodes}n{'-zk' if zookeeper else ''}"
                                      f"{'-sidecar' if sidecars else ''}-{next(_counter)}")
             cluster = kafka.up(version, nodes, directory, config, sidecars=sidecars, die_with_parent=True,
-                               scram_users=scram_users, acls=acls, zookeeper=zookeeper)
+                               scram_users=scram_users, acls=acls, zookeeper=zookeeper, quick_jit=True)
             self._clusters[key] = cluster
         else:
             # A test may have stopped a node and failed before restarting it.
