@@ -13,6 +13,7 @@ pytest_plugins = ["txnguard.testing.fixtures"]
 LONGEST_FIRST = (
     "test_zookeeper_matrix.py",
     "test_pipeline.py",
+    "test_rolling_upgrade_zk.py",
     "test_clients_through_proxy.py",
     "test_coordinator_unavailable.py",
     "test_verification.py",
