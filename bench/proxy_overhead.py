@@ -1227,6 +1227,9 @@ def txn_phase(b: Bench, s: Settings) -> dict[str, Any]:
     warm = max(1000, s.txn_records // 4)
     for side in sides:  # untimed: the transaction coordinator's first producer ids, JIT, connections
         say(_txn_line("warm-up", txn_run(b, side, warm)))
+    if s.profile_cmd:  # an extra, untimed run: a profiler's cost never lands in the figures
+        with profiled(b, s.profile_cmd, f"profile-txn-{b.stamp}"):
+            say(_txn_line("profiled", txn_run(b, "proxy", s.txn_records)))
     runs = []
     for i in range(s.rounds):
         for side in rotated(sides, i):
@@ -1328,6 +1331,9 @@ def loops_phase(b: Bench, s: Settings) -> dict[str, Any]:
                 # A client the peer cannot serve is a finding, not a reason to lose the run.
                 unavailable[family] = next(line for line in reversed(str(e).splitlines()) if line.strip())[:300]
                 say(f"  {family:16} warm-up {side:12}: FAILED: {unavailable[family]}")
+        if s.profile_cmd:  # an extra, untimed run: a profiler's cost never lands in the figures
+            with profiled(b, s.profile_cmd, f"profile-loop-{family}-{b.stamp}"):
+                loop_run(b, "proxy", family, topics["proxy"], s.loop_transactions)
         arms = tuple(side for side in sides if not (side == PEER and family in unavailable))
         for i in range(s.rounds):
             for side in rotated(arms, i):
@@ -1828,7 +1834,8 @@ def main() -> int:
                         help="for --only ab: the git revision whose proxy runs beside this one (e.g. the previous "
                              "commit); --records, --rounds and --sat-mib apply")
     parser.add_argument("--profile-cmd", default=None,
-                        help="a profiler attached to the proxy around each proxied saturation run of round 0, "
+                        help="a profiler attached to the proxy around each proxied saturation run of round 0 and "
+                             "an extra untimed txnguard run of the transactional producer and of each loop family, "
                              "with {pid} and {out} filled in, e.g. 'py-spy record --pid {pid} --format raw -o {out}' "
                              "or 'perf record -g -p {pid} -o {out}'; stopped with SIGINT. Output in bench/results/")
     args = parser.parse_args()
