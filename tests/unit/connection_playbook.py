@@ -121,6 +121,12 @@ def add_partitions(correlation_id: int, partitions: list[tuple[str, int]]) -> by
                                   for t, ps in topics.items())), correlation_id)
 
 
+def end_txn(correlation_id: int, committed: bool = True) -> bytes:
+    m = request_module(26, 3)
+    return request(m.EndTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH),
+                                   committed=committed), correlation_id)
+
+
 # -- responses ---------------------------------------------------------------------------------------------
 
 
@@ -205,6 +211,11 @@ def add_offsets_response(correlation_id: int, error: ErrorCode = ErrorCode.none)
     m = response_module(25, 3)
     return response(25, 3, correlation_id, m.AddOffsetsToTxnResponse(throttle_time=datetime.timedelta(0),
                                                                       error_code=error))
+
+
+def end_txn_response(correlation_id: int, error: ErrorCode = ErrorCode.none) -> bytes:
+    m = response_module(26, 3)
+    return response(26, 3, correlation_id, m.EndTxnResponse(throttle_time=datetime.timedelta(0), error_code=error))
 
 
 def decode_produce_response(frame: bytes, version: int = 9) -> list[tuple[str, int, int, str | None]]:

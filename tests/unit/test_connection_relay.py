@@ -10,16 +10,27 @@ import random
 from typing import Any
 
 from connection_playbook import (
+    EPOCH,
+    PID,
     T0,
     T1,
+    TXN,
     Like,
     Playbook,
+    add_offsets,
+    add_offsets_response,
+    add_partitions,
+    add_partitions_response,
     api_versions_request,
     correlation_ids,
+    end_txn,
+    end_txn_response,
     fetch_request,
     fetch_response,
     heartbeat,
     heartbeat_response,
+    init_producer_id,
+    init_producer_id_response,
     of_type,
     produce,
     produce_response,
@@ -31,6 +42,7 @@ from connection_playbook import (
     to_broker,
     to_client,
 )
+from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
 
 from txnguard.connection import core
@@ -48,10 +60,12 @@ from txnguard.connection.commands import (
     SendToBroker,
     SendToClient,
     Side,
+    StartTimer,
 )
 from txnguard.connection.ledger import Ledger, Passed
 from txnguard.verification import inventory
 from txnguard.verification.decisions import Decision
+from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
 
 
 def metadata_request(correlation_id: int) -> bytes:
@@ -328,3 +342,110 @@ def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
         assert len(correlation_ids(stream)) == len(answers) + sum(1 for r in requests if r[4:8] == b"\x00\x12\x00\x63")
     assert relayed["core"] > 30 and relayed["shell"] > 30  # frames of reads carried whole (more were in part)
     assert transactional["core"] > 10 and transactional["shell"] > 10  # verified writes among them
+
+
+# -- the transaction life cycle on the fast path -------------------------------------------------------------
+
+
+def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
+    """A transactional producer's conversation, step by step (each step's requests, then their answers): a first
+    request naming the client, InitProducerId, then per transaction AddPartitionsToTxn, two transactional writes,
+    sometimes AddOffsetsToTxn and a Heartbeat, then EndTxn (commit or abort)."""
+    steps_: list[tuple[list[bytes], list[bytes]]] = [([heartbeat(0)], [heartbeat_response(0)]),  # names the client
+                                                     ([init_producer_id(1)], [init_producer_id_response(1)])]
+    cid = 2
+    for i in range(count):
+        steps_.append(([add_partitions(cid, [T0, T1])], [add_partitions_response(cid, [T0, T1])]))
+        steps_.append(([produce(cid + 1, [T0], value=b"a" * (i * 31)), produce(cid + 2, [T1])],
+                       [produce_response(cid + 1, [T0]), produce_response(cid + 2, [T1])]))
+        cid += 3
+        if i % 2 == 0:
+            steps_.append(([add_offsets(cid), heartbeat(cid + 1)],
+                           [add_offsets_response(cid), heartbeat_response(cid + 1)]))
+            cid += 2
+        steps_.append(([end_txn(cid, committed=i % 3 != 2)], [end_txn_response(cid)]))
+        cid += 1
+    return steps_
+
+
+def _state(pb: Playbook) -> tuple[Any, ...]:
+    """What the rules learned (the registry's record of the producer, the EndTxn defence's ledger) and what the
+    inventory noted of the client."""
+    record = pb.registry.get(TXN)
+    ledger = pb.rules.in_doubt
+    assert ledger is not None
+    return (None if record is None else dict(vars(record)), dict(ledger.endings), len(ledger), _inventory(pb))
+
+
+def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_general_path_does():
+    conversation = _transactions(6)
+    observed = {"core": 0, "shell": 0}  # life-cycle frames (both ways) carried whole by the fast path
+    for seed in range(12):
+        rng = random.Random(seed)
+        cuts = [(_chunks(requests, rng), _chunks(answers, rng)) for requests, answers in conversation]
+        runs = []
+        for way in ("core", "shell", "general"):
+            pb = Playbook()
+            pb.conn._fast = way != "general"
+            pb.rules.in_doubt = EndTxnLedger(InDoubtLimits())
+            pb.conn.inventory = inventory.ConnectionInventory("client", 0)
+            per_read, facts, stream, states = [], [], b"", []
+            for client_reads, broker_reads in cuts:
+                for read in client_reads:
+                    out = _shell_client(pb, read) if way == "shell" else pb.client_sends(read)
+                    if way != "general" and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
+                        observed[way] += sum(1 for f in (b"\x00\x18", b"\x00\x19", b"\x00\x1a") if read[4:6] == f)
+                    per_read.append(to_broker(out))
+                    facts.append(_facts(out, pb.conn.ledger))
+                    stream += to_client(out)
+                states.append(_state(pb))  # an EndTxn is in doubt from its send to its answer
+                for read in broker_reads:
+                    out = _shell_broker(pb, read) if way == "shell" else pb.broker_answers(read)
+                    if way != "general" and out and isinstance(out[0], SendToClient) and out[0].data[0] is read:
+                        observed[way] += 1
+                    facts.append(_facts(out, pb.conn.ledger))
+                    stream += to_client(out)
+                states.append(_state(pb))
+            runs.append((per_read, facts, stream, states, pb.traffic.frames_in, pb.traffic.bytes_in,
+                         pb.traffic.frames_out, pb.traffic.bytes_out, pb.conn.in_flight, _inventory(pb)))
+        assert runs[0] == runs[2], f"seed {seed}: the core's fast path"
+        assert runs[1] == runs[2], f"seed {seed}: the shell's calls"
+        per_read, _, stream, states, *_ = runs[0]
+        assert b"".join(per_read) == b"".join(r for requests, _ in conversation for r in requests)
+        assert stream == b"".join(a for _, answers in conversation for a in answers)
+        record, endings, open_end_txns, _ = states[-1]
+        assert record is not None and record["producer_id"] == PID and record["producer_epoch"] == EPOCH
+        assert open_end_txns == 0 and sum(endings.values()) == 6  # every EndTxn answered
+    assert observed["core"] > 50 and observed["shell"] > 50
+
+
+def test_an_add_partitions_refused_whole_as_concurrent_goes_to_the_general_path_which_asks_again():
+    pb = Playbook()
+    identified(pb)
+    add = add_partitions(1, [T0])
+    assert pb.conn.relay_from_client(add) == len(add)  # read and observed in place
+    refused = add_partitions_response(1, [T0], error=ErrorCode.concurrent_transactions)
+    assert pb.conn.relay_from_broker(refused) == 0  # the general path absorbs it
+    out = pb.conn.receive_from_broker(refused)
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), Like(StartTimer)]
+
+
+def test_an_add_partitions_the_end_txn_defence_would_hold_goes_to_the_general_path():
+    pb = Playbook()
+    pb.rules.in_doubt = EndTxnLedger(InDoubtLimits())
+    identified(pb)
+    # Another connection's EndTxn of this producer is in doubt: the next transaction waits for its answer.
+    pb.rules.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=2, now_ms=pb.clock.wall_ms())
+    add = add_partitions(1, [T0])
+    assert pb.conn.relay_from_client(add) == 0
+    out = pb.conn.receive_from_client(add)
+    assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask)]
+
+
+def test_with_timeout_recovery_on_end_txn_takes_the_general_path_and_the_others_stay_fast():
+    pb = Playbook(policy={"timeout_recovery": True})
+    identified(pb)
+    add, end = add_partitions(1, [T0]), end_txn(2)
+    assert pb.conn.relay_from_client(add) == len(add)
+    assert pb.conn.relay_from_client(end) == 0  # checked against the coordinator's timeout first
+    assert to_broker(pb.conn.receive_from_client(end)) == end

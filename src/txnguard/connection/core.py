@@ -85,12 +85,16 @@ _SASL_HANDSHAKE, _API_VERSIONS = ApiKey.SASL_HANDSHAKE.value, ApiKey.API_VERSION
 _LIFECYCLE = frozenset({ApiKey.END_TXN.value, ApiKey.INIT_PRODUCER_ID.value})  # checked for coordinator timeouts
 _REWRITE_ADDRESSES = ResponseAction.REWRITE_ADDRESSES
 _END_TXN = ApiKey.END_TXN.value
+_OBSERVE = ResponseAction.OBSERVE
+# The life-cycle requests the relay's fast path observes itself (their answers too), read in place.
+_OBSERVED_FAST = frozenset(key for key, action in ACTION_BY_KEY.items() if action is _OBSERVE)
 _OPENS_TRANSACTION = frozenset({ApiKey.ADD_PARTITIONS_TO_TXN.value, ApiKey.ADD_OFFSETS_TO_TXN.value})
 
 # The relay's fast path (`relay_from_client`) books a frame without the general path's helpers only
-# when nothing about it needs reading: these keys always take the general path (a rule reads their
-# response or body, the client's software name, or the inventory notes them), and so does a Produce
-# with a transactional id, or of a version the pinned kio cannot name.
+# when nothing about it needs reading: these keys take the general path (a rule reads their response
+# or body, the client's software name, or the inventory notes them), except the life-cycle requests
+# it reads in place (_OBSERVED_FAST); so does a Produce with a transactional id and no local evidence,
+# or of a version the pinned kio cannot name.
 SLOW_KEYS = frozenset({*ACTION_BY_KEY, _API_VERSIONS, _TXN_OFFSET_COMMIT, _SASL_HANDSHAKE})
 _PRODUCE_KIO = schemas.kio_version_range(_PRODUCE)
 FAST_PRODUCE_VERSIONS = range(3, (_PRODUCE_KIO[1] if _PRODUCE_KIO else 2) + 1)
@@ -247,11 +251,14 @@ class Connection:
         is taken outside the RELAY mode, nor while a request is read in part (buffered, or being cut
         through), nor before the client id is known (the first request names the client).
 
-        A frame qualifies when its key is not in SLOW_KEYS (a Produce also needs a null
-        transactional id and a version kio names), its length is within the limit, all of it is
-        here, and it would not fill the in-flight queue (the general path pauses reading then).
-        Such a frame gets exactly the general path's book-keeping (counters, the in-flight entry,
-        the inventory's Produce version, acks=0 outside the queue), read straight from the bytes.
+        A frame qualifies when its length is within the limit, all of it is here, it would not fill
+        the in-flight queue (the general path pauses reading then), and its key is not in SLOW_KEYS,
+        with two kinds read in place instead: a transactional Produce whose partitions all have
+        local evidence, and the life-cycle requests (InitProducerId, AddPartitionsToTxn,
+        AddOffsetsToTxn, EndTxn) the in-place reader reads, unless the coordinator-timeout check
+        or the EndTxn defence's hold wants them. Such a frame gets exactly the general path's
+        book-keeping (counters, the in-flight entry, the inventory, the registry, acks=0 outside
+        the queue), read straight from the bytes.
         At the first frame that does not qualify the general path takes over (and judges it:
         errors are raised there).
         """
@@ -274,8 +281,36 @@ class Connection:
         while end - pos >= 14:
             size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data, pos)
             stop = pos + 4 + size
-            if size < 10 or size > limit or stop > end or key in SLOW_KEYS:
+            if size < 10 or size > limit or stop > end:
                 break
+            if key in SLOW_KEYS:
+                # A life-cycle request read in place and observed as the general path would (what its answer
+                # teaches the registry, the EndTxn in doubt); anything else of SLOW_KEYS, a request the in-place
+                # reader does not read, the coordinator-timeout check and the EndTxn defence's hold: the general path.
+                if (key not in _OBSERVED_FAST or room <= 0 or not rules.enabled
+                        or (key in _LIFECYCLE and rules.wants_lifecycle(key, version))):
+                    break
+                if view is None:
+                    view = memoryview(data)
+                body = view[pos + 4:stop]
+                head = RequestHead(key, version, correlation_id)
+                taken, observed = rules.observe_request_in_place(head, body, clock.wall_ms(),
+                                                                 self.settings.connection_id)
+                if not taken:
+                    break
+                room -= 1
+                frames_in[key] += 1
+                bytes_in[key] += 4 + size
+                if inventory is not None:
+                    inventory.request(head, body)
+                entry = InFlight(correlation_id, key, version, _OBSERVE, now)
+                entry.context = observed
+                if key in ABSORBED_KEYS and observed is not None and rules.concurrent.enabled:
+                    entry.request = bytes(view[pos:stop])  # a few hundred bytes, kept to ask again
+                order.append(entry)
+                forwarded.append(entry)
+                pos = stop
+                continue
             if key == _PRODUCE:
                 if version not in FAST_PRODUCE_VERSIONS:
                     break
@@ -394,8 +429,10 @@ class Connection:
 
         The whole read goes to the client as it is; otherwise `receive_from_broker(data, relayed)`.
         A response qualifies when all of it is here, it answers the request at the head of the
-        queue (nothing waits before it), passes as it is (no rewrite, no merge, no life-cycle
-        observation), and no local answer is ready behind it. It gets `response_started`'s counting,
+        queue (nothing waits before it), passes as it is (no rewrite, no merge; a life-cycle answer
+        the registry learns from is read in place, unless it is being asked again or refused whole
+        with CONCURRENT_TRANSACTIONS, which the general path absorbs), and no local answer is ready
+        behind it. It gets `response_started`'s counting,
         and the check-to-append window it closes goes to the ledger. Nothing is taken outside RELAY and
         HOLDING (an answer may change the mode: draining, lingering, a byte pipe next), while a response
         is read in part, or while the in-flight limit pauses the client (an answer resumes it).
@@ -410,13 +447,25 @@ class Connection:
         order, forwarded = self._order, self._forwarded
         t = self.traffic
         frames_out, bytes_out, rtt_buckets, rtt_sum = t.frames_out, t.bytes_out, t.rtt_buckets, t.rtt_sum
+        view: memoryview | None = None
         while end - pos >= 8 and forwarded:
             size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
             entry = forwarded[0]
             stop = pos + 4 + size
-            if (size < 4 or stop > end or entry.correlation_id != correlation_id or entry.action is not _PASS
+            if (size < 4 or stop > end or entry.correlation_id != correlation_id
                     or order[0] is not entry or (len(order) > 1 and order[1].response is not None)):
                 break
+            if entry.action is not _PASS:
+                # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
+                # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
+                if entry.action is not _OBSERVE or entry.retries:
+                    break
+                if view is None:
+                    view = memoryview(data)
+                if not self.rules.observe_response_in_place(entry.api_key, entry.api_version, entry.context,
+                                                            view[pos + 4:stop], self.clock.wall_ms(),
+                                                            entry.request is not None):
+                    break
             forwarded.popleft()
             order.popleft()
             if entry.evidence is not None:

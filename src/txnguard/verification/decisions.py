@@ -25,12 +25,13 @@ from txnguard.codecs import schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
-from txnguard.codecs.header import peek_request, produce_timeout_ms
+from txnguard.codecs.header import RequestHead, peek_request, produce_timeout_ms
 from txnguard.codecs.lifecycle_scan import (
     AddOffsetsSeen,
     AddPartitionsSeen,
     EndTxnSeen,
     InitProducerIdSeen,
+    TxnRequest,
     TxnResponse,
     from_kio_request,
     from_kio_response,
@@ -264,6 +265,24 @@ class TransactionRules:
             except CodecError:
                 return None  # values kio refuses (an unknown tag, say): the broker judges; we only watch
             req = from_kio_request(key, decoded)
+        return self._observed(req, now_ms, connection_id)
+
+    def observe_request_in_place(self, head: RequestHead, body: memoryview, now_ms: int,
+                                 connection_id: int) -> tuple[bool, Observed | None]:
+        """`observe_request` for the relay's fast path, which neither decodes with kio nor holds: (False, None)
+        leaves the request to the general path untouched (a shape the in-place reader does not read, or an
+        AddPartitionsToTxn/AddOffsetsToTxn the EndTxn defence holds); otherwise (True, what observe_request
+        returns), with the same effects."""
+        if head.api_key == ADD_PARTITIONS and head.api_version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
+            return True, None
+        req = read_txn_request(body, head)
+        if req is None:
+            return False, None
+        if isinstance(req, AddPartitionsSeen | AddOffsetsSeen) and self.holds_for_end_txn(req, connection_id, now_ms):
+            return False, None
+        return True, self._observed(req, now_ms, connection_id)
+
+    def _observed(self, req: TxnRequest, now_ms: int, connection_id: int) -> Observed | None:
         match req:
             case EndTxnSeen(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, committed=committed):
                 self.registry.end_txn(txn_id, pid, epoch, now_ms)
@@ -290,6 +309,27 @@ class TransactionRules:
             case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
                 resp = _txn_response(body, key, version)
                 return resp is not None and self._learn(request, resp, now_ms)
+            case _:
+                assert_never(request)
+
+    def observe_response_in_place(self, key: int, version: int, request: Observed | None, body: memoryview,
+                                  now_ms: int, absorbable: bool) -> bool:
+        """`observe_response` for the relay's fast path: False leaves the answer to the general path untouched
+        (not readable in place, or a whole-request CONCURRENT_TRANSACTIONS the core may ask again: `absorbable`);
+        True: learned, with the same effects, and the answer goes to the client as it is."""
+        match request:
+            case None:
+                return True
+            case SentEndTxn():
+                if self.in_doubt is not None:
+                    self.in_doubt.answered(request)
+                return True
+            case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
+                resp = read_txn_response(body, key, version)
+                if resp is None or (resp.all_concurrent and absorbable):
+                    return False
+                self._learn(request, resp, now_ms)
+                return True
             case _:
                 assert_never(request)
 
@@ -326,11 +366,10 @@ class TransactionRules:
                      client: ClientInfo, connection_id: int, clock: Clock) -> PendingCheck | None:
         """Hold an AddPartitionsToTxn/AddOffsetsToTxn (decoded: `request`) while an EndTxn in doubt could land
         in the transaction it opens; None: forward it. See verification/in_doubt.py."""
-        if self.in_doubt is None or not self.in_doubt.limits.enabled:
+        if not self.holds_for_end_txn(request, connection_id, clock.wall_ms()):
             return None
+        assert self.in_doubt is not None
         txn_id, producer_id, epoch = request.transactional_id, request.producer_id, request.producer_epoch
-        if self.in_doubt.blocking(txn_id, producer_id, epoch, connection_id, clock.wall_ms()) is None:
-            return None
         started = clock.perf()
         ctx = RequestContext(HeldForEndTxn(ApiKey(key)), version, txn_id, producer_id, epoch, Mode.ENFORCE, frame,
                              None, request, client)
@@ -341,6 +380,12 @@ class TransactionRules:
                       float(self.in_doubt.limits.hold_ms))
         return PendingCheck(ctx, AwaitEndTxn(txn_id, producer_id, epoch, hold_ms=hold_ms, connection_id=connection_id),
                             started)
+
+    def holds_for_end_txn(self, request: AddPartitionsSeen | AddOffsetsSeen, connection_id: int, now_ms: int) -> bool:
+        """Whether an EndTxn in doubt could land in the transaction this request opens (then it waits)."""
+        return (self.in_doubt is not None and self.in_doubt.limits.enabled
+                and self.in_doubt.blocking(request.transactional_id, request.producer_id, request.producer_epoch,
+                                           connection_id, now_ms) is not None)
 
     def _end_txn_sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,
                       now_ms: int) -> SentEndTxn | None:
