@@ -43,7 +43,7 @@ from connection_playbook import (
     to_client,
 )
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i32
+from kio.static.primitive import i32, i64
 
 from txnguard.connection import core
 from txnguard.connection.commands import (
@@ -449,3 +449,31 @@ def test_with_timeout_recovery_on_end_txn_takes_the_general_path_and_the_others_
     assert pb.conn.relay_from_client(add) == len(add)
     assert pb.conn.relay_from_client(end) == 0  # checked against the coordinator's timeout first
     assert to_broker(pb.conn.receive_from_client(end)) == end
+
+
+def _moved_leader_answer(correlation_id: int) -> bytes:
+    """A Produce v11 answer that names the partition's new leader and its address (KIP-951)."""
+    m = response_module(0, 11)
+    return response(0, 11, correlation_id, m.ProduceResponse(
+        responses=(m.TopicProduceResponse(name="orders", partition_responses=(m.PartitionProduceResponse(
+            index=i32(0), error_code=ErrorCode.not_leader_or_follower, base_offset=i64(-1), log_append_time=None,
+            log_start_offset=i64(-1), record_errors=(), error_message=None,
+            current_leader=m.LeaderIdAndEpoch(leader_id=i32(2), leader_epoch=i32(5))),)),),
+        throttle_time=datetime.timedelta(0),
+        node_endpoints=(m.NodeEndpoint(node_id=i32(2), host="kafka-2", port=i32(9092), rack=None),)))
+
+
+def test_a_produce_answer_naming_no_broker_passes_on_the_fast_path_and_one_naming_a_broker_is_rewritten():
+    pb = Playbook()
+    identified(pb)
+    pb.relays(produce(1, [T0], transactional=False, version=11))
+    plain = produce_response(1, [T0], version=11)
+    assert pb.conn.relay_from_broker(plain) == len(plain)  # read in place: no NodeEndpoints, nothing to rewrite
+    pb.relays(produce(2, [T0], transactional=False, version=11))
+    moved = _moved_leader_answer(2)
+    assert pb.conn.relay_from_broker(moved) == 0
+    out = pb.broker_answers(moved)
+    assert steps(out) == [Rewritten(0, "addresses"), Like(SendToClient)]
+    stream = to_client(out)
+    assert b"proxy.local" in stream and b"kafka-2" not in stream
+    assert pb.cluster.learned == [(2, "kafka-2", 9092)]

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from txnguard.codecs import addresses, api_versions, schemas
+from txnguard.codecs import addresses, api_versions, produce_answer, schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
@@ -429,7 +429,8 @@ class Connection:
 
         The whole read goes to the client as it is; otherwise `receive_from_broker(data, relayed)`.
         A response qualifies when all of it is here, it answers the request at the head of the
-        queue (nothing waits before it), passes as it is (no rewrite, no merge; a life-cycle answer
+        queue (nothing waits before it), passes as it is (no merge; no rewrite, which a Produce
+        answer read in place shows when it names no broker; a life-cycle answer
         the registry learns from is read in place, unless it is being asked again or refused whole
         with CONCURRENT_TRANSACTIONS, which the general path absorbs), and no local answer is ready
         behind it. It gets `response_started`'s counting,
@@ -455,16 +456,20 @@ class Connection:
             if (size < 4 or stop > end or entry.correlation_id != correlation_id
                     or order[0] is not entry or (len(order) > 1 and order[1].response is not None)):
                 break
-            if entry.action is not _PASS:
-                # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
-                # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
-                if entry.action is not _OBSERVE or entry.retries:
-                    break
+            action = entry.action
+            if action is not _PASS:
                 if view is None:
                     view = memoryview(data)
-                if not self.rules.observe_response_in_place(entry.api_key, entry.api_version, entry.context,
-                                                            view[pos + 4:stop], self.clock.wall_ms(),
-                                                            entry.request is not None):
+                if action is _REWRITE_ADDRESSES:
+                    # A Produce answer (v10+) that names no broker has nothing to rewrite: it passes as it is.
+                    if entry.api_key != _PRODUCE or not produce_answer.endpoints_absent(view[pos + 4:stop],
+                                                                                       entry.api_version):
+                        break
+                # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
+                # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
+                elif action is not _OBSERVE or entry.retries or not self.rules.observe_response_in_place(
+                        entry.api_key, entry.api_version, entry.context, view[pos + 4:stop], self.clock.wall_ms(),
+                        entry.request is not None):
                     break
             forwarded.popleft()
             order.popleft()
@@ -925,6 +930,8 @@ class Connection:
             self._after_requests(out, to_broker)
 
     def _rewrite_addresses(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
+        if entry.api_key == _PRODUCE and produce_answer.endpoints_absent(frame[4:], entry.api_version):
+            return frame  # no broker named: nothing to learn or rewrite (codecs/produce_answer.py)
         header, body = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
         self.cluster.learn_brokers(addresses.broker_addresses(entry.api_key, body))
         new = addresses.rewrite_addresses(entry.api_key, body, self.cluster.client_address_for)
