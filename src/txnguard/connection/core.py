@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from txnguard.codecs import addresses, api_versions, produce_answer, schemas
+from txnguard.codecs import addresses, api_versions, node_endpoints, schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
@@ -430,7 +430,7 @@ class Connection:
         The whole read goes to the client as it is; otherwise `receive_from_broker(data, relayed)`.
         A response qualifies when all of it is here, it answers the request at the head of the
         queue (nothing waits before it), passes as it is (no merge; no rewrite, which a Produce
-        answer read in place shows when it names no broker; a life-cycle answer
+        or Fetch answer read in place shows when it names no broker; a life-cycle answer
         the registry learns from is read in place, unless it is being asked again or refused whole
         with CONCURRENT_TRANSACTIONS, which the general path absorbs), and no local answer is ready
         behind it. It gets `response_started`'s counting,
@@ -461,9 +461,8 @@ class Connection:
                 if view is None:
                     view = memoryview(data)
                 if action is _REWRITE_ADDRESSES:
-                    # A Produce answer (v10+) that names no broker has nothing to rewrite: it passes as it is.
-                    if entry.api_key != _PRODUCE or not produce_answer.endpoints_absent(view[pos + 4:stop],
-                                                                                       entry.api_version):
+                    # A Produce or Fetch answer that names no broker has nothing to rewrite: it passes as it is.
+                    if not node_endpoints.endpoints_absent(view[pos + 4:stop], entry.api_key, entry.api_version):
                         break
                 # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
                 # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
@@ -930,8 +929,8 @@ class Connection:
             self._after_requests(out, to_broker)
 
     def _rewrite_addresses(self, entry: InFlight, frame: memoryview, out: list[Command]) -> Chunk:
-        if entry.api_key == _PRODUCE and produce_answer.endpoints_absent(frame[4:], entry.api_version):
-            return frame  # no broker named: nothing to learn or rewrite (codecs/produce_answer.py)
+        if node_endpoints.endpoints_absent(frame[4:], entry.api_key, entry.api_version):
+            return frame  # no broker named: nothing to learn or rewrite (codecs/node_endpoints.py)
         header, body = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
         self.cluster.learn_brokers(addresses.broker_addresses(entry.api_key, body))
         new = addresses.rewrite_addresses(entry.api_key, body, self.cluster.client_address_for)
