@@ -224,3 +224,19 @@ def test_a_passed_writes_audit_text_is_what_write_serialises(tmp_path: Path) -> 
                      f"{'null' if cpu is None else repr(round(cpu, 4))}{d}")
     log.close()
     assert (tmp_path / "a.jsonl").read_text().splitlines() == texts
+
+
+def test_observe_many_is_observe_of_each_value_in_turn() -> None:
+    """A batch's observations: the same bucket counts and the same float sum, added in the same order (near
+    1e16 a float's step is 2: 1e16 + 1.0 rounds the 1.0 away, so the order of the additions shows)."""
+    from txnguard.proxy.traffic_metrics import PlainHistogramChild
+
+    bounds = (0.5, 1.0, 2.5)
+    values = [1e16, 1.0, 1.0, 0.1, 0.2, 0.3, 2.5, 0.0]
+    one_by_one, batched = PlainHistogramChild(bounds), PlainHistogramChild(bounds)
+    for value in values:
+        one_by_one.observe(value)
+    batched.observe_many(values[:3])
+    batched.observe_many(values[3:])
+    assert (batched.counts, batched.sum) == (one_by_one.counts, one_by_one.sum)
+    assert batched.counts == [4, 2, 1, 1] and sum(sorted(values)) != batched.sum  # the order matters here
