@@ -489,20 +489,22 @@ class TransactionGuard:
         child = m.child
         if passed:
             inspections: list[float] = []
-            timings: dict[str, list[float]] = {}
+            timings: dict[str, list[float]] = {}  # by evidence, in the order booked
             counts: dict[tuple[str, str], int] = {}
+            labels: dict[int, tuple[str, str]] = {}  # a verdict's (evidence, outcome): verdicts are shared
             for _, _, _, _, _, partitions, v, _, inspection_ms, elapsed_ms, _, _ in passed:
                 inspections.append(inspection_ms)
-                evidence = v.evidence.value
+                label = labels.get(id(v))
+                if label is None:
+                    label = labels[id(v)] = (v.evidence.value, v.outcome.value)
                 n = len(partitions)
-                timing = timings.get(evidence)
+                timing = timings.get(label[0])
                 if timing is None:
-                    timing = timings[evidence] = []
+                    timing = timings[label[0]] = []
                 if n == 1:
                     timing.append(elapsed_ms)
                 else:
                     timing.extend([elapsed_ms] * n)
-                label = (evidence, v.outcome.value)
                 counts[label] = counts.get(label, 0) + n
             child(m.inspection_time, ProduceWrite.api).observe_many(inspections)
             for evidence, values in timings.items():
@@ -512,14 +514,19 @@ class TransactionGuard:
             if self.audit.enabled:
                 self.audit.write_texts(self._passed_lines(passed))
         if windows:
-            by_evidence: dict[str, list[float]] = {}
-            for evidence, window_ms in windows:
-                found = by_evidence.get(evidence)
-                if found is None:
-                    found = by_evidence[evidence] = []
-                found.append(window_ms)
-            for evidence, values in by_evidence.items():
-                child(m.verification_window, evidence).observe_many(values)
+            self._record_windows(windows)
+
+    def _record_windows(self, windows: list[tuple[str, float]]) -> None:
+        """Check-to-append windows: each evidence's histogram child observes its own in the order booked."""
+        by_evidence: dict[str, list[float]] = {}
+        for evidence, window_ms in windows:
+            found = by_evidence.get(evidence)
+            if found is None:
+                found = by_evidence[evidence] = []
+            found.append(window_ms)
+        m = self.metrics
+        for evidence, values in by_evidence.items():
+            m.child(m.verification_window, evidence).observe_many(values)
 
     def _passed_lines(self, passed: list[Passed]) -> list[tuple[str, str | None]]:
         """The audit records of passed writes, one per partition, in order: (text, key) as `write` makes them."""
