@@ -6,14 +6,27 @@ Run: `.venv/bin/python bench/core_txn_produce.py [--requests 20000] [--rounds 7]
 One connection core plays what a transactional producer sends once its transaction is open: a Produce v9 of
 one 512-byte record per partition (the registry saw the partitions added: local evidence) and the broker's
 answer, each read as the shell calls the core (`relay_from_*` first, `receive_from_*` with what it left).
-"recorded" adds what the shell then does with the commands and the fast path's ledger (the guard's metrics
-and, with --audit, an audit record per partition written to /dev/null). Prints thread CPU per request,
-median of rounds; nothing is asserted.
+Requests go in runs of 90, then their responses; each run is timed as a whole.
+
+  core alone        the core's calls only. What the core books in its ledger for the shell (a tuple per
+                    write, a window per answer) is thrown away after each run, untimed: left to pile up, its
+                    tuples would make the garbage collector's passes, and so this mode, slower and slower.
+  core + recording  what proxy/session.py does besides: the core books in the guard's one ledger; after a
+                    read that left something in it, `guard.booked()` (which records the ledger at once past
+                    its bound, else arms the guard's timer); before a call's commands `guard.flush_ledger()`
+                    and the commands' own recording (`record` of a Decided); at the end of each run,
+                    `guard.flush_ledger()` as the timer would within its bound (timed with the run). With
+                    --audit, an audit record per partition is written to /dev/null. On a checkout without
+                    batching (no `guard.booked`), the ledger is recorded after every read, as its shell did.
+
+Runs in an event loop (the guard's timer needs one; it is let run between runs, untimed). Prints thread CPU
+per request, median of rounds; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import statistics
 import time
@@ -62,7 +75,59 @@ class _Log:
         pass
 
 
-def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, float]:
+class _Shell:
+    """What proxy/session.py does around its calls into the core ("recorded" mode), or nothing ("core alone")."""
+
+    def __init__(self, guard: TransactionGuard, conn: Connection, recorded: bool) -> None:
+        self.guard, self.conn, self.recorded = guard, conn, recorded
+        self.log = _Log()
+        self.batched = hasattr(guard, "booked")  # the shell records the ledger in batches (proxy/guard.py)
+        if self.batched and recorded:
+            conn.ledger = guard.ledger  # as proxy/session.py: every core books in the guard's one ledger
+        self.ledger = getattr(conn, "ledger", None)  # absent before the fast path for transactional writes
+
+    def after(self, out: list[c.Command]) -> None:
+        """After one call into the core: its ledger (booked, or recorded first when commands follow), then
+        its commands' recording."""
+        if not self.recorded:
+            return
+        ledger = self.ledger
+        if ledger is not None and (ledger.passed or ledger.windows):
+            if not self.batched:
+                self.guard.record_fast(ledger)  # the shell before batching: after every read
+            elif out:
+                self.guard.flush_ledger()
+            else:
+                self.guard.booked()
+        for command in out:
+            if isinstance(command, c.Decided):
+                self.guard.record(command.decision, self.log)
+
+    def run_ends(self) -> None:
+        """Recorded: the timer's flush, due within its bound (timed with the run). Core alone: the ledger
+        thrown away (untimed)."""
+        if self.recorded:
+            if self.batched:
+                self.guard.flush_ledger()
+        elif self.ledger is not None:
+            self.ledger.take()
+
+
+def _timed(shell: _Shell, frames: list[bytes], relay: Any, receive: Any) -> float:
+    """Thread CPU seconds of one run of reads through the core, and the shell's part when recorded."""
+    started = time.thread_time()
+    for data in frames:
+        done = relay(data)
+        shell.after([] if done == len(data) else receive(data, done))
+    if shell.recorded:
+        shell.run_ends()
+    took = time.thread_time() - started
+    if not shell.recorded:
+        shell.run_ends()
+    return took
+
+
+async def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, float]:
     """Seconds of thread CPU per Produce: (the request, its response). Requests go in runs of 90 (the
     in-flight limit is 100), then their responses, each run timed as a whole."""
     metrics = ProxyMetrics()
@@ -74,40 +139,16 @@ def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, fl
     conn = Connection(Settings(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
                                max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
                       guard.rules, DirectCluster(), SystemClock(), metrics.traffic, ConnectionInventory("c", now))
-    log = _Log()
-
-    def execute(commands: list[c.Command]) -> None:
-        for command in commands:
-            if isinstance(command, c.Decided):
-                guard.record(command.decision, log)
-            elif isinstance(command, c.WriteAnswered):
-                metrics.child(metrics.verification_window, command.evidence).observe(command.window_ms)
-
-    flush = getattr(guard, "record_fast", None)
+    shell = _Shell(guard, conn, recorded)
     conn.receive_from_client(pair(0, partitions)[0])  # the first request names the client
     conn.receive_from_broker(pair(0, partitions)[1])
     pairs = [pair(cid, partitions) for cid in range(1, 91)]
-    ledger = getattr(conn, "ledger", None)  # absent before the fast path for transactional writes
+    requests, responses = [req for req, _ in pairs], [resp for _, resp in pairs]
     requests_s = responses_s = 0.0
     for _ in range(n // len(pairs)):
-        started = time.thread_time()
-        for req, _resp in pairs:
-            done = conn.relay_from_client(req)
-            out = [] if done == len(req) else conn.receive_from_client(req, done)
-            if recorded:
-                if flush is not None and ledger is not None and (ledger.passed or ledger.windows):
-                    flush(ledger)
-                execute(out)
-        middle = time.thread_time()
-        for _req, resp in pairs:
-            done = conn.relay_from_broker(resp)
-            out = [] if done == len(resp) else conn.receive_from_broker(resp, done)
-            if recorded:
-                if flush is not None and ledger is not None and (ledger.passed or ledger.windows):
-                    flush(ledger)
-                execute(out)
-        requests_s += middle - started
-        responses_s += time.thread_time() - middle
+        requests_s += _timed(shell, requests, conn.relay_from_client, conn.receive_from_client)
+        responses_s += _timed(shell, responses, conn.relay_from_broker, conn.receive_from_broker)
+        await asyncio.sleep(0)  # the loop runs the guard's timer when due (untimed)
     assert not conn.closed and conn.in_flight == 0
     done_n = n // len(pairs) * len(pairs)
     return requests_s / done_n, responses_s / done_n
@@ -121,9 +162,12 @@ def main() -> None:
     ap.add_argument("--audit", action="store_true", help="write audit records (to /dev/null)")
     args = ap.parse_args()
     results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    loop = asyncio.new_event_loop()
     for _ in range(args.rounds):
         for recorded in (False, True):
-            results[recorded].append(run(args.requests, args.partitions, recorded, args.audit))
+            results[recorded].append(loop.run_until_complete(run(args.requests, args.partitions, recorded,
+                                                                 args.audit)))
+    loop.close()
     print(f"{args.requests} transactional Produce v9 ({args.partitions} partition(s), local evidence) x "
           f"{args.rounds} rounds, thread CPU per request, per response and both, median (min-max) of rounds:")
     for recorded, name in ((False, "core alone"), (True, "core + recording" + (" + audit" if args.audit else ""))):

@@ -281,7 +281,8 @@ def _decision_fact(d: Decision) -> tuple[Any, ...]:
 
 
 def _passed_fact(p: Passed) -> tuple[Any, ...]:
-    client, txn_id, pid, epoch, version, partitions, verdict, mode, inspection_ms, elapsed_ms, cpu_ms = p
+    # The decision's wall time has no counterpart in a `Decision` (its record is stamped when recorded).
+    client, txn_id, pid, epoch, version, partitions, verdict, mode, inspection_ms, elapsed_ms, cpu_ms, _ = p
     return (client, "produce", txn_id, pid, epoch, version,
             [(f"{t}-{i}", verdict, "forwarded", None, False) for t, i in partitions], mode, inspection_ms,
             elapsed_ms, cpu_ms, verdict.evidence.value, {}, True)

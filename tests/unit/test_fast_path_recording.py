@@ -1,10 +1,13 @@
 """What the proxy records of transactional writes is the same whether the relay's fast path checked them in
 place (the core's ledger, `TransactionGuard.record_fast`) or the general path did (`Decided`, `record`): every
-metric sample and every audit record, over the same traffic. The shell's part is played as proxy/session.py
-does it: the fast call first, the ledger recorded before a call's commands."""
+metric sample and every audit record, time included, in the same order, over the same traffic. The shell's
+part is played as proxy/session.py does it: the fast call first; after a fast read that left something in
+the guard's ledger, `booked` (recorded in a batch, by the guard's timer); the ledger recorded before a call's
+commands. The clock moves a millisecond a read and is the event loop's too (virtual_time.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from connection_playbook import (
     produce,
     produce_response,
 )
+from virtual_time import run
 
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
@@ -51,8 +55,8 @@ class _Shell:
         self.audit_path = tmp / f"{name}.jsonl"
         self.metrics = ProxyMetrics()
         config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),), audit_path=str(self.audit_path))
-        self.guard = TransactionGuard(config, self.metrics, policy_from_config(policy), None)
-        clock = FakeClock()
+        self.clock = clock = FakeClock()
+        self.guard = TransactionGuard(config, self.metrics, policy_from_config(policy), None, clock=clock)
         self.guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, clock.wall_ms())
         self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), partitions={T0, T1, T2})
         self.core = Connection(Settings(connection_id=1, listener="bootstrap", max_frame_bytes=1 << 20,
@@ -60,14 +64,23 @@ class _Shell:
                                         idle_timeout_s=600.0, fast_path=fast),
                                self.guard.rules, FakeCluster(), clock, self.metrics.traffic,
                                ConnectionInventory("client", 0))
+        self.core.ledger = self.guard.ledger  # as proxy/session.py
         self.log = _Log()
         self.asked: list[c.Ask] = []
         self.sent = {c.SendToBroker: b"", c.SendToClient: b""}  # every byte to each side
+        self.booked = self.batches = 0  # fast reads that left something in the ledger; record_fast calls
+        record_fast = self.guard.record_fast
+
+        def counted(ledger: Any) -> None:
+            self.batches += 1
+            record_fast(ledger)
+
+        self.guard.record_fast = counted  # type: ignore[method-assign]
 
     def _execute(self, commands: list[c.Command]) -> None:
         ledger = self.core.ledger
         if ledger.passed or ledger.windows:
-            self.guard.record_fast(ledger)
+            self.guard.flush_ledger()
         for command in commands:
             if isinstance(command, c.Decided):
                 self.guard.record(command.decision, self.log)
@@ -76,19 +89,27 @@ class _Shell:
             elif isinstance(command, c.SendToBroker | c.SendToClient):
                 self.sent[type(command)] += b"".join(bytes(b) for b in command.data)
 
+    def _booked(self) -> None:
+        ledger = self.core.ledger
+        if ledger.passed or ledger.windows:
+            self.booked += 1
+            self.guard.booked()
+
     def from_client(self, data: bytes) -> None:
+        self.clock.seconds += 0.001
         done = self.core.relay_from_client(data)
         if done == len(data):
             self.sent[c.SendToBroker] += data
-            self._execute([])
+            self._booked()
         else:
             self._execute(self.core.receive_from_client(data, done))
 
     def from_broker(self, data: bytes) -> None:
+        self.clock.seconds += 0.001
         done = self.core.relay_from_broker(data)
         if done == len(data):
             self.sent[c.SendToClient] += data
-            self._execute([])
+            self._booked()
         else:
             self._execute(self.core.receive_from_broker(data, done))
 
@@ -98,13 +119,20 @@ class _Shell:
                       if not s.name.endswith("_created"))
 
     def audit(self) -> list[dict[str, Any]]:
-        records = [json.loads(line) for line in self.audit_path.read_text().splitlines()]
-        for r in records:
-            del r["time_ms"]  # the wall clock of the run
-        return records
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines()]
 
 
 def _play(shell: _Shell) -> None:
+    """The traffic, then the event loop runs until the guard's timer has recorded what was left."""
+
+    async def play() -> None:
+        _traffic(shell)
+        await asyncio.sleep(1)
+
+    run(play(), shell.clock)
+
+
+def _traffic(shell: _Shell) -> None:
     shell.from_client(heartbeat(0))  # names the client: the fast path starts after it
     shell.from_broker(heartbeat_response(0))
     cid = 1
@@ -132,13 +160,18 @@ def test_the_fast_path_records_exactly_what_the_general_path_records(tmp_path: P
         _play(shell)
     assert fast.sent == general.sent
     assert fast.samples() == general.samples()
-    assert fast.audit() == general.audit()
+    assert fast.audit() == general.audit()  # each with its decision's time, though recorded later
     assert fast.log.lines == general.log.lines
     passed = [r for r in general.audit() if r["kind"] == "decision" and r["decision"] == "forwarded"]
     assert len(passed) == 15 * 3 and {r["mode"] for r in passed} == {"enforce", "monitor"}
-    assert ("txnguard_verification_window_ms_sum", (("evidence", "local"),), 0.0) in fast.samples()  # a still clock
+    assert len({r["time_ms"] for r in passed}) == 30  # a millisecond a read: the times tell the writes apart
     assert [s for s in fast.samples() if s[0] == "txnguard_verification_window_ms_count"] == [
         ("txnguard_verification_window_ms_count", (("evidence", "local"),), 30.0)]  # one per write answered
+    # Recorded in batches, not once per fast read (how many reads the fast path takes here depends on what it
+    # reads in place: 54 of the 60 reads with a Produce or its answer; a batch ends where the general path
+    # takes a read, or at the timer).
+    # test_ledger_batches.py counts the batches of plainer traffic.
+    assert general.booked == 0 and fast.booked > 30 and fast.batches <= fast.booked // 2
 
 
 def test_the_fast_path_takes_the_transactional_writes_it_can(tmp_path: Path) -> None:
@@ -193,3 +226,19 @@ def test_a_passed_writes_audit_text_is_what_write_serialises(tmp_path: Path) -> 
                      f"{'null' if cpu is None else repr(round(cpu, 4))}{d}")
     log.close()
     assert (tmp_path / "a.jsonl").read_text().splitlines() == texts
+
+
+def test_observe_many_is_observe_of_each_value_in_turn() -> None:
+    """A batch's observations: the same bucket counts and the same float sum, added in the same order (near
+    1e16 a float's step is 2: 1e16 + 1.0 rounds the 1.0 away, so the order of the additions shows)."""
+    from txnguard.proxy.traffic_metrics import PlainHistogramChild
+
+    bounds = (0.5, 1.0, 2.5)
+    values = [1e16, 1.0, 1.0, 0.1, 0.2, 0.3, 2.5, 0.0]
+    one_by_one, batched = PlainHistogramChild(bounds), PlainHistogramChild(bounds)
+    for value in values:
+        one_by_one.observe(value)
+    batched.observe_many(values[:3])
+    batched.observe_many(values[3:])
+    assert (batched.counts, batched.sum) == (one_by_one.counts, one_by_one.sum)
+    assert batched.counts == [4, 2, 1, 1] and sum(sorted(values)) != batched.sum  # the order matters here

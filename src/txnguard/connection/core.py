@@ -345,14 +345,15 @@ class Connection:
                     mode = rules.policy.mode_for(txn_id, partitions[0][0])
                     if mode is _OFF:
                         break
-                    verdict = rules.registry.passes_locally(txn_id, producer_id, epoch, partitions, clock.wall_ms())
+                    wall_ms = clock.wall_ms()
+                    verdict = rules.registry.passes_locally(txn_id, producer_id, epoch, partitions, wall_ms)
                     if verdict is None:
                         break
                     decided = clock.perf()
                     self.ledger.passed.append((
                         self.client_info(), txn_id, producer_id, epoch, version, partitions, verdict, mode,
                         (started - parsing) * 1000, (decided - started) * 1000,
-                        (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None))
+                        (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms))
                     if inventory is not None:
                         inventory.produce_versions.add(version)
                         inventory.used_transactions = True

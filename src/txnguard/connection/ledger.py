@@ -4,8 +4,10 @@ The relay's fast path takes a transactional Produce whose partitions all have lo
 without leaving its loop: no `Decided` command, no `Decision` object. What the general path's
 `Decided` would have made the shell record (metrics, an audit record per partition) goes into
 the connection's ledger as one tuple instead, and every closed check-to-append window (either
-path's) as an (evidence, milliseconds) pair. The shell takes the ledger after each call into the
-core, before that call's commands, so records keep the order of the requests.
+path's) as an (evidence, milliseconds) pair. The tuple carries the decision's wall-clock time (the
+core's clock), so the shell may record it later: it records the ledger in batches, always before a
+call's commands and before anything reads what it records, so records keep the order of the requests
+(proxy/guard.py, `TransactionGuard.booked`). The shell may give several connections one ledger.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from txnguard.verification.outcomes import Verdict
 
 # A transactional Produce passed on local evidence: (client, transactional id, producer id, producer epoch,
 # api version, partitions, the verdict every partition got, mode, inspection ms, verification ms, cpu ms or
-# None when not measured). Its `Decision` would have had one "forwarded" record per partition.
-Passed = tuple[ClientInfo, str, int, int, int, list[tuple[str, int]], Verdict, Mode, float, float, float | None]
+# None when not measured, the decision's wall-clock ms). Its `Decision` would have had one "forwarded" record
+# per partition.
+Passed = tuple[ClientInfo, str, int, int, int, list[tuple[str, int]], Verdict, Mode, float, float, float | None, int]
 
 
 class Ledger:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.outcomes import Outcome
@@ -25,10 +28,26 @@ MAX_SOFTWARE_SERIES = 200
 BROKER_TO_CLIENT = "broker_to_client"
 
 
+class BeforeCollect(Collector):
+    """Runs its callbacks whenever the registry is read, before any metric is: registered first, so every
+    reader (a /metrics scrape, `get_sample_value`, a test's `collect()`) sees what was recorded later than
+    it happened (the relay's ledger, recorded in batches: proxy/guard.py) as already recorded. Exports nothing."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+
+    def collect(self) -> Iterator[Metric]:
+        for callback in self.callbacks:
+            callback()
+        yield from ()
+
+
 class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.before_collect = BeforeCollect()  # the first collector: it runs before every other one
+        r.register(self.before_collect)
         self.connections_active = Gauge(
             "txnguard_connections_active", "Client connections open now", ["listener"], registry=r)
         self.connections_total = Counter(

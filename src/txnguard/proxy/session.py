@@ -149,6 +149,8 @@ class Session:
                      idle_timeout_s=limits.idle_timeout_s, debug=proxy.debug),
             self.guard.rules, proxy, _CLOCK, proxy.metrics.traffic,
             ConnectionInventory(peer, int(time.time() * 1000)))  # for the audit's connection record
+        # Every core books in its guard's one ledger, which the guard records in batches (`booked`).
+        self.core.ledger = self.guard.ledger
         self._paused: dict[c.Side, dict[str, float]] = {c.Side.CLIENT: {}, c.Side.BROKER: {}}
         self.closed = False
         self._upstream_task: asyncio.Task[None] | None = None
@@ -244,6 +246,7 @@ class Session:
         self.closed = True
         self._count_close(reason)
         self.core.connection_lost()
+        self.guard.flush_ledger()  # what this connection booked is recorded before its close is
         getattr(self.log, level)("connection_closed", reason=reason, detail=detail, in_flight=self.core.in_flight)
         for side, causes in self._paused.items():
             for cause in list(causes):
@@ -309,7 +312,7 @@ class Session:
             upstream.write(data)
             ledger = core.ledger
             if ledger.passed or ledger.windows:
-                self.guard.record_fast(ledger)
+                self.guard.booked()  # recorded in a batch, before anything can tell (guard.py)
         else:
             self._execute(core.receive_from_client(data, done))
 
@@ -323,15 +326,15 @@ class Session:
                 self.proxy.response_observer([data])
             ledger = core.ledger
             if ledger.passed or ledger.windows:
-                self.guard.record_fast(ledger)
+                self.guard.booked()
         else:
             self._execute(core.receive_from_broker(data, done))
 
     def _execute(self, commands: list[c.Command]) -> None:
-        """Record what the core booked in its ledger (it happened before these commands), then run them."""
+        """Record what the cores booked in the ledger (it happened before these commands), then run them."""
         ledger = self.core.ledger
         if ledger.passed or ledger.windows:
-            self.guard.record_fast(ledger)
+            self.guard.flush_ledger()
         run = self._run
         for command in commands:
             run[type(command)](command)
