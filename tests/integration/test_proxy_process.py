@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -11,8 +12,8 @@ import time
 import pytest
 
 from txnguard.testing.fixtures import fresh_topic
-from txnguard.testing.proxy import ProxyProcess
-from txnguard.testing.raw import RawClient
+from txnguard.testing.proxy import ProxyProcess, ProxyThread
+from txnguard.testing.raw import RawClient, RawProtocolError
 from txnguard.testing.scenarios import TxnActor, error_name
 
 pytestmark = pytest.mark.integration
@@ -110,3 +111,45 @@ def test_sighup_without_a_config_file_is_logged_and_survived(cluster, tmp_path):
             assert c.metadata().brokers  # the connection open at the signal still works
     finally:
         assert proxy.terminate() == 0
+
+
+class _Lines:
+    """The proxy's JSON log lines as written (a log stream for ProxyThread)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def events(self, name: str) -> list[dict[str, object]]:
+        return [e for e in (json.loads(x) for x in self.text.splitlines() if x.startswith("{"))
+                if e.get("event") == name]
+
+
+def test_a_broker_port_already_taken_refuses_clients_with_a_reason_not_a_stray_address(cluster):
+    node = cluster.nodes[0].id
+    with socket.socket() as taken:  # what an operator's admin server (or anything else) holds on that port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = int(taken.getsockname()[1])
+        log = _Lines()
+        proxy = ProxyThread.from_settings(upstream=cluster.bootstrap_servers, mode="gateway", admin="127.0.0.1:0",
+                                          broker_ports={node: port}, log_stream=log).start()
+        try:
+            host, bootstrap_port = proxy.bootstrap.split(":")
+            with pytest.raises(RawProtocolError, match="closed the connection"), \
+                    RawClient(host, int(bootstrap_port)) as client:
+                client.metadata()  # its answer would name the taken port: the proxy closes instead
+            reason = {"reason": "broker_listener_unavailable"}
+            proxy.wait_for(lambda: proxy.metric("txnguard_connection_closes_total", reason) >= 1,
+                           what="the close counted with its reason")
+            [line] = log.events("broker_listener_unavailable")  # once, however many clients it refuses
+            assert line["node_id"] == node and line["address"] == f"127.0.0.1:{port}"
+            assert any(e.get("reason") == "broker_listener_unavailable" for e in log.events("connection_closed"))
+        finally:
+            proxy.stop()

@@ -45,6 +45,7 @@ from connection_playbook import (
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
+from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.connection import core
 from txnguard.connection.commands import (
     AnsweredLocally,
@@ -478,3 +479,17 @@ def test_a_produce_answer_naming_no_broker_passes_on_the_fast_path_and_one_namin
     stream = to_client(out)
     assert b"proxy.local" in stream and b"kafka-2" not in stream
     assert pb.cluster.learned == [(2, "kafka-2", 9092)]
+
+
+def test_a_broker_the_proxy_has_no_listener_for_closes_the_connection_with_that_reason():
+    pb = Playbook()
+
+    def no_listener(node_id: int, host: str, port: int) -> tuple[str, int]:
+        raise AddressUnavailable(f"no listener for broker {node_id}: port taken")
+
+    pb.cluster.client_address_for = no_listener  # type: ignore[method-assign]
+    pb.relays(metadata_request(1))
+    out = pb.broker_answers(metadata_response(1))
+    assert out == [Close("broker_listener_unavailable",
+                         "broker response: no listener for broker 1: port taken", "error", None)]
+    assert pb.conn.closed

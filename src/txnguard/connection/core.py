@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import addresses, api_versions, node_endpoints, schemas
+from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
@@ -127,6 +128,7 @@ class Cluster(Protocol):
 
     version_policy: api_versions.VersionPolicy
 
+    # May raise AddressUnavailable (no listener of ours for that broker): the connection closes with its reason.
     def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]: ...
     def learn_brokers(self, found: list[tuple[int, str, int]]) -> None: ...
     def remember_broker_api_versions(self, body: Any) -> None: ...
@@ -415,6 +417,9 @@ class Connection:
             data = memoryview(data)[done:]  # read as any buffer
         try:
             to_client += self.responses.read(data, self, out)
+        except AddressUnavailable as e:  # not a broken frame: the proxy has no address of its own to give
+            out.append(self._close(e.reason, f"broker response: {e}", "error"))
+            return out
         except CodecError as e:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))
             return out

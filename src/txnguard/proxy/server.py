@@ -24,6 +24,7 @@ from typing import Any
 from kio.schema.metadata.v9.request import MetadataRequest
 
 from txnguard.codecs import addresses
+from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy import audit_sink, hanging_monitor, logs
@@ -62,6 +63,7 @@ class Proxy:
         self.policy = policy_from_config(config.policy.as_mapping())
         self.guard = TransactionGuard(config, self.metrics, self.policy, self.upstream_ssl)
         self.listeners: dict[int | None, Listener] = {}
+        self._unavailable_listeners: set[int] = set()  # brokers whose listener could not open (logged once)
         self.sessions: set[Session] = set()
         self.brokers: dict[int, HostPort] = {}          # node id -> the broker's real address
         self._broker_api_versions: dict[int, tuple[int, int]] = {}
@@ -166,11 +168,25 @@ class Proxy:
         self.listeners.pop(listener.node_id, None)
 
     def ensure_broker_listener(self, node_id: int) -> HostPort:
+        """Our listener for broker `node_id`, opened on first need. Its port taken (the admin server, another
+        process): AddressUnavailable, logged once per broker, and the connection that needed it closes with
+        that reason (a client given that port would reach whatever holds it)."""
         listener = self.listeners.get(node_id)
         if listener is None:
             if self.stopping:
                 return HostPort(self.config.advertised, self.config.broker_port(node_id))
-            listener = self._open_listener(node_id, HostPort(self.config.listen.host, self.config.broker_port(node_id)))
+            address = HostPort(self.config.listen.host, self.config.broker_port(node_id))
+            try:
+                listener = self._open_listener(node_id, address)
+            except OSError as e:
+                if node_id not in self._unavailable_listeners:
+                    self._unavailable_listeners.add(node_id)
+                    self.log.error("broker_listener_unavailable", node_id=node_id, address=str(address),
+                                   error=str(e), reason="broker_listener_unavailable",
+                                   hint="give this broker a free port (broker_ports or broker_port_base), or "
+                                        "move what listens there (the admin address?)")
+                raise AddressUnavailable(f"no listener for broker {node_id}: {e}") from None
+            self._unavailable_listeners.discard(node_id)
         return listener.address
 
     async def _accept_loop(self, listener: Listener) -> None:
@@ -289,7 +305,8 @@ class Proxy:
             if self.brokers.get(node_id) != address:
                 self.brokers[node_id] = address
                 self.log.info("broker_learned", node_id=node_id, address=str(address))
-            self.ensure_broker_listener(node_id)
+            with contextlib.suppress(AddressUnavailable):  # logged; a client that needs it is refused then
+                self.ensure_broker_listener(node_id)
 
     def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         """The address a client must use for a broker: our listener in gateway mode."""
