@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
+import os
 import random
 import statistics
 import subprocess
@@ -168,6 +170,52 @@ def _time(fn: Any, args: Any, number: int) -> float:
     return timeit.Timer(lambda: fn(*args), timer=time.thread_time).timeit(number) / number * 1e6
 
 
+def _counted(before: dict[str, Any], after: dict[str, Any], only: str, n: int) -> None:
+    """Run under callgrind with --dump-before=time_sleep: each time.sleep(0) closes a part of the profile. The
+    parts: start-up, an empty loop of n (the baseline), then n calls of each reader, before then after, per case.
+    Prints the labels in that order for the parent."""
+    calls = []
+    for label, reader, call in cases():
+        if only in label:
+            calls += [(label, reader, "before", before[reader], call), (label, reader, "after", after[reader], call)]
+    for *_, fn, call in calls:
+        fn(*call)  # warm
+    sleep, r = time.sleep, range(n)
+    sleep(0)
+    for _ in r:
+        pass
+    sleep(0)
+    for *_, fn, call in calls:
+        for _ in r:
+            fn(*call)
+        sleep(0)
+    print(json.dumps([c[:3] for c in calls]))
+
+
+def instructions(args: argparse.Namespace) -> None:
+    """Instructions per call counted by callgrind (valgrind): the same on a busy machine as on a quiet one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                              "--dump-before=time_sleep", sys.executable, __file__, "--counted", "--before",
+                              args.before, "--only", args.only, "--number", str(args.number)],
+                             capture_output=True, text=True, check=True, env=os.environ | {"PYTHONHASHSEED": "0"})
+        labels = json.loads(run.stdout.strip().splitlines()[-1])
+        parts = []
+        for k in range(1, len(labels) + 3):  # start-up, the baseline, then one part per (case, side)
+            text = Path(f"{out}.{k}").read_text()
+            parts.append(int(next(line for line in text.splitlines() if line.startswith("totals:")).split()[1]))
+    baseline = parts[1]
+    per_call = {(label, side): (part - baseline) / args.number
+                for (label, _, side), part in zip(labels, parts[2:], strict=True)}
+    print(f"instructions per call (callgrind, {args.number} calls, less an empty loop's); before = {args.before}")
+    print(f"{'frame':34} {'reader':18} {'before':>8} {'after':>8} {'ratio':>5}")
+    for label, reader, side in labels:
+        if side == "after":
+            b, a = per_call[label, "before"], per_call[label, "after"]
+            print(f"{label:34} {reader:18} {b:8.0f} {a:8.0f} {a / b:5.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", default="main", help="the revision to compare with (git show REV:path)")
@@ -177,7 +225,16 @@ def main() -> None:
     ap.add_argument("--differential", type=int, default=0, metavar="N",
                     help="first compare both revisions' answers on N mutations of each frame")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--instructions", action="store_true",
+                    help="count instructions per call under callgrind instead of timing (needs valgrind)")
+    ap.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
     args = ap.parse_args()
+    if args.instructions:
+        if args.differential:
+            main_args = [a for a in sys.argv[1:] if a != "--instructions"]
+            subprocess.run([sys.executable, __file__, *main_args, "--number", "0"], check=False)
+        instructions(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         before = {"scan_transactional": _old(args.before, "produce_scan", Path(tmp)).scan_transactional}
         old_lifecycle = _old(args.before, "lifecycle_scan", Path(tmp))
@@ -186,8 +243,13 @@ def main() -> None:
     after = {"scan_transactional": produce_scan.scan_transactional,
              "read_txn_request": lifecycle_scan.read_txn_request,
              "read_txn_response": lifecycle_scan.read_txn_response}
+    if args.counted:
+        _counted(before, after, args.only, args.number)
+        return
     if args.differential:
         differential(before, after, args.differential, args.seed)
+    if not args.number:
+        return
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], capture_output=True,
                           text=True).stdout.strip()
     print(f"warm thread CPU per call, us: median and best of {args.repeat} rounds of {args.number} calls; "

@@ -120,11 +120,39 @@ def _skip_tags(buf: memoryview, pos: int, end: int) -> int:
 
 # -- the relay's fast path: a transactional Produce read where it lies in the client's read ---------------------
 
-_BATCH_HEAD = struct.Struct(">qi")        # base offset, batch length (at the batch's start)
-_BATCH_PRODUCER = struct.Struct(">qh")    # producer id, epoch (at byte 43)
+_BATCH = struct.Struct(">8xi4xb4xh20xqh")  # batch length, magic, attributes, producer id, epoch: one read
 _ACKS = struct.Struct(">h")
 _TRANSACTIONAL = 0x10
 _BATCH_HEADER_SIZE = 61
+_INDEX_SIZE = struct.Struct(">ii")  # a partition's index and records size
+_INDEX_SIZE_BYTE = struct.Struct(">iB")  # flexible: the index and the size's first byte
+
+
+class _Runs(dict[int, struct.Struct]):
+    """The Structs that read a name of n bytes and the fixed fields after it in one unpack (one read instead of
+    two, and no view sliced to decode), made on first use; kept only for n under 256, so no frame can make the
+    module hold more than 256 of each."""
+
+    def __init__(self, fields: str) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def __missing__(self, n: int) -> struct.Struct:
+        run = struct.Struct(f">{n}s{self.fields}")
+        if n < 256:
+            self[n] = run
+        return run
+
+
+# The common shape's runs (one topic, one partition, one batch): the transactional id, acks, timeout, topic
+# count, name length; then the topic name, partition count, index, records size and the batch's length, magic,
+# attributes, producer id and epoch. Flexible: counts and lengths are one-byte varints (value + 1), the size
+# two bytes (a 512-byte record makes a ~590-byte batch; a batch under 127 bytes has a one-byte size and starts
+# a byte earlier).
+_ONE_TOPIC = _Runs("hiih")
+_ONE_PARTITION = _Runs("iii8xi4xb4xh20xqh")
+_ONE_TOPIC_FLEXIBLE = _Runs("hiBB")
+_ONE_PARTITION_FLEXIBLE = _Runs("BiBB8xi4xb4xh20xqh")
 
 # (transactional id, producer id, producer epoch, partitions, acks)
 TransactionalWrite = tuple[str, int, int, list[tuple[str, int]], int]
@@ -141,11 +169,69 @@ def scan_transactional(body: memoryview, flexible: bool) -> TransactionalWrite |
     checked against `stop` before it is used; anything else (a size past the end, a broken batch, a name that
     is not UTF-8, more partitions than REQUEST_MAX_ELEMENTS) is not judged here but left to the general path,
     which reads the frame again and judges it as it always did. Records are never copied.
+
+    The common shape (one topic, one partition, one batch) is read first at fixed offsets, a few unpacks in
+    all; whatever that reading does not take whole goes to the loop, which reads every shape and decides.
     """
+    end = len(body)
     try:
-        return _scan_transactional(body, 0, len(body), flexible)
+        found = _one_batch_flexible(body, end) if flexible else _one_batch(body, end)
+    except (struct.error, UnicodeDecodeError, IndexError):
+        found = None  # not the common shape, or broken: the loop decides
+    if found is not None:
+        return found
+    try:
+        return _scan_transactional(body, 0, end, flexible)
     except (struct.error, UnicodeDecodeError, IndexError, BoundsExceeded):
         return None
+
+
+# The common shape read at fixed offsets (v3-v8, then v9+). Each takes a frame only when the loop would take it
+# and give the same (the loop's checks for one topic, partition and batch), and leaves any other to the loop.
+# unpack_from refuses to read past the view's end, so each run is in bounds once read; a size is used only
+# once it is checked to end where the frame ends. Names are decoded as the loop decodes them (strict UTF-8).
+
+def _one_batch(buf: memoryview, end: int) -> TransactionalWrite | None:
+    (n,) = _I16.unpack_from(buf, 0)
+    if n <= 0:
+        return None
+    txn_id, acks, _, topics, m = _ONE_TOPIC[n].unpack_from(buf, 2)
+    if topics != 1 or m < 0:
+        return None  # m < 0: a null name, which the loop refuses
+    # The name after the id's length and the id (2 + n), acks, timeout, topic count and name length (12); the
+    # records after the name, partition count, index and size (n + 14 + m + 12).
+    topic, partitions, index, size, length, magic, attributes, producer_id, epoch = \
+        _ONE_PARTITION[m].unpack_from(buf, n + 14)
+    if partitions != 1 or n + m + 26 + size != end or size < _BATCH_HEADER_SIZE or length + 12 != size \
+            or magic != 2 or not attributes & _TRANSACTIONAL or producer_id < 0:
+        return None  # more than one batch, or one the loop judges
+    return txn_id.decode(), producer_id, epoch, [(topic.decode(), index)], acks
+
+
+def _one_batch_flexible(buf: memoryview, end: int) -> TransactionalWrite | None:
+    n = buf[0] - 1
+    if not 0 < n < 0x7F:
+        return None  # null, empty, or a length of two bytes
+    txn_id, acks, _, topics, m = _ONE_TOPIC_FLEXIBLE[n].unpack_from(buf, 1)
+    if topics != 2 or not 0 < m < 0x80:
+        return None  # not one topic; a null name, or a length of two bytes
+    # The name (m - 1 bytes) after the id's length and the id (1 + n), acks, timeout, topic count, name length.
+    name_end = n + m + 8
+    topic, partitions, index, s0, s1, length, magic, attributes, producer_id, epoch = \
+        _ONE_PARTITION_FLEXIBLE[m - 1].unpack_from(buf, n + 9)
+    if s1 < 0x80 <= s0:
+        size, records = (s0 & 0x7F | s1 << 7) - 1, name_end + 7
+    elif s0 < 0x80:
+        size, records = s0 - 1, name_end + 6
+        length, magic, attributes, producer_id, epoch = _BATCH.unpack_from(buf, records)
+    else:
+        return None
+    # After the records: the partition's, the topic's and the request's tags, three empty ones, and the end.
+    if partitions != 2 or records + size + 3 != end or buf[end - 3] or buf[end - 2] or buf[end - 1] \
+            or size < _BATCH_HEADER_SIZE or length + 12 != size or magic != 2 or not attributes & _TRANSACTIONAL \
+            or producer_id < 0:
+        return None
+    return txn_id.decode(), producer_id, epoch, [(topic.decode(), index)], acks
 
 
 def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one pass, no helper per field
@@ -162,7 +248,7 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
         pos += 2
     if n <= 0 or pos + n > end:
         return None
-    txn_id = str(buf[pos:pos + n], "utf-8")
+    txn_id = buf[pos:pos + n].tobytes().decode()
     pos += n
     (acks,) = _ACKS.unpack_from(buf, pos)
     pos += _ACKS_AND_TIMEOUT
@@ -193,7 +279,7 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
             pos += 2
         if n < 0 or pos + n > end:
             return None
-        topic = str(buf[pos:pos + n], "utf-8")
+        topic = buf[pos:pos + n].tobytes().decode()
         pos += n
         if flexible:
             count = buf[pos]  # one byte: the common case
@@ -208,29 +294,27 @@ def _scan_transactional(buf: memoryview, pos: int, end: int,  # noqa: C901 - one
         if count <= 0 or count > end - pos or len(partitions) + count > REQUEST_MAX_ELEMENTS:
             return None
         for _ in range(count):
-            (index,) = _I32.unpack_from(buf, pos)
-            pos += 4
             if flexible:
-                size = buf[pos]  # one byte: the common case
+                index, size = _INDEX_SIZE_BYTE.unpack_from(buf, pos)  # a one-byte size: the common case
                 if size < 0x80:
-                    pos += 1
+                    pos += 5
                 else:
-                    size, pos = _uvarint(buf, pos, end)
+                    size, pos = _uvarint(buf, pos + 4, end)
                 size -= 1
             else:
-                (size,) = _I32.unpack_from(buf, pos)
-                pos += 4
+                index, size = _INDEX_SIZE.unpack_from(buf, pos)
+                pos += 8
             records_end = pos + size
             if size < _BATCH_HEADER_SIZE or records_end > end:
                 return None
             while pos < records_end:  # every batch: v2, transactional, the request's producer
                 if records_end - pos < _BATCH_HEADER_SIZE:
                     return None
-                batch_end = pos + 12 + _BATCH_HEAD.unpack_from(buf, pos)[1]
-                if batch_end - pos < _BATCH_HEADER_SIZE or batch_end > records_end or buf[pos + 16] != 2 \
-                        or not buf[pos + 22] & _TRANSACTIONAL:
+                length, magic, attributes, pid, e = _BATCH.unpack_from(buf, pos)
+                batch_end = pos + 12 + length
+                if batch_end - pos < _BATCH_HEADER_SIZE or batch_end > records_end or magic != 2 \
+                        or not attributes & _TRANSACTIONAL:
                     return None
-                pid, e = _BATCH_PRODUCER.unpack_from(buf, pos + 43)
                 if pid != producer_id or e != epoch:
                     if producer_id != -2 or pid < 0:
                         return None
