@@ -79,17 +79,17 @@ def produce(version: int, topics: int, partitions: int, *, value: int = 512, bat
     return body[request_body_offset(body, peek_request(body)):]
 
 
-def request(key: int, version: int, partitions: int = 1) -> bytes:
+def request(key: int, version: int, partitions: int = 1, topics: int = 1, txn: str | None = TXN) -> bytes:
     cls = schemas.request_schema(key, version)
     m = _mod(cls)
     pid, epoch = i64(PID), i16(EPOCH)
     if key == ApiKey.INIT_PRODUCER_ID:
-        body = cls(transactional_id=TXN, transaction_timeout=datetime.timedelta(seconds=60), producer_id=pid,
-                   producer_epoch=epoch)
+        ids = {"producer_id": pid, "producer_epoch": epoch} if version >= 3 else {}
+        body = cls(transactional_id=txn, transaction_timeout=datetime.timedelta(seconds=60), **ids)
     elif key == ApiKey.ADD_PARTITIONS_TO_TXN:
         body = cls(v3_and_below_transactional_id=TXN, v3_and_below_producer_id=pid, v3_and_below_producer_epoch=epoch,
-                   v3_and_below_topics=(m.AddPartitionsToTxnTopic(name="orders", partitions=tuple(
-                       i32(p) for p in range(partitions))),))
+                   v3_and_below_topics=tuple(m.AddPartitionsToTxnTopic(name=f"orders-{t}", partitions=tuple(
+                       i32(p) for p in range(partitions))) for t in range(topics)))
     elif key == ApiKey.ADD_OFFSETS_TO_TXN:
         body = cls(transactional_id=TXN, producer_id=pid, producer_epoch=epoch, group_id="copier")
     else:
@@ -97,18 +97,20 @@ def request(key: int, version: int, partitions: int = 1) -> bytes:
     return schemas.encode_request(body, 17, "producer-1")[4:]
 
 
-def response(key: int, version: int, partitions: int = 1) -> bytes:
+def response(key: int, version: int, partitions: int = 1, topics: int = 1, error: ErrorCode = ErrorCode.none
+             ) -> bytes:
     cls = schemas.response_schema(key, version)
     m = _mod(cls)
     throttle = datetime.timedelta(0)
     if key == ApiKey.INIT_PRODUCER_ID:
-        body = cls(throttle_time=throttle, error_code=ErrorCode.none, producer_id=i64(PID), producer_epoch=i16(EPOCH))
+        body = cls(throttle_time=throttle, error_code=error, producer_id=i64(PID), producer_epoch=i16(EPOCH))
     elif key == ApiKey.ADD_PARTITIONS_TO_TXN:
-        body = cls(throttle_time=throttle, results_by_topic_v3_and_below=(m.AddPartitionsToTxnTopicResult(
-            name="orders", results_by_partition=tuple(m.AddPartitionsToTxnPartitionResult(
-                partition_index=i32(p), partition_error_code=ErrorCode.none) for p in range(partitions))),))
+        body = cls(throttle_time=throttle, results_by_topic_v3_and_below=tuple(m.AddPartitionsToTxnTopicResult(
+            name=f"orders-{t}", results_by_partition=tuple(m.AddPartitionsToTxnPartitionResult(
+                partition_index=i32(p), partition_error_code=error) for p in range(partitions)))
+            for t in range(topics)))
     else:
-        body = cls(throttle_time=throttle, error_code=ErrorCode.none)
+        body = cls(throttle_time=throttle, error_code=error)
     return schemas.encode(schemas.response_header_for(key, version, 17), body)[4:]
 
 
@@ -132,6 +134,26 @@ def cases() -> list[tuple[str, str, Any]]:
     return out
 
 
+def lifecycle_shapes() -> list[tuple[str, Any]]:
+    """Every version the life-cycle readers read, with the shapes around the common one (no, three and two
+    topics of AddPartitionsToTxn, a null InitProducerId id, answers with an error)."""
+    shapes: list[tuple[str, Any]] = []
+    for key, last in lifecycle_scan._LAST_READ.items():  # every version read, and shapes around the common
+        for version in range(last + 1):
+            for kw in ({}, {"partitions": 0}, {"partitions": 3, "topics": 2}, {"topics": 0}):
+                if kw and key != ApiKey.ADD_PARTITIONS_TO_TXN:
+                    continue
+                body = memoryview(request(key, version, **kw))
+                shapes.append(("read_txn_request", (body, peek_request(body))))
+                for error in (ErrorCode.none, ErrorCode.concurrent_transactions):
+                    shapes.append(("read_txn_response", (memoryview(response(key, version, error=error, **kw)),
+                                                         key, version)))
+            if key == ApiKey.INIT_PRODUCER_ID:
+                body = memoryview(request(key, version, txn=None))
+                shapes.append(("read_txn_request", (body, peek_request(body))))
+    return shapes
+
+
 def differential(before: dict[str, Any], after: dict[str, Any], n: int, seed: int) -> None:
     """Both revisions on `n` mutated frames (1-4 bytes changed, some cut short) of every case and of the shapes
     around the common one: the same answer, or the same exception type, every time."""
@@ -142,6 +164,7 @@ def differential(before: dict[str, Any], after: dict[str, Any], n: int, seed: in
                                (1, 2, {"index": 0}), (1, 1, {"txn": "t" * 200}), (1, 1, {"topic": ""}),
                                (1, 1, {"value": 20000}))]
     shapes += [(reader, call) for _, reader, call in cases()]
+    shapes += lifecycle_shapes()
     answered = Counter[str]()
     for reader, call in shapes:
         frame = bytes(call[0])

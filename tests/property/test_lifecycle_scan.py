@@ -6,9 +6,11 @@ bytes, whenever a reader answers, kio (after its bounds check) decodes the frame
 from __future__ import annotations
 
 import datetime
+import struct
 import sys
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -19,7 +21,14 @@ from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import peek_request
 from txnguard.codecs.lifecycle_scan import (
+    AddPartitionsSeen,
+    EndTxnSeen,
+    InitProducerIdSeen,
     TxnOffsetCommit,
+    _fieldwise_request,
+    _fieldwise_response,
+    _plain_request,
+    _plain_response,
     from_kio_request,
     from_kio_response,
     read_txn_offset_commit,
@@ -195,3 +204,188 @@ def test_a_mutated_txn_offset_commit_is_read_only_as_kio_reads_it(frame: bytes, 
     found, kio = _offset_commit(_mutated(frame, data))
     if found is not None:
         assert found == kio  # kio raises nothing on it either
+
+
+# -- plain frames read in a few unpacks (`_plain_request`, `_plain_response`) before the field-by-field reader --
+# Whatever the plain readers answer, the field-by-field reader alone answers the same; what they decline, it reads.
+
+PLAIN_FAILURES = (struct.error, UnicodeDecodeError, IndexError)  # what read_txn_request/response catch
+
+
+def _plain_req(body: memoryview) -> Any:
+    head = peek_request(body)
+    try:
+        return _plain_request(body, head.api_key, head.api_version)
+    except PLAIN_FAILURES:
+        return None
+
+
+def _plain_resp(body: memoryview, key: int, version: int) -> Any:
+    try:
+        return _plain_response(body, key, version >= FIRST_FLEXIBLE[key])
+    except PLAIN_FAILURES:
+        return None
+
+
+FIRST_FLEXIBLE = {ApiKey.INIT_PRODUCER_ID: 2, ApiKey.ADD_PARTITIONS_TO_TXN: 3, ApiKey.ADD_OFFSETS_TO_TXN: 3,
+                  ApiKey.END_TXN: 3}
+
+
+def _request_frame(key: int, version: int, txn_id: str | None = "app", topics: int = 1, partitions: int = 1,
+                   committed: bool = True) -> bytes:
+    """The request without its length prefix."""
+    cls = schemas.request_schema(key, version)
+    m = _module(cls)
+    if key == ApiKey.INIT_PRODUCER_ID:
+        ids = {"producer_id": i64(7), "producer_epoch": i16(1)} if version >= 3 else {}
+        body = cls(transactional_id=txn_id, transaction_timeout=datetime.timedelta(seconds=60), **ids)
+    elif key == ApiKey.ADD_PARTITIONS_TO_TXN:
+        body = cls(v3_and_below_transactional_id=txn_id, v3_and_below_producer_id=i64(7),
+                   v3_and_below_producer_epoch=i16(1), v3_and_below_topics=tuple(m.AddPartitionsToTxnTopic(
+                       name=f"orders{t}", partitions=tuple(i32(p) for p in range(partitions))) for t in range(topics)))
+    elif key == ApiKey.ADD_OFFSETS_TO_TXN:
+        body = cls(transactional_id=txn_id, producer_id=i64(7), producer_epoch=i16(1), group_id="copier")
+    else:
+        body = cls(transactional_id=txn_id, producer_id=i64(7), producer_epoch=i16(1), committed=committed)
+    return schemas.encode_request(body, 5, "client")[4:]
+
+
+def _request_cases(key: int, version: int) -> dict[str, tuple[bytes, Any, bool]]:
+    """Per shape: (request, what read_txn_request answers, whether the plain reader takes it)."""
+    flexible = version >= FIRST_FLEXIBLE[key]
+    plain = _request_frame(key, version)
+    kio = from_kio_request(key, schemas.decode_request(plain)[1])
+    body_at = 10 + len("client")  # after the client id
+    cases: dict[str, tuple[bytes, Any, bool]] = {
+        "plain": (plain, kio, True),
+        "a null client id": (plain[:8] + b"\xff\xff" + plain[body_at:], kio, False),
+        "a client id not UTF-8": (plain[:10] + b"\xff" + plain[11:], None, False),
+        "a negative version": (plain[:2] + b"\xff\xff" + plain[4:], None, False),
+        "a byte left over": (plain + b"\0", None, False),
+        "truncated by a byte": (plain[:-1], None, False),
+        "a long transactional id (a two-byte length when flexible)": (
+            _request_frame(key, version, "t" * 200), from_kio_request(key, schemas.decode_request(
+                _request_frame(key, version, "t" * 200))[1]), not flexible),
+    }
+    if flexible:
+        cases |= {
+            "a tagged field in the header": (plain[:body_at] + b"\1\0\0" + plain[body_at + 1:], kio, False),
+            "a tag count of one in the header": (plain[:body_at] + b"\1" + plain[body_at + 1:], None, False),
+            "a tagged field in the body": (plain[:-1] + b"\1\0\0", None, False),
+            "a tag count of one in the body": (plain[:-1] + b"\1", None, False),
+            "empty body tags in two bytes (0x80 0x00)": (plain[:-1] + b"\x80\0", kio, False),
+        }
+    if key == ApiKey.END_TXN:
+        committed_at = len(plain) - (2 if flexible else 1)
+        cases["committed 2"] = (plain[:committed_at] + b"\2" + plain[committed_at + 1:], None, False)
+        cases["aborted"] = (_request_frame(key, version, committed=False), EndTxnSeen("app", 7, 1, False), True)
+    if key == ApiKey.INIT_PRODUCER_ID:
+        cases["a null transactional id"] = (_request_frame(key, version, None), InitProducerIdSeen(
+            None, 7 if version >= 3 else -1, 1 if version >= 3 else -1, 60_000), True)
+    if key == ApiKey.ADD_PARTITIONS_TO_TXN:
+        cases["no topics"] = (_request_frame(key, version, topics=0), AddPartitionsSeen("app", 7, 1, ()), True)
+        if flexible:
+            cases["a tag count of one in a topic's tags"] = (plain[:-2] + b"\1" + plain[-1:], None, False)
+        cases["two topics of three partitions"] = (
+            _request_frame(key, version, topics=2, partitions=3),
+            AddPartitionsSeen("app", 7, 1, tuple((f"orders{t}", p) for t in range(2) for p in range(3))), True)
+    return cases
+
+
+@pytest.mark.parametrize(("key", "version"), [(k, v) for k, vs in VERSIONS.items() for v in vs])
+def test_a_plain_request_is_read_in_a_few_unpacks_and_every_other_field_by_field(key: int, version: int) -> None:
+    for name, (frame, expected, taken) in _request_cases(key, version).items():
+        body = memoryview(frame)
+        assert read_txn_request(body, peek_request(body)) == expected, name
+        assert _fieldwise_request(body, peek_request(body)) == expected, name  # the reader alone: the same
+        assert _plain_req(body) == (expected if taken else None), name  # and who read it
+
+
+def _response_frame(key: int, version: int, error: ErrorCode = ErrorCode.none, topics: int = 1,
+                    partitions: int = 1) -> bytes:
+    """The answer without its length prefix."""
+    cls = schemas.response_schema(key, version)
+    m = _module(cls)
+    throttle = datetime.timedelta(milliseconds=3)
+    if key == ApiKey.INIT_PRODUCER_ID:
+        body = cls(throttle_time=throttle, error_code=error, producer_id=i64(7), producer_epoch=i16(1))
+    elif key == ApiKey.ADD_PARTITIONS_TO_TXN:
+        body = cls(throttle_time=throttle, results_by_topic_v3_and_below=tuple(m.AddPartitionsToTxnTopicResult(
+            name=f"orders{t}", results_by_partition=tuple(m.AddPartitionsToTxnPartitionResult(
+                partition_index=i32(p), partition_error_code=error) for p in range(partitions)))
+            for t in range(topics)))
+    else:
+        body = cls(throttle_time=throttle, error_code=error)
+    return schemas.encode(schemas.response_header_for(key, version, 5), body)[4:]
+
+
+def _response_cases(key: int, version: int) -> dict[str, tuple[bytes, Any, bool]]:
+    """Per shape: (answer, what read_txn_response answers, whether the plain reader takes it)."""
+    flexible = version >= FIRST_FLEXIBLE[key]
+
+    def kio(frame: bytes) -> Any:
+        return from_kio_response(key, schemas.decode_response(frame, key, version)[1])
+
+    plain = _response_frame(key, version)
+    concurrent = _response_frame(key, version, ErrorCode.concurrent_transactions)
+    # The error code: after the correlation id, (flexible) the header's tags and the throttle time; of
+    # AddPartitionsToTxn, the last partition's (before its tags, the topic's and the request's when flexible).
+    code_at = (9 if flexible else 8) if key != ApiKey.ADD_PARTITIONS_TO_TXN else len(plain) - (5 if flexible else 2)
+    cases: dict[str, tuple[bytes, Any, bool]] = {
+        "plain": (plain, kio(plain), True),
+        "concurrent transactions": (concurrent, kio(concurrent), True),
+        "an unknown error code": (plain[:code_at] + b"\x27\x0f" + plain[code_at + 2:], None, False),
+        "a byte left over": (plain + b"\0", None, False),
+        "truncated by a byte": (plain[:-1], None, False),
+    }
+    if flexible:
+        cases |= {
+            "a tag count of one in the header": (plain[:4] + b"\1" + plain[5:], None, False),
+            "a tag count of one in the body": (plain[:-1] + b"\1", None, False),
+            "empty body tags in two bytes (0x80 0x00)": (plain[:-1] + b"\x80\0", kio(plain), False),
+        }
+    if key == ApiKey.ADD_PARTITIONS_TO_TXN:
+        many = _response_frame(key, version, topics=2, partitions=3)
+        cases["no topics"] = (_response_frame(key, version, topics=0), kio(_response_frame(key, version, topics=0)),
+                              True)
+        cases["two topics of three partitions"] = (many, kio(many), True)
+        if flexible:
+            cases["a tag count of one in a partition's tags"] = (plain[:-3] + b"\1" + plain[-2:], None, False)
+            cases["a tag count of one in a topic's tags"] = (plain[:-2] + b"\1" + plain[-1:], None, False)
+    return cases
+
+
+@pytest.mark.parametrize(("key", "version"), [(k, v) for k, vs in VERSIONS.items() for v in vs])
+def test_a_plain_answer_is_read_in_a_few_unpacks_and_every_other_field_by_field(key: int, version: int) -> None:
+    for name, (frame, expected, taken) in _response_cases(key, version).items():
+        body = memoryview(frame)
+        assert read_txn_response(body, key, version) == expected, name
+        assert _fieldwise_response(body, key, version >= FIRST_FLEXIBLE[key]) == expected, name
+        assert _plain_resp(body, key, version) == (expected if taken else None), name
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests(), st.data())
+def test_the_plain_request_reader_answers_only_as_the_field_by_field_reader(built: tuple[int, int, bytes],
+                                                                            data: st.DataObject) -> None:
+    body = memoryview(_mutated(built[2], data))[4:]
+    try:
+        head = peek_request(body)
+    except CodecError:
+        return  # no header: never read
+    found, fieldwise = _plain_req(body), _fieldwise_request(body, head)
+    if found is not None:
+        assert found == fieldwise
+    assert read_txn_request(body, head) == fieldwise
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(responses(), st.data())
+def test_the_plain_answer_reader_answers_only_as_the_field_by_field_reader(built: tuple[int, int, bytes],
+                                                                           data: st.DataObject) -> None:
+    key, version, frame = built
+    body = memoryview(_mutated(frame, data))[4:]
+    found, fieldwise = _plain_resp(body, key, version), _fieldwise_response(body, key, version >= FIRST_FLEXIBLE[key])
+    if found is not None:
+        assert found == fieldwise
+    assert read_txn_response(body, key, version) == fieldwise

@@ -25,6 +25,7 @@ from txnguard.codecs.bounds import REQUEST_MAX_ELEMENTS
 from txnguard.codecs.bounds import read_uvarint as _uvarint
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import RequestHead, request_body_offset
+from txnguard.codecs.runs import Runs
 
 INIT_PRODUCER_ID, END_TXN, TXN_OFFSET_COMMIT = ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT
 ADD_PARTITIONS, ADD_OFFSETS = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN
@@ -166,10 +167,26 @@ class _Reader:
 
 
 def read_txn_request(body: memoryview, head: RequestHead) -> TxnRequest | None:
-    """A life-cycle request (`body`: the frame without its length prefix), or None for kio to read."""
+    """A life-cycle request (`body`: the frame without its length prefix), or None for kio to read.
+
+    A plain request (no tagged fields, lengths of one byte when flexible, a non-null client id) is read first
+    in a few unpacks (`_plain_request`); whatever that does not take whole goes to the field-by-field reader,
+    which reads every shape and decides, as before."""
     key, version = head.api_key, head.api_version
     if key not in _LAST_READ or version > _LAST_READ[key]:
         return None
+    try:
+        found = _plain_request(body, key, version)
+    except (struct.error, UnicodeDecodeError, IndexError):
+        found = None  # not plain, or broken: the reader below decides
+    if found is not None:
+        return found
+    return _fieldwise_request(body, head)
+
+
+def _fieldwise_request(body: memoryview, head: RequestHead) -> TxnRequest | None:
+    """Any request of a version read here, field by field."""
+    key, version = head.api_key, head.api_version
     try:
         r = _Reader(body, request_body_offset(body, head), version >= _FIRST_FLEXIBLE[key])
         (n,) = _I16.unpack_from(body, 8)  # the client id (every version here has a v1+ header): kio reads it
@@ -178,6 +195,129 @@ def read_txn_request(body: memoryview, head: RequestHead) -> TxnRequest | None:
         return _request(r, key, version)
     except (_Unreadable, CodecError, struct.error, UnicodeDecodeError):
         return None
+
+
+# -- plain requests and answers read in a few unpacks -----------------------------------------------------------
+# Each takes a frame only when the field-by-field reader would take it and give the same, and leaves any other
+# to it (None). unpack_from refuses to read past the view's end, so each run is in bounds once read; the last
+# one must end where the frame ends. Flexible: lengths and counts are one-byte varints (value + 1), tags a 0.
+
+_CLIENT_ID = Runs(">{}sh")            # the client id, then the transactional id's length
+_CLIENT_ID_FLEXIBLE = Runs(">{}sBB")  # the client id, the header's tags, the transactional id's length
+_END_TXN = Runs(">{}sqhB")            # transactional id, producer id, epoch, committed
+_END_TXN_FLEXIBLE = Runs(">{}sqhBB")  # ... and the tags
+_ADD_OFFSETS = Runs(">{}sqhh")        # transactional id, producer id, epoch, the group id's length
+_ADD_OFFSETS_FLEXIBLE = Runs(">{}sqhB")
+_GROUP = Runs(">{}s")
+_GROUP_FLEXIBLE = Runs(">{}sB")       # the group id, the tags
+_INIT = (Runs(">{}si"), Runs(">{}siB"), Runs(">{}siqhB"))  # transactional id, timeout: v0-1, v2, v3+
+_ADD_PARTITIONS = Runs(">{}sqhi")     # transactional id, producer id, epoch, topic count
+_ADD_PARTITIONS_FLEXIBLE = Runs(">{}sqhB")
+_TOPIC = Runs(">{}si")                # a topic's name, its partition count
+_TOPIC_FLEXIBLE = Runs(">{}sB")
+_INDEXES = Runs(">{}i")               # the partitions
+_INDEXES_FLEXIBLE = Runs(">{}iB")     # the partitions, the topic's tags
+_ONE_BYTE = 0x80
+
+
+def _plain_request(body: memoryview, key: int, version: int) -> TxnRequest | None:  # noqa: C901 - one pass
+    end = len(body)
+    (n,) = _I16.unpack_from(body, 8)
+    if n < 0 or version < 0:
+        return None  # a null client id; a version kio does not know
+    if version >= _FIRST_FLEXIBLE[key]:
+        client, header_tags, t = _CLIENT_ID_FLEXIBLE[n].unpack_from(body, 10)
+        if header_tags or t >= _ONE_BYTE:
+            return None
+        t -= 1
+        pos = 12 + n
+        flexible = True
+    else:
+        client, t = _CLIENT_ID[n].unpack_from(body, 10)
+        pos = 12 + n
+        flexible = False
+    client.decode()  # kio reads the client id: one that is not UTF-8 is not read here
+    if t < 0 and (key != INIT_PRODUCER_ID or t != -1):
+        return None  # a null transactional id: only InitProducerId's may be
+    if key == END_TXN:
+        if flexible:
+            txn, pid, epoch, committed, tags = _END_TXN_FLEXIBLE[t].unpack_from(body, pos)
+            if tags or pos + t + 12 != end or committed > 1:
+                return None
+        else:
+            txn, pid, epoch, committed = _END_TXN[t].unpack_from(body, pos)
+            if pos + t + 11 != end or committed > 1:
+                return None
+        return EndTxnSeen(txn.decode(), pid, epoch, committed == 1)
+    if key == ADD_OFFSETS:
+        if flexible:
+            txn, pid, epoch, g = _ADD_OFFSETS_FLEXIBLE[t].unpack_from(body, pos)
+            if not 0 < g < _ONE_BYTE:
+                return None
+            group, tags = _GROUP_FLEXIBLE[g - 1].unpack_from(body, pos + t + 11)
+            if tags or pos + t + 11 + g != end:
+                return None
+        else:
+            txn, pid, epoch, g = _ADD_OFFSETS[t].unpack_from(body, pos)
+            if g < 0 or pos + t + 12 + g != end:
+                return None
+            (group,) = _GROUP[g].unpack_from(body, pos + t + 12)
+        return AddOffsetsSeen(txn.decode(), pid, epoch, group.decode())
+    if key == INIT_PRODUCER_ID:
+        run = _INIT[0 if not flexible else 1 if version < 3 else 2][max(t, 0)]
+        txn, timeout, *rest = run.unpack_from(body, pos)
+        pid, epoch, tags = rest if version >= 3 else (-1, -1, rest[0] if flexible else 0)
+        if tags or pos + run.size != end:
+            return None
+        return InitProducerIdSeen(None if t < 0 else txn.decode(), pid, epoch, timeout)
+    return _plain_add_partitions(body, pos, t, end, flexible)
+
+
+def _plain_add_partitions(body: memoryview, pos: int, t: int, end: int,  # noqa: C901 - one pass
+                          flexible: bool) -> TxnRequest | None:
+    partitions: list[tuple[str, int]] = []
+    if flexible:
+        txn, pid, epoch, topics = _ADD_PARTITIONS_FLEXIBLE[t].unpack_from(body, pos)
+        topics -= 1
+    else:
+        txn, pid, epoch, topics = _ADD_PARTITIONS[t].unpack_from(body, pos)
+    pos += t + (11 if flexible else 14)
+    if not 0 <= topics < _ONE_BYTE - 1:
+        return None
+    for _ in range(topics):
+        if flexible:
+            m = body[pos] - 1
+            if not 0 <= m < _ONE_BYTE - 1:
+                return None
+            name, count = _TOPIC_FLEXIBLE[m].unpack_from(body, pos + 1)
+            count -= 1
+            pos += m + 2
+            if not 0 <= count < _ONE_BYTE - 1:
+                return None
+            indexes = _INDEXES_FLEXIBLE[count].unpack_from(body, pos)
+            if indexes[-1]:
+                return None  # the topic's tags
+            indexes = indexes[:-1]
+            pos += 4 * count + 1
+        else:
+            (m,) = _I16.unpack_from(body, pos)
+            if m < 0:
+                return None
+            name, count = _TOPIC[m].unpack_from(body, pos + 2)
+            pos += m + 6
+            if not 0 <= count < _ONE_BYTE:
+                return None
+            indexes = _INDEXES[count].unpack_from(body, pos)
+            pos += 4 * count
+        topic = name.decode()
+        partitions += [(topic, index) for index in indexes]
+    if flexible:
+        if body[pos]:
+            return None
+        pos += 1
+    if pos != end:
+        return None
+    return AddPartitionsSeen(txn.decode(), pid, epoch, tuple(partitions))
 
 
 def _request(r: _Reader, key: int, version: int) -> TxnRequest:
@@ -216,6 +356,17 @@ def read_txn_response(body: memoryview, key: int, version: int) -> TxnResponse |
         return None
     flexible = version >= _FIRST_FLEXIBLE[key]
     try:
+        found = _plain_response(body, key, flexible)
+    except (struct.error, IndexError, UnicodeDecodeError):
+        found = None  # not plain, or broken: the reader below decides
+    if found is not None:
+        return found
+    return _fieldwise_response(body, key, flexible)
+
+
+def _fieldwise_response(body: memoryview, key: int, flexible: bool) -> TxnResponse | None:
+    """Any answer of a version read here, field by field."""
+    try:
         r = _Reader(body, 4, flexible)  # after the correlation id
         r.tags()  # the flexible response header
         r.i32()  # throttle time
@@ -242,6 +393,100 @@ def read_txn_response(body: memoryview, key: int, version: int) -> TxnResponse |
         return TxnResponse(accepted=frozenset(accepted), all_concurrent=seen and every_concurrent)
     except (_Unreadable, struct.error):
         return None
+
+
+# The answers of a fixed size (after the correlation id): throttle time, error code (InitProducerId: producer id,
+# epoch); flexible: the header's tags first and the body's last.
+_ANSWER = struct.Struct(">4xih")
+_ANSWER_FLEXIBLE = struct.Struct(">4xBihB")
+_INIT_ANSWER = struct.Struct(">4xihqh")
+_INIT_ANSWER_FLEXIBLE = struct.Struct(">4xBihqhB")
+_ADD_PARTITIONS_ANSWER = struct.Struct(">4xii")         # throttle time, topic count
+_ADD_PARTITIONS_ANSWER_FLEXIBLE = struct.Struct(">4xBiB")
+_PARTITION_ANSWER = struct.Struct(">ih")                # index, error code
+_PARTITION_ANSWER_FLEXIBLE = struct.Struct(">ihB")      # ... and the tags
+# The answers that are an error code alone, built once: building a frozen dataclass costs more than the read.
+_ERROR_ANSWERS = {code: TxnResponse(code, all_concurrent=code == CONCURRENT_TRANSACTIONS) for code in _KNOWN_ERRORS}
+
+
+def _plain_response(body: memoryview, key: int, flexible: bool) -> TxnResponse | None:  # noqa: C901 - one pass
+    if key == INIT_PRODUCER_ID:
+        if flexible:
+            header_tags, _, error, pid, epoch, tags = _INIT_ANSWER_FLEXIBLE.unpack_from(body)
+            size = _INIT_ANSWER_FLEXIBLE.size
+        else:
+            _, error, pid, epoch = _INIT_ANSWER.unpack_from(body)
+            header_tags = tags = 0
+            size = _INIT_ANSWER.size
+        if header_tags or tags or len(body) != size or error not in _KNOWN_ERRORS:
+            return None
+        return TxnResponse(error, pid, epoch, all_concurrent=error == CONCURRENT_TRANSACTIONS)
+    if key != ADD_PARTITIONS:  # EndTxn, AddOffsetsToTxn: an error code alone
+        if flexible:
+            header_tags, _, error, tags = _ANSWER_FLEXIBLE.unpack_from(body)
+            size = _ANSWER_FLEXIBLE.size
+        else:
+            _, error = _ANSWER.unpack_from(body)
+            header_tags = tags = 0
+            size = _ANSWER.size
+        if header_tags or tags or len(body) != size:
+            return None
+        return _ERROR_ANSWERS.get(error)  # None: a code kio does not know
+    if flexible:
+        header_tags, _, topics = _ADD_PARTITIONS_ANSWER_FLEXIBLE.unpack_from(body)
+        topics -= 1
+        pos = 10
+    else:
+        _, topics = _ADD_PARTITIONS_ANSWER.unpack_from(body)
+        header_tags, pos = 0, 12
+    if header_tags or not 0 <= topics < _ONE_BYTE - 1:
+        return None
+    accepted: set[tuple[str, int]] = set()
+    seen, every_concurrent = False, True
+    for _ in range(topics):
+        if flexible:
+            m = body[pos] - 1
+            if not 0 <= m < _ONE_BYTE - 1:
+                return None
+            name, count = _TOPIC_FLEXIBLE[m].unpack_from(body, pos + 1)
+            count -= 1
+            pos += m + 2
+        else:
+            (m,) = _I16.unpack_from(body, pos)
+            if m < 0:
+                return None
+            name, count = _TOPIC[m].unpack_from(body, pos + 2)
+            pos += m + 6
+        if not 0 <= count < _ONE_BYTE - 1:
+            return None
+        topic = name.decode()
+        for _ in range(count):
+            if flexible:
+                index, code, tags = _PARTITION_ANSWER_FLEXIBLE.unpack_from(body, pos)
+                pos += 7
+                if tags:
+                    return None
+            else:
+                index, code = _PARTITION_ANSWER.unpack_from(body, pos)
+                pos += 6
+            if code not in _KNOWN_ERRORS:
+                return None
+            seen = True
+            if code == 0:
+                accepted.add((topic, index))
+            if code != CONCURRENT_TRANSACTIONS:
+                every_concurrent = False
+        if flexible:
+            if body[pos]:
+                return None
+            pos += 1
+    if flexible:
+        if body[pos]:
+            return None
+        pos += 1
+    if pos != len(body):
+        return None
+    return TxnResponse(accepted=frozenset(accepted), all_concurrent=seen and every_concurrent)
 
 
 def from_kio_request(key: int, req: Any) -> TxnRequest:

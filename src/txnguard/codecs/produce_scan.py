@@ -19,6 +19,7 @@ from txnguard.codecs.bounds import read_uvarint as _uvarint
 from txnguard.codecs.errors import BoundsExceeded, DecodeFailed, TooManyTaggedFields, TruncatedFrame
 from txnguard.codecs.header import RequestHead, request_body_offset
 from txnguard.codecs.produce import ProducePartition, partition_of
+from txnguard.codecs.runs import Runs
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -127,32 +128,15 @@ _BATCH_HEADER_SIZE = 61
 _INDEX_SIZE = struct.Struct(">ii")  # a partition's index and records size
 _INDEX_SIZE_BYTE = struct.Struct(">iB")  # flexible: the index and the size's first byte
 
-
-class _Runs(dict[int, struct.Struct]):
-    """The Structs that read a name of n bytes and the fixed fields after it in one unpack (one read instead of
-    two, and no view sliced to decode), made on first use; kept only for n under 256, so no frame can make the
-    module hold more than 256 of each."""
-
-    def __init__(self, fields: str) -> None:
-        super().__init__()
-        self.fields = fields
-
-    def __missing__(self, n: int) -> struct.Struct:
-        run = struct.Struct(f">{n}s{self.fields}")
-        if n < 256:
-            self[n] = run
-        return run
-
-
-# The common shape's runs (one topic, one partition, one batch): the transactional id, acks, timeout, topic
-# count, name length; then the topic name, partition count, index, records size and the batch's length, magic,
-# attributes, producer id and epoch. Flexible: counts and lengths are one-byte varints (value + 1), the size
-# two bytes (a 512-byte record makes a ~590-byte batch; a batch under 127 bytes has a one-byte size and starts
-# a byte earlier).
-_ONE_TOPIC = _Runs("hiih")
-_ONE_PARTITION = _Runs("iii8xi4xb4xh20xqh")
-_ONE_TOPIC_FLEXIBLE = _Runs("hiBB")
-_ONE_PARTITION_FLEXIBLE = _Runs("BiBB8xi4xb4xh20xqh")
+# The common shape's runs (one topic, one partition, one batch), each a name and the fixed fields after it in
+# one unpack (`Runs`): the transactional id, acks, timeout, topic count, name length; then the topic name,
+# partition count, index, records size and the batch's length, magic, attributes, producer id and epoch.
+# Flexible: counts and lengths are one-byte varints (value + 1), the size two bytes (a 512-byte record makes a
+# ~590-byte batch; a batch under 127 bytes has a one-byte size and starts a byte earlier).
+_ONE_TOPIC = Runs(">{}shiih")
+_ONE_PARTITION = Runs(">{}siii8xi4xb4xh20xqh")
+_ONE_TOPIC_FLEXIBLE = Runs(">{}shiBB")
+_ONE_PARTITION_FLEXIBLE = Runs(">{}sBiBB8xi4xb4xh20xqh")
 
 # (transactional id, producer id, producer epoch, partitions, acks)
 TransactionalWrite = tuple[str, int, int, list[tuple[str, int]], int]
