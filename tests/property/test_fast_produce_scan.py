@@ -253,7 +253,7 @@ def near_common_shapes(draw: st.DrawFn) -> tuple[bytes, int]:
     return bytes(frame), version
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(near_common_shapes())
 def test_the_fixed_offset_reader_answers_only_as_the_loop_does(built: tuple[bytes, int]) -> None:
     frame, version = built

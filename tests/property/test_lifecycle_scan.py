@@ -364,7 +364,7 @@ def test_a_plain_answer_is_read_in_a_few_unpacks_and_every_other_field_by_field(
         assert _plain_resp(body, key, version) == (expected if taken else None), name
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests(), st.data())
 def test_the_plain_request_reader_answers_only_as_the_field_by_field_reader(built: tuple[int, int, bytes],
                                                                             data: st.DataObject) -> None:
@@ -379,7 +379,7 @@ def test_the_plain_request_reader_answers_only_as_the_field_by_field_reader(buil
     assert read_txn_request(body, head) == fieldwise
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(responses(), st.data())
 def test_the_plain_answer_reader_answers_only_as_the_field_by_field_reader(built: tuple[int, int, bytes],
                                                                            data: st.DataObject) -> None:
