@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -83,8 +84,11 @@ class Coordinator:
 class Gateway(FakeCluster):
     """What a session needs of its proxy (session.Host), with a real guard and metrics on the fake clock."""
 
+    opened: list[Gateway] = []  # their audit files are closed after each test (the `closing` fixture)
+
     def __init__(self, tmp: Path, name: str, clock: FakeClock) -> None:
         super().__init__()
+        Gateway.opened.append(self)
         self.audit_path = tmp / f"{name}.jsonl"
         self.config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),), audit_path=str(self.audit_path))
         self.metrics = ProxyMetrics()
@@ -125,6 +129,13 @@ class Gateway(FakeCluster):
         return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
                       for metric in self.metrics.registry.collect() for s in metric.samples
                       if not s.name.endswith("_created") and s.name != "txnguard_backpressure_paused_seconds_total")
+
+
+@pytest.fixture(autouse=True)
+def closing() -> Iterator[None]:
+    yield
+    while Gateway.opened:
+        Gateway.opened.pop().guard.audit.close()
 
 
 @pytest.fixture
