@@ -21,13 +21,6 @@ AddressMap = Callable[[int, str, int], tuple[str, int]]
 METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER
 PRODUCE, FETCH = ApiKey.PRODUCE, ApiKey.FETCH
 
-
-class AddressUnavailable(CodecError):
-    """The proxy has no address of its own to give a client for a broker (the gateway could not open that
-    broker's listener: its port is taken). Raised by the address callback; the connection closes with this
-    reason, since a client sent anywhere else would reach some other service."""
-
-    reason = "broker_listener_unavailable"
 SHARE_FETCH, SHARE_ACKNOWLEDGE = ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE
 
 # The first version of each API whose response can carry a broker address.
@@ -40,6 +33,14 @@ ADDRESS_BEARING: dict[int, int] = {
     SHARE_FETCH: 0,
     SHARE_ACKNOWLEDGE: 0,
 }
+
+
+class AddressUnavailable(CodecError):
+    """The proxy has no address of its own to give a client for a broker (the gateway could not open that
+    broker's listener: its port is taken). Raised by the address callback; the connection closes with this
+    reason, since a client sent anywhere else would reach some other service."""
+
+    reason = "broker_listener_unavailable"
 
 _CONTROLLER_ENDPOINTS = 2  # DescribeCluster v1+ EndpointType: 1 brokers, 2 controllers
 

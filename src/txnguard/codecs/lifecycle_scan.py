@@ -279,7 +279,7 @@ def _plain_request(body: memoryview, key: int, version: int) -> TxnRequest | Non
     return _plain_add_partitions(body, pos, t, end, flexible)
 
 
-def _plain_add_partitions(body: memoryview, pos: int, t: int, end: int,  # noqa: C901 - one pass
+def _plain_add_partitions(body: memoryview, pos: int, t: int, end: int,
                           flexible: bool) -> TxnRequest | None:
     partitions: list[tuple[str, int]] = []
     if flexible:
@@ -291,28 +291,17 @@ def _plain_add_partitions(body: memoryview, pos: int, t: int, end: int,  # noqa:
     if not 0 <= topics < _ONE_BYTE - 1:
         return None
     for _ in range(topics):
+        head = _topic_head(body, pos, flexible)
+        if head is None:
+            return None
+        name, count, pos = head
         if flexible:
-            m = body[pos] - 1
-            if not 0 <= m < _ONE_BYTE - 1:
-                return None
-            name, count = _TOPIC_FLEXIBLE[m].unpack_from(body, pos + 1)
-            count -= 1
-            pos += m + 2
-            if not 0 <= count < _ONE_BYTE - 1:
-                return None
             indexes = _INDEXES_FLEXIBLE[count].unpack_from(body, pos)
             if indexes[-1]:
                 return None  # the topic's tags
             indexes = indexes[:-1]
             pos += 4 * count + 1
         else:
-            (m,) = _I16.unpack_from(body, pos)
-            if m < 0:
-                return None
-            name, count = _TOPIC[m].unpack_from(body, pos + 2)
-            pos += m + 6
-            if not 0 <= count < _ONE_BYTE:
-                return None
             indexes = _INDEXES[count].unpack_from(body, pos)
             pos += 4 * count
         topic = name.decode()
@@ -324,6 +313,27 @@ def _plain_add_partitions(body: memoryview, pos: int, t: int, end: int,  # noqa:
     if pos != end:
         return None
     return AddPartitionsSeen(txn.decode(), pid, epoch, tuple(partitions))
+
+
+def _topic_head(body: memoryview, pos: int, flexible: bool) -> tuple[bytes, int, int] | None:
+    """A plain topic entry's name and partition count (at most 254: a one-byte length when flexible), and where
+    its partitions start; None for anything else (the field-by-field reader's business)."""
+    if flexible:
+        m = body[pos] - 1
+        if not 0 <= m < _ONE_BYTE - 1:
+            return None
+        name, count = _TOPIC_FLEXIBLE[m].unpack_from(body, pos + 1)
+        count -= 1
+        pos += m + 2
+    else:
+        (m,) = _I16.unpack_from(body, pos)
+        if m < 0:
+            return None
+        name, count = _TOPIC[m].unpack_from(body, pos + 2)
+        pos += m + 6
+    if not 0 <= count < _ONE_BYTE - 1:
+        return None
+    return name, count, pos
 
 
 def _request(r: _Reader, key: int, version: int) -> TxnRequest:
@@ -450,21 +460,10 @@ def _plain_response(body: memoryview, key: int, flexible: bool) -> TxnResponse |
     accepted: set[tuple[str, int]] = set()
     seen, every_concurrent = False, True
     for _ in range(topics):
-        if flexible:
-            m = body[pos] - 1
-            if not 0 <= m < _ONE_BYTE - 1:
-                return None
-            name, count = _TOPIC_FLEXIBLE[m].unpack_from(body, pos + 1)
-            count -= 1
-            pos += m + 2
-        else:
-            (m,) = _I16.unpack_from(body, pos)
-            if m < 0:
-                return None
-            name, count = _TOPIC[m].unpack_from(body, pos + 2)
-            pos += m + 6
-        if not 0 <= count < _ONE_BYTE - 1:
+        head = _topic_head(body, pos, flexible)
+        if head is None:
             return None
+        name, count, pos = head
         topic = name.decode()
         for _ in range(count):
             if flexible:

@@ -317,21 +317,14 @@ class TransactionRules:
         """`observe_response` for the relay's fast path: False leaves the answer to the general path untouched
         (not readable in place, or a whole-request CONCURRENT_TRANSACTIONS the core may ask again: `absorbable`);
         True: learned, with the same effects, and the answer goes to the client as it is."""
-        match request:
-            case None:
-                return True
-            case SentEndTxn():
-                if self.in_doubt is not None:
-                    self.in_doubt.answered(request)
-                return True
-            case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
-                resp = read_txn_response(body, key, version)
-                if resp is None or (resp.all_concurrent and absorbable):
-                    return False
-                self._learn(request, resp, now_ms)
-                return True
-            case _:
-                assert_never(request)
+        if not isinstance(request, InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen):
+            self.observe_response(key, version, request, body, now_ms)  # nothing to read: None, an EndTxn
+            return True
+        resp = read_txn_response(body, key, version)
+        if resp is None or (resp.all_concurrent and absorbable):
+            return False
+        self._learn(request, resp, now_ms)
+        return True
 
     def _learn(self, request: InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen, resp: TxnResponse,
                now_ms: int) -> bool:
