@@ -408,17 +408,30 @@ def coordinator_for(
     raise RawProtocolError(f"no coordinator for {key!r}: {last.error_code.name if last else 'no answer'}")
 
 
-def leader_of(bootstrap_servers: str, topic: str, partition: int) -> tuple[int, str, int]:
+def leader_of(bootstrap_servers: str, topic: str, partition: int, deadline_s: float = 10.0) -> tuple[int, str, int]:
+    """(node id, host, port) of the partition's leader.
+
+    A Metadata answer can name as leader a broker it does not list: a broker just killed is fenced (left out of
+    the brokers) before the controller moves its partitions' leadership. Such an answer is asked again, until
+    the leader is a listed broker or `deadline_s` passes.
+    """
     host, port = any_broker(bootstrap_servers)
+    end = time.monotonic() + deadline_s
+    why = f"no leader for {topic}-{partition}"
     with RawClient(host, port) as c:
-        md = c.metadata([topic])
-    brokers = {int(b.node_id): (str(b.host), int(b.port)) for b in md.brokers}
-    for t in md.topics:
-        for p in t.partitions:
-            if int(p.partition_index) == partition and int(p.leader_id) >= 0:
-                h, pt = brokers[int(p.leader_id)]
-                return int(p.leader_id), h, pt
-    raise RawProtocolError(f"no leader for {topic}-{partition}")
+        while True:
+            md = c.metadata([topic])
+            brokers = {int(b.node_id): (str(b.host), int(b.port)) for b in md.brokers}
+            leaders = [int(p.leader_id) for t in md.topics for p in t.partitions
+                       if int(p.partition_index) == partition and int(p.leader_id) >= 0]
+            if leaders and leaders[0] in brokers:
+                h, pt = brokers[leaders[0]]
+                return leaders[0], h, pt
+            if leaders:
+                why = f"{topic}-{partition}'s leader {leaders[0]} is not among the listed brokers {sorted(brokers)}"
+            if time.monotonic() >= end:
+                raise RawProtocolError(why)
+            time.sleep(0.2)
 
 
 def partition_count(bootstrap_servers: str, topic: str) -> int:

@@ -448,7 +448,8 @@ class ExactlyOnceCopy:
     errors: list[str]  # every error the loop handled (retried or aborted), for the report
     producers: int = 1  # producer instances used: a fatal error (e.g. fenced) replaces the producer
     # What the application saw, when: (wall clock s, kind, text). Errors: "retriable" (a commit retried),
-    # "abortable" (the transaction aborted and redone), "fatal" (the producer replaced), "delivery"; and
+    # "abortable" (the transaction aborted and redone), "fatal" (the producer replaced), "delivery",
+    # "hung" (send_offsets_to_transaction blocked past the watch: the producer abandoned and replaced); and
     # "committed" after each commit, its text the input records copied so far.
     timeline: list[tuple[float, str, str]] = field(default_factory=list)
 
@@ -456,7 +457,7 @@ class ExactlyOnceCopy:
 def confluent_exactly_once_copy(
     bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int, *,
     commit_every: int = 500, timeout_s: float = 240.0, progress: Callable[[int], None] | None = None,
-    producer_config: dict[str, Any] | None = None,
+    producer_config: dict[str, Any] | None = None, watch_send_offsets_s: float | None = None,
 ) -> ExactlyOnceCopy:
     """A confluent-kafka consume-transform-produce loop written as an application would write it.
 
@@ -472,21 +473,33 @@ def confluent_exactly_once_copy(
     transactional id fences the old one, and the consumer rewinds. At most `max_producers`.
     Stops once `count` input records were committed; `progress(copied)` runs after each commit.
     `producer_config` adds to the producer's settings (e.g. {"debug": "eos,broker"} to see librdkafka's side).
+
+    `watch_send_offsets_s` routes around librdkafka #5511/#5456 (open in 2.16.0): once the broker cached as
+    the group's coordinator leaves the Metadata (a broker restarted in ZooKeeper mode, a fenced KRaft broker),
+    send_offsets_to_transaction can block forever, past its own timeout. Set, the call runs in a thread with
+    that timeout; if it has not returned `watch_send_offsets_s` later, the loop notes "hung", abandons the
+    producer (kept referenced: destroying a stuck handle blocks too) and carries on with a new one, which fences
+    it, as after a fatal error. None: the call blocks as an application's would.
     """
     loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s,
-                            producer_config or {})
+                            producer_config or {}, watch_send_offsets_s)
     return loop.run(count, commit_every, time.monotonic() + timeout_s, progress or (lambda _n: None))
 
 
 MAX_PRODUCERS = 3
+MAX_ABANDONED = 6  # producers abandoned in send_offsets_to_transaction (librdkafka #5511): one per broker restart
+SEND_OFFSETS_TIMEOUT_S = 30.0  # the call's own timeout when watched (a coordinator move takes seconds)
 
 
 class _ExactlyOnceLoop:
     def __init__(self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str,
-                 timeout_s: float, producer_config: dict[str, Any] | None = None) -> None:
+                 timeout_s: float, producer_config: dict[str, Any] | None = None,
+                 watch_send_offsets_s: float | None = None) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.source, self.sink, self.timeout_s = source, sink, timeout_s
+        self.watch_send_offsets_s = watch_send_offsets_s
+        self.abandoned: list[Any] = []  # stuck producers: never destroyed (rd_kafka_destroy would block)
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap_servers, "group.id": group_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest", "session.timeout.ms": 30000,
@@ -562,9 +575,10 @@ class _ExactlyOnceLoop:
         from confluent_kafka import KafkaException, TopicPartition
 
         try:
-            self.producer.send_offsets_to_transaction(
-                [TopicPartition(self.source, p, o) for p, o in self.positions.items()],
-                self.consumer.consumer_group_metadata(), self.timeout_s)
+            offsets = [TopicPartition(self.source, p, o) for p, o in self.positions.items()]
+            if not self._send_offsets(offsets, self.consumer.consumer_group_metadata()):
+                self._abandon_producer()
+                return 0
             _confluent_commit(self.producer, self.timeout_s,
                               on_retry=lambda why: self._note("retriable", f"commit retried: {why}"))
         except KafkaException as e:
@@ -577,6 +591,48 @@ class _ExactlyOnceLoop:
         done = self.pending
         self.in_txn, self.pending, self.positions = False, 0, {}
         return done
+
+    def _send_offsets(self, offsets: list[Any], group_metadata: Any) -> bool:
+        """send_offsets_to_transaction; False if it is watched and did not return in time (librdkafka #5511).
+        Its errors are raised here, as an unwatched call's."""
+        if self.watch_send_offsets_s is None:
+            self.producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout_s)
+            return True
+        producer, timeout = self.producer, min(self.timeout_s, SEND_OFFSETS_TIMEOUT_S)
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout)
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the loop's thread
+                outcome.append(e)
+
+        worker = threading.Thread(target=call, name="send-offsets", daemon=True)
+        worker.start()
+        worker.join(timeout + self.watch_send_offsets_s)
+        if not outcome:
+            self._note("hung", f"send_offsets_to_transaction did not return within "
+                               f"{timeout + self.watch_send_offsets_s:.0f} s (its timeout {timeout:.0f} s): "
+                               f"librdkafka #5511/#5456")
+            return False
+        if outcome[0] is not None:
+            raise outcome[0]
+        return True
+
+    def _abandon_producer(self) -> None:
+        """A producer stuck in librdkafka: leave it (referenced, never destroyed) and go on with a new one with
+        the same transactional id, which fences it (init_transactions aborts what it left open); rewind."""
+        from confluent_kafka import Producer
+
+        if len(self.abandoned) >= MAX_ABANDONED:
+            raise ClientError(f"confluent-kafka exactly-once copy: {len(self.abandoned)} producers abandoned, "
+                              f"each stuck in send_offsets_to_transaction")
+        self.abandoned.append(self.producer)
+        self.producer = Producer(self.producer_config)
+        self.producers += 1
+        self.producer.init_transactions(self.timeout_s)
+        self._rewind()
 
     def _abort(self, why: str) -> None:
         """Abort the transaction and rewind every assigned partition to the group's committed offset."""
@@ -599,7 +655,7 @@ class _ExactlyOnceLoop:
         from confluent_kafka import Producer
 
         self._note("fatal", f"fatal, producer replaced: {why}")
-        if self.producers >= MAX_PRODUCERS:
+        if self.producers - len(self.abandoned) >= MAX_PRODUCERS:
             raise ClientError(f"confluent-kafka exactly-once copy: {self.producers} producers failed; last: {why}")
         self.producer.purge()
         self.producer = Producer(self.producer_config)

@@ -1,0 +1,84 @@
+"""The confluent-kafka copier's watch on send_offsets_to_transaction (librdkafka #5511/#5456).
+
+    copier ──send_offsets_to_transaction──▶ producer (blocked forever: the bug)
+    copier: the watch runs out ──▶ "hung" noted ──▶ the producer abandoned, kept referenced ──▶ a new one
+
+A stand-in producer: the client's hang cannot be produced on demand (whether a real librdkafka hangs is a race:
+bench/librdkafka_5511.py), so this checks only the copier's own decision; the rolling-upgrade test runs it with
+the real client.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from txnguard.testing.clients import confluent
+
+
+class StandInProducer:
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.release = threading.Event()
+        self.calls: list[float] = []
+
+    def send_offsets_to_transaction(self, _offsets: Any, _metadata: Any, timeout: float) -> None:
+        self.calls.append(timeout)
+        if self.behaviour == "blocks":
+            self.release.wait(10)
+        elif self.behaviour == "raises":
+            raise RuntimeError("NOT_COORDINATOR")
+
+
+def loop_with(producer: StandInProducer, watch_s: float | None) -> Any:
+    loop = object.__new__(confluent._ExactlyOnceLoop)
+    loop.producer, loop.timeout_s, loop.watch_send_offsets_s = producer, 0.05, watch_s
+    loop.errors, loop.timeline, loop.abandoned = [], [], []
+    return loop
+
+
+def test_a_call_that_returns_in_time_is_not_watched_further() -> None:
+    producer = StandInProducer("returns")
+    loop = loop_with(producer, watch_s=0.2)
+
+    assert loop._send_offsets([], None) is True
+    assert producer.calls == [0.05]  # its own timeout: the loop's, at most SEND_OFFSETS_TIMEOUT_S
+    assert loop.timeline == []
+
+
+def test_a_call_blocked_past_the_watch_is_noted_hung() -> None:
+    producer = StandInProducer("blocks")
+    loop = loop_with(producer, watch_s=0.1)
+    try:
+        assert loop._send_offsets([], None) is False
+    finally:
+        producer.release.set()
+
+    [(_, kind, text)] = loop.timeline
+    assert kind == "hung" and "#5511" in text
+
+
+def test_the_calls_error_is_raised_on_the_loops_thread() -> None:
+    loop = loop_with(StandInProducer("raises"), watch_s=0.2)
+
+    with pytest.raises(RuntimeError, match="NOT_COORDINATOR"):
+        loop._send_offsets([], None)
+
+
+def test_unwatched_the_call_runs_on_the_loops_thread_with_the_loops_timeout() -> None:
+    producer = StandInProducer("returns")
+    loop = loop_with(producer, watch_s=None)
+    loop.timeout_s = 300.0
+
+    assert loop._send_offsets([], None) is True
+    assert producer.calls == [300.0]
+
+
+def test_past_the_limit_of_abandoned_producers_the_copy_gives_up() -> None:
+    loop = loop_with(StandInProducer("blocks"), watch_s=0.1)
+    loop.abandoned = [object()] * confluent.MAX_ABANDONED
+
+    with pytest.raises(confluent.ClientError, match="abandoned"):
+        loop._abandon_producer()
