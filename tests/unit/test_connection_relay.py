@@ -41,6 +41,8 @@ from connection_playbook import (
     steps,
     to_broker,
     to_client,
+    txn_offset_commit,
+    txn_offset_commit_response,
 )
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
@@ -63,7 +65,7 @@ from txnguard.connection.commands import (
     Side,
     StartTimer,
 )
-from txnguard.connection.ledger import Ledger, Passed
+from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.verification import inventory
 from txnguard.verification.decisions import Decision
 from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
@@ -266,8 +268,10 @@ def _chunks(frames: list[bytes], rng: random.Random) -> list[bytes]:
 def _facts(commands: list[Command], ledger: Ledger) -> list[Any]:
     """What the shell records of one call, in its order: the ledger's passed writes first (they came before the
     call's commands), then the commands; a decision in the form the guard's recording reads it."""
-    passed, windows = ledger.take()
+    passed, offsets, windows = ledger.take()
     facts: list[Any] = [_passed_fact(p) for p in passed]
+    for offset in reversed(offsets):  # each in its place among the Produces, as the guard records them
+        facts.insert(offset[12], _offsets_fact(offset))
     facts += [_decision_fact(c.decision) if isinstance(c, Decided) else type(c).__name__
               for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
     return [*facts, *windows]
@@ -287,6 +291,13 @@ def _passed_fact(p: Passed) -> tuple[Any, ...]:
     return (client, "produce", txn_id, pid, epoch, version,
             [(f"{t}-{i}", verdict, "forwarded", None, False) for t, i in partitions], mode, inspection_ms,
             elapsed_ms, cpu_ms, verdict.evidence.value, {}, True)
+
+
+def _offsets_fact(p: PassedOffsets) -> tuple[Any, ...]:
+    client, txn_id, pid, epoch, version, group, verdict, mode, inspection_ms, elapsed_ms, cpu_ms, _, _ = p
+    return (client, "txn_offset_commit", txn_id, pid, epoch, version,
+            [(f"group:{group}", verdict, "forwarded", None, False)], mode, inspection_ms, elapsed_ms, cpu_ms,
+            verdict.evidence.value, {}, True)
 
 
 def _inventory(pb: Playbook) -> tuple[Any, ...]:
@@ -352,7 +363,8 @@ def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
 def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
     """A transactional producer's conversation, step by step (each step's requests, then their answers): a first
     request naming the client, InitProducerId, then per transaction AddPartitionsToTxn, two transactional writes,
-    sometimes AddOffsetsToTxn and a Heartbeat, then EndTxn (commit or abort)."""
+    sometimes AddOffsetsToTxn and a Heartbeat, then (as an exactly-once producer sends it, once AddOffsetsToTxn
+    was answered) a TxnOffsetCommit (v0-v4 in turn) between two more writes, then EndTxn (commit or abort)."""
     steps_: list[tuple[list[bytes], list[bytes]]] = [([heartbeat(0)], [heartbeat_response(0)]),  # names the client
                                                      ([init_producer_id(1)], [init_producer_id_response(1)])]
     cid = 2
@@ -364,7 +376,11 @@ def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
         if i % 2 == 0:
             steps_.append(([add_offsets(cid), heartbeat(cid + 1)],
                            [add_offsets_response(cid), heartbeat_response(cid + 1)]))
-            cid += 2
+            version = (3, 0, 4, 2, 1)[i // 2 % 5]
+            steps_.append(([produce(cid + 2, [T0]), txn_offset_commit(cid + 3, version=version), produce(cid + 4, [T1])],
+                           [produce_response(cid + 2, [T0]), txn_offset_commit_response(cid + 3, version=version),
+                            produce_response(cid + 4, [T1])]))
+            cid += 5
         steps_.append(([end_txn(cid, committed=i % 3 != 2)], [end_txn_response(cid)]))
         cid += 1
     return steps_
@@ -380,8 +396,9 @@ def _state(pb: Playbook) -> tuple[Any, ...]:
 
 
 def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_general_path_does():
-    conversation = _transactions(6)
+    conversation = _transactions(10)
     observed = {"core": 0, "shell": 0}  # life-cycle frames (both ways) carried whole by the fast path
+    commits = {"core": set(), "shell": set()}  # TxnOffsetCommit versions the fast path checked in place
     for seed in range(12):
         rng = random.Random(seed)
         cuts = [(_chunks(requests, rng), _chunks(answers, rng)) for requests, answers in conversation]
@@ -390,6 +407,7 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
             pb = Playbook()
             pb.conn._fast = way != "general"
             pb.rules.in_doubt = EndTxnLedger(InDoubtLimits())
+            pb.rules.offsets_partitions = 50  # learned (the general path asks for it once per proxy)
             pb.conn.inventory = inventory.ConnectionInventory("client", 0)
             per_read, facts, stream, states = [], [], b"", []
             for client_reads, broker_reads in cuts:
@@ -397,6 +415,8 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
                     out = _shell_client(pb, read) if way == "shell" else pb.client_sends(read)
                     if way != "general" and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
                         observed[way] += sum(1 for f in (b"\x00\x18", b"\x00\x19", b"\x00\x1a") if read[4:6] == f)
+                    if way != "general":
+                        commits[way].update(o[4] for o in pb.conn.ledger.offsets)
                     per_read.append(to_broker(out))
                     facts.append(_facts(out, pb.conn.ledger))
                     stream += to_client(out)
@@ -417,8 +437,9 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
         assert stream == b"".join(a for _, answers in conversation for a in answers)
         record, endings, open_end_txns, _ = states[-1]
         assert record is not None and record["producer_id"] == PID and record["producer_epoch"] == EPOCH
-        assert open_end_txns == 0 and sum(endings.values()) == 6  # every EndTxn answered
+        assert open_end_txns == 0 and sum(endings.values()) == 10  # every EndTxn answered
     assert observed["core"] > 50 and observed["shell"] > 50
+    assert commits["core"] == commits["shell"] == {0, 1, 2, 3, 4}
 
 
 def test_an_add_partitions_refused_whole_as_concurrent_goes_to_the_general_path_which_asks_again():
