@@ -210,8 +210,8 @@ def test_the_fast_path_takes_the_transactional_writes_it_can(tmp_path: Path) -> 
     assert shell.core.ledger.windows == [("local", 0.0)]
     read = produce(3, [T2]) + txn_offset_commit(4) + produce(5, [T0])
     assert shell.core.relay_from_client(read) == len(read)
-    assert [p[1:6] for p in shell.core.ledger.passed] == [(TXN, PID, EPOCH, 9, [T2]), (TXN, PID, EPOCH, 9, [T0])]
-    assert [o[1:6] + o[12:] for o in shell.core.ledger.offsets] == [(TXN, PID, EPOCH, 3, "g", 1)]  # after the first
+    assert [p[5] for p in shell.core.ledger.passed] == [[T0, T1], [T2], [T0]]
+    assert [o[1:6] + o[12:] for o in shell.core.ledger.offsets] == [(TXN, PID, EPOCH, 3, "g", 2)]  # after [T2]
 
 
 def test_a_plain_histogram_exports_what_a_prometheus_client_histogram_does() -> None:
