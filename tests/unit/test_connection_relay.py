@@ -48,6 +48,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
 from txnguard.codecs.addresses import AddressUnavailable
+from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.connection import core
 from txnguard.connection.commands import (
     AnsweredLocally,
@@ -377,7 +378,8 @@ def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
             steps_.append(([add_offsets(cid), heartbeat(cid + 1)],
                            [add_offsets_response(cid), heartbeat_response(cid + 1)]))
             version = (3, 0, 4, 2, 1)[i // 2 % 5]
-            steps_.append(([produce(cid + 2, [T0]), txn_offset_commit(cid + 3, version=version), produce(cid + 4, [T1])],
+            steps_.append(([produce(cid + 2, [T0]), txn_offset_commit(cid + 3, version=version),
+                            produce(cid + 4, [T1])],
                            [produce_response(cid + 2, [T0]), txn_offset_commit_response(cid + 3, version=version),
                             produce_response(cid + 4, [T1])]))
             cid += 5
@@ -514,3 +516,166 @@ def test_a_broker_the_proxy_has_no_listener_for_closes_the_connection_with_that_
     assert out == [Close("broker_listener_unavailable",
                          "broker response: no listener for broker 1: port taken", "error", None)]
     assert pb.conn.closed
+
+
+# -- TxnOffsetCommit on the fast path ---------------------------------------------------------------------------
+#
+# Each sequence is played twice, through the shell's calls (the fast path first) and through the general path
+# alone, and what leaves (bytes, commands, the facts the shell records, the inventory, the counters, the queue)
+# must be the same; then what the fast path itself did is asserted: it took the TxnOffsetCommit or left it.
+
+
+def _commit_both_ways(setup: Any, requests: list[bytes], answers: list[bytes] | None = None,
+                      policy: dict[str, Any] | None = None) -> tuple[list[int], list[Any], list[str], Playbook]:
+    """`requests` one read each, then `answers` one read each, fast and general; (how many bytes of each request
+    read the fast path took, the facts per read, the questions asked, the fast run's playbook)."""
+    runs, taken, plays = [], [], []
+    for fast in (True, False):
+        pb = Playbook(policy=policy)
+        pb.conn._fast = fast
+        pb.conn.inventory = inventory.ConnectionInventory("client", 0)
+        identified(pb)
+        setup(pb)
+        per_read, facts, questions = [], [], []
+        for read in requests:
+            if fast:  # as the shell: the fast call, then the general path with what it left
+                done = pb.conn.relay_from_client(read)
+                taken.append(done)
+                out = [SendToBroker([read])] if done == len(read) else pb.conn.receive_from_client(read, done)
+            else:
+                out = pb.client_sends(read)
+            questions += [type(c.question).__name__ for c in out if isinstance(c, Ask)]
+            per_read.append(to_broker(out))
+            facts.append(_facts(out, pb.conn.ledger))
+        for read in answers or []:
+            out = _shell_broker(pb, read) if fast else pb.broker_answers(read)
+            per_read.append(to_client(out))
+            facts.append(_facts(out, pb.conn.ledger))
+        runs.append((per_read, facts, questions, pb.traffic.frames_in, pb.traffic.bytes_in, pb.traffic.frames_out,
+                     pb.conn.in_flight, _inventory(pb), pb.conn.mode, dict(vars(pb.registry.get(TXN) or object()))))
+        plays.append(pb)
+    assert runs[0] == runs[1]
+    return taken, runs[0][1], runs[0][2], plays[0]
+
+
+def _evidence_for_group(pb: Playbook, offsets_partitions: int | None = 50) -> None:
+    """InitProducerId and AddOffsetsToTxn(g) were answered (local evidence for the group g)."""
+    pb.transaction_with(T0)
+    pb.registry.added(TXN, PID, EPOCH, pb.clock.wall_ms(), group="g")
+    pb.rules.offsets_partitions = offsets_partitions
+
+
+def test_a_txn_offset_commit_with_local_evidence_is_checked_in_place_and_recorded_as_the_general_path_would():
+    for version in range(5):
+        commit = txn_offset_commit(1, version=version)
+        taken, facts, questions, fast = _commit_both_ways(_evidence_for_group, [commit],
+                                                          [txn_offset_commit_response(1, version=version)])
+        assert taken == [len(commit)] and questions == []  # the fast path took it whole
+        [[fact], [window]] = facts
+        [(target, verdict, decision, error, enforced)] = fact[6]
+        assert fact[1:6] == ("txn_offset_commit", TXN, PID, EPOCH, version)
+        assert (target, verdict.evidence.value, decision, error, enforced) == ("group:g", "local", "forwarded",
+                                                                               None, False)
+        assert window == ("local", 0.0)  # its answer closed the check-to-append window
+        assert fast.conn.inventory is not None and fast.conn.inventory.txn_offset_commit_versions == {version}
+
+
+def test_an_offset_commit_among_writes_keeps_its_place_in_the_ledger():
+    read = produce(1, [T0]) + txn_offset_commit(2) + produce(3, [T0]) + txn_offset_commit(4, version=0)
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [read])
+    assert taken == [len(read)]
+    assert [f[1] for f in facts] == ["produce", "txn_offset_commit", "produce", "txn_offset_commit"]
+
+
+def test_a_txn_offset_commit_whose_group_has_only_the_coordinators_word_is_taken_with_that_evidence():
+    """The coordinator said "Ongoing" with the group's __consumer_offsets partition (no AddOffsetsToTxn seen here):
+    the registry holds that partition, not the group, so only the right partition finds it."""
+    def setup(pb: Playbook) -> None:
+        pb.rules.offsets_partitions = 50
+        partition = (CONSUMER_OFFSETS, offsets_partition_for("g", 50))
+        pb.registry.coordinator_says_ongoing(TXN, PID, EPOCH, 1, {T0}, {partition}, pb.clock.wall_ms())
+
+    commit = txn_offset_commit(1)
+    taken, [[fact]], _, _ = _commit_both_ways(setup, [commit])
+    assert taken == [len(commit)] and fact[6][0][1].evidence.value == "cache"
+
+
+def test_a_txn_offset_commit_of_a_group_never_added_goes_to_the_general_path_which_asks():
+    taken, [facts], questions, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, group="h")])
+    assert taken == [0] and facts == ["PauseReading", "Ask"] and questions == ["VerifyPartitions"]
+
+
+def test_a_txn_offset_commit_of_a_fenced_epoch_goes_to_the_general_path_which_rejects_it():
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, epoch=EPOCH + 1)])
+    assert taken == [0] and facts == ["PauseReading", "Ask"]  # a newer epoch than known: asked
+
+    def bumped(pb: Playbook) -> None:
+        _evidence_for_group(pb)
+        pb.registry.init_producer_id(TXN, PID, EPOCH + 1, 60_000, pb.clock.wall_ms())
+
+    taken, [[decided, answered]], _, _ = _commit_both_ways(bumped, [txn_offset_commit(1)])
+    assert taken == [0] and answered == "AnsweredLocally"
+    assert [(r[2], r[3].name) for r in decided[6]] == [("rejected", "INVALID_PRODUCER_EPOCH")]  # java family
+
+
+def test_a_txn_offset_commit_before_the_offsets_partition_count_is_known_goes_to_the_general_path():
+    taken, [facts], questions, _ = _commit_both_ways(lambda pb: _evidence_for_group(pb, None), [txn_offset_commit(1)])
+    assert taken == [0] and facts == ["PauseReading", "Ask"] and questions == ["CountOffsetsPartitions"]
+
+
+def test_a_txn_offset_commit_the_policy_leaves_off_is_forwarded_unchecked_on_the_fast_path():
+    commit = txn_offset_commit(1)
+    taken, facts, _, fast = _commit_both_ways(_evidence_for_group, [commit, txn_offset_commit(2, group="h")],
+                                              [txn_offset_commit_response(1), txn_offset_commit_response(2)],
+                                              policy={"rules": [{"topic": "__consumer_offsets", "mode": "off"}]})
+    assert taken == [len(commit), len(commit)]  # no evidence needed: nothing is checked, nothing recorded
+    assert facts == [[], [], [], []]  # no decision, no window
+    assert fast.conn.inventory is not None and fast.conn.inventory.txn_offset_commit_versions == {3}
+
+
+def test_a_txn_offset_commit_in_monitor_mode_is_taken_and_recorded_in_that_mode():
+    commit = txn_offset_commit(1)
+    taken, [[fact]], _, _ = _commit_both_ways(_evidence_for_group, [commit],
+                                              policy={"rules": [{"topic": "__consumer_offsets", "mode": "monitor"}]})
+    assert taken == [len(commit)] and fact[7].value == "monitor"
+
+
+def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken():
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
+    assert taken == [0] and facts == []  # the general path forwards it unchecked
+
+
+def test_a_txn_offset_commit_with_verification_off_is_not_taken():
+    def setup(pb: Playbook) -> None:
+        _evidence_for_group(pb)
+        pb.rules.enabled = False
+
+    taken, [facts], _, _ = _commit_both_ways(setup, [txn_offset_commit(1)])
+    assert taken == [0] and facts == []
+
+
+def test_a_truncated_txn_offset_commit_is_judged_by_the_general_path():
+    whole = txn_offset_commit(1)
+    for cut in (6, 20, len(whole) - 30, len(whole) - 1):
+        # The length prefix says what is there: a body that ends early, inside the header or the offsets.
+        broken = (cut - 4).to_bytes(4, "big") + whole[4:cut]
+        taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [broken])
+        assert taken == [0] and facts == ["Close"], cut
+
+
+def test_a_txn_offset_commit_with_a_lying_count_is_judged_by_the_general_path():
+    whole = bytearray(txn_offset_commit(1, version=2))
+    at = whole.rindex(b"\x00\x00\x00\x01\x00\x06orders")  # the topic count, then the topic's name
+    whole[at:at + 4] = (1 << 20).to_bytes(4, "big")
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [bytes(whole)])
+    assert taken == [0] and facts == ["Close"]
+
+
+def test_a_txn_offset_commit_that_would_fill_the_queue_goes_to_the_general_path():
+    pb = Playbook(max_in_flight=2)
+    identified(pb)
+    _evidence_for_group(pb)
+    read = heartbeat(1) + txn_offset_commit(2)
+    assert pb.conn.relay_from_client(read) == len(heartbeat(1))
+    out = pb.conn.receive_from_client(memoryview(read)[len(heartbeat(1)):])
+    assert [type(c).__name__ for c in out] == ["Decided", "SendToBroker", "PauseReading"]
