@@ -269,3 +269,51 @@ def test_observe_many_is_observe_of_each_value_in_turn() -> None:
     batched.observe_many(values[3:])
     assert (batched.counts, batched.sum) == (one_by_one.counts, one_by_one.sum)
     assert batched.counts == [4, 2, 1, 1] and sum(sorted(values)) != batched.sum  # the order matters here
+
+
+def test_record_fast_of_writes_and_offset_commits_is_record_of_their_decisions_in_order(tmp_path: Path) -> None:
+    """The ledger's tuples against the `Decision`s they stand for, with timings the fake clock never gives (every
+    value differs; near 1e16 the order of a histogram's additions shows: test_observe_many_is_...): both kinds
+    share the verification_time children, and each has its own inspection_time child (by its check's api)."""
+    from txnguard.codecs.produce import ProducePartition
+    from txnguard.connection.ledger import Ledger
+    from txnguard.policies.enforcement import Mode
+    from txnguard.verification.audit import ClientInfo
+    from txnguard.verification.checks import OffsetCommitWrite, ProduceWrite
+    from txnguard.verification.decisions import FORWARDED, Decision, RequestContext, VerdictRecord
+    from txnguard.verification.registry import _PASSED_FROM_CACHE, _PASSED_LOCALLY
+
+    client = ClientInfo("c\"1", "librdkafka", "2.3.0", "librdkafka", "bootstrap", 3)
+    frame = memoryview(b"\0\0\0\0")
+    # (kind, version, partitions or group, verdict, mode, inspection, elapsed, cpu, wall ms): in the order booked.
+    booked: list[tuple[str, int, Any, Verdict, Mode, float, float, float | None, int]] = [
+        ("produce", 9, [T0, T1], _PASSED_LOCALLY, Mode.ENFORCE, 0.25, 0.5, 0.0123456, 1_700_000_000_001),
+        ("offsets", 3, "g", _PASSED_LOCALLY, Mode.ENFORCE, 0.5, 1e16, None, 1_700_000_000_002),
+        ("offsets", 0, "g-\u00e9", _PASSED_FROM_CACHE, Mode.MONITOR, 0.75, 1.0, 3.0, 1_700_000_000_003),
+        ("produce", 11, [T2], _PASSED_LOCALLY, Mode.MONITOR, 0.125, 1.0, 1e-7, 1_700_000_000_004),
+        ("offsets", 4, "g", _PASSED_LOCALLY, Mode.ENFORCE, 12.5, 0.1, 0.00005, 1_700_000_000_005),
+    ]
+    fast, general = _Shell(tmp_path, "fast", True, {}), _Shell(tmp_path, "general", False, {})
+    ledger = Ledger()
+    for kind, version, what, v, mode, inspection, elapsed, cpu, wall_ms in booked:
+        if kind == "produce":
+            ledger.passed.append((client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu, wall_ms))
+            check: Any = ProduceWrite(tuple(ProducePartition(t, p, []) for t, p in what))
+            targets = [f"{t}-{p}" for t, p in what]
+        else:
+            ledger.offsets.append((client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu, wall_ms,
+                                   len(ledger.passed)))
+            check, targets = OffsetCommitWrite(what), [f"group:{what}"]
+        general.clock.seconds = wall_ms / 1000  # `record` stamps a record when it records it
+        ctx = RequestContext(check, version, TXN, PID, EPOCH, mode, frame, None, None, client,
+                             inspection_ms=inspection)
+        general.guard.record(Decision(forward=frame, context=ctx, records=[
+            VerdictRecord(t, v, FORWARDED, None, False) for t in targets], elapsed_ms=elapsed, cpu_ms=cpu), general.log)
+    fast.guard.record_fast(ledger)
+    fast.guard.audit.close()
+    general.guard.audit.close()
+    assert fast.audit_path.read_bytes() == general.audit_path.read_bytes()
+    assert [r["api"] for r in fast.audit()] == ["produce"] * 2 + ["txn_offset_commit"] * 2 + ["produce",
+                                                                                              "txn_offset_commit"]
+    assert fast.samples() == general.samples()
+    assert fast.log.lines == general.log.lines == []
