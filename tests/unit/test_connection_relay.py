@@ -5,6 +5,7 @@ split or merged across what the general path would do. The shell calls the fast 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import random
 from typing import Any
@@ -640,9 +641,19 @@ def test_a_txn_offset_commit_in_monitor_mode_is_taken_and_recorded_in_that_mode(
     assert taken == [len(commit)] and fact[7].value == "monitor"
 
 
-def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken():
+def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken(monkeypatch: Any):
     taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
     assert taken == [0] and facts == []  # the general path forwards it unchecked
+    # Not only because the in-place reader stops at v4: v5 has v4's shape, and one that read it changes nothing.
+    read = core.read_txn_offset_commit
+
+    def reads_v5(body: Any, head: Any) -> Any:
+        return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)))
+
+    monkeypatch.setattr(core, "read_txn_offset_commit", reads_v5)
+    assert reads_v5(memoryview(txn_offset_commit(1, version=5))[4:], core.RequestHead(28, 5, 1)) is not None
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
+    assert taken == [0] and facts == []
 
 
 def test_a_txn_offset_commit_with_verification_off_is_not_taken():
@@ -679,3 +690,37 @@ def test_a_txn_offset_commit_that_would_fill_the_queue_goes_to_the_general_path(
     assert pb.conn.relay_from_client(read) == len(heartbeat(1))
     out = pb.conn.receive_from_client(memoryview(read)[len(heartbeat(1)):])
     assert [type(c).__name__ for c in out] == ["Decided", "SendToBroker", "PauseReading"]
+
+
+class _TickingClock:
+    """Every perf() read a millisecond after the last, every cpu() read half of one: a timing measured over other
+    steps than the general path's (reading the request, looking the verdict up) shows. Wall time stands still."""
+
+    def __init__(self) -> None:
+        self.seconds, self.on_cpu = 1000.0, 0.0
+
+    def wall_ms(self) -> int:
+        return 1_000_000
+
+    def perf(self) -> float:
+        self.seconds += 0.001
+        return self.seconds
+
+    def cpu(self) -> float:
+        self.on_cpu += 0.0005
+        return self.on_cpu
+
+
+def test_a_txn_offset_commits_timings_are_taken_over_the_general_paths_steps():
+    timings = []
+    for fast in (True, False):
+        pb = Playbook()
+        pb.conn.clock = pb.clock = _TickingClock()  # type: ignore[assignment]
+        pb.conn._fast = fast
+        identified(pb)
+        _evidence_for_group(pb)
+        out = pb.client_sends(txn_offset_commit(1))
+        assert len(pb.conn.ledger.offsets) == (1 if fast else 0)
+        [fact] = _facts(out, pb.conn.ledger)
+        timings.append(tuple(round(t, 9) for t in fact[8:11]))  # inspection, verification, cpu (ms)
+    assert timings[0] == timings[1] == (1.0, 1.0, 0.5)
