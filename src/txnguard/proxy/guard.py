@@ -546,18 +546,13 @@ class TransactionGuard:
             done = upto
             if offset is None:
                 break
-            client, txn_id, pid, epoch, version, group, v, mode, inspection_ms, elapsed_ms, cpu_ms, time_ms, _ = offset
+            _, _, _, _, _, _, v, _, inspection_ms, elapsed_ms, _, _, _ = offset
             offset_inspections.append(inspection_ms)
             label = (v.evidence.value, v.outcome.value)
             timings.setdefault(label[0], []).append(elapsed_ms)
             counts[label] = counts.get(label, 0) + 1
             if audit:
-                record = audit_record(
-                    time_ms=time_ms, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
-                    api=OffsetCommitWrite.api, api_version=version, target=f"group:{group}", verdict=v,
-                    decision=FORWARDED, error_sent=None, error_name=None, latency_ms=elapsed_ms, cpu_ms=cpu_ms,
-                    mode=mode.value, proxy_id=self.audit.proxy_id, client=client)
-                lines.append((json.dumps(record, separators=(",", ":")), record_key(record)))
+                lines.append(self._offsets_line(offset))
         if produce_inspections:
             child(m.inspection_time, ProduceWrite.api).observe_many(produce_inspections)
         child(m.inspection_time, OffsetCommitWrite.api).observe_many(offset_inspections)
@@ -567,6 +562,22 @@ class TransactionGuard:
             child(m.verifications, evidence, outcome, FORWARDED).inc(n)
         if lines:
             self.audit.write_texts(lines)
+
+    def _offsets_line(self, offset: PassedOffsets) -> tuple[str, str | None]:
+        """The audit record of a TxnOffsetCommit passed on local evidence: (text, key) as `write` makes them."""
+        client, txn_id, pid, epoch, version, group, v, mode, _, elapsed_ms, cpu_ms, time_ms, _ = offset
+        proxy_id = self.audit.proxy_id
+        templates = self._passed_templates
+        key = ("group", id(client), txn_id, pid, epoch, version, group, id(v), mode, proxy_id)  # never a Produce's
+        found = templates.get(key)
+        if found is None or found[0] is not client or found[1] is not v:
+            if len(templates) >= _TEMPLATES:
+                templates.clear()
+            found = templates[key] = (client, v, _passed_template(
+                client, txn_id, pid, epoch, version, f"group:{group}", v, mode, proxy_id, OffsetCommitWrite.api))
+        a, b, c, d = found[2]
+        cpu = "null" if cpu_ms is None else repr(round(cpu_ms, 4))
+        return f"{a}{time_ms}{b}{round(elapsed_ms, 4)!r}{c}{cpu}{d}", txn_id
 
     def _record_windows(self, windows: list[tuple[str, float]]) -> None:
         """Check-to-append windows: each evidence's histogram child observes its own in the order booked."""
@@ -653,12 +664,12 @@ _HOLES = ("\x00time", "\x00latency", "\x00cpu")
 
 
 def _passed_template(client: ClientInfo, txn_id: str, pid: int, epoch: int, version: int, target: str, v: Verdict,
-                     mode: Mode, proxy_id: str) -> tuple[str, str, str, str]:
-    """The audit record of a passed Produce partition as `AuditLog.write` serialises it, cut where the time,
-    the latency and the CPU time go (the rest is the same for every write of this producer to this partition):
-    json.dumps writes an int as str() and a float as repr()."""
+                     mode: Mode, proxy_id: str, api: str = ProduceWrite.api) -> tuple[str, str, str, str]:
+    """The audit record of a passed Produce partition (or TxnOffsetCommit: `api`, target the group) as
+    `AuditLog.write` serialises it, cut where the time, the latency and the CPU time go (the rest is the same
+    for every write of this producer to this partition): json.dumps writes an int as str() and a float as repr()."""
     record = audit_record(time_ms=0, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
-                          api=ProduceWrite.api, api_version=version, target=target, verdict=v, decision=FORWARDED,
+                          api=api, api_version=version, target=target, verdict=v, decision=FORWARDED,
                           error_sent=None, error_name=None, latency_ms=0.0, cpu_ms=None, mode=mode.value,
                           proxy_id=proxy_id, client=client)
     record["time_ms"], record["latency_ms"], record["cpu_ms"] = _HOLES
