@@ -291,9 +291,6 @@ class Connection:
             if size < 10 or size > limit or stop > end:
                 break
             if key in SLOW_KEYS:
-                # A life-cycle request read in place and observed as the general path would (what its answer
-                # teaches the registry, the EndTxn in doubt); anything else of SLOW_KEYS, a request the in-place
-                # reader does not read, the coordinator-timeout check and the EndTxn defence's hold: the general path.
                 if key == _TXN_OFFSET_COMMIT:
                     # A TxnOffsetCommit the rules check (v0-v4) whose group has local evidence is checked here, as
                     # `rules.check_txn_offset_commit` would pass it at once (a plain forward, no log line), and books
@@ -343,6 +340,9 @@ class Connection:
                     forwarded.append(entry)
                     pos = stop
                     continue
+                # A life-cycle request read in place and observed as the general path would (what its answer
+                # teaches the registry, the EndTxn in doubt); anything else of SLOW_KEYS, a request the in-place
+                # reader does not read, the coordinator-timeout check and the EndTxn defence's hold: the general path.
                 if (key not in _OBSERVED_FAST or room <= 0 or not rules.enabled
                         or (key in _LIFECYCLE and rules.wants_lifecycle(key, version))):
                     break
