@@ -1,7 +1,13 @@
 """What does one transactional Produce with local evidence cost the proxy's CPU? The core alone, and the core
 with the shell's recording (metrics, the audit record), no sockets, no event loop.
 
-Run: `.venv/bin/python bench/core_txn_produce.py [--requests 20000] [--rounds 7] [--partitions 1] [--audit]`
+Run: `.venv/bin/python bench/core_txn_produce.py [--requests 20000] [--rounds 7] [--partitions 1] [--audit]
+     [--txn-offset-commit] [--paths fast,general]`
+
+--txn-offset-commit: a TxnOffsetCommit v3 of the group's offsets (one per partition) instead of each Produce (the
+registry saw AddOffsetsToTxn answered: local evidence; the __consumer_offsets partition count is known).
+--paths fast,general: each mode with the relay's fast path on (the default) and off (`Settings.fast_path`: every
+frame through `receive_from_*`, a `Decided` per checked request recorded by `record`), and the ratio.
 
 One connection core plays what a transactional producer sends once its transaction is open: a Produce v9 of
 one 512-byte record per partition (the registry saw the partitions added: local evidence) and the broker's
@@ -54,6 +60,25 @@ def _mod(cls: Any) -> Any:
     return sys.modules[cls.__module__]
 
 
+GROUP = "bench-group"
+
+
+def txn_offset_commit_pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
+    """A TxnOffsetCommit v3 of `partitions` offsets of TOPIC, and its answer."""
+    qm, rm = _mod(schemas.request_schema(28, 3)), _mod(schemas.response_schema(28, 3))
+    req = schemas.encode_request(qm.TxnOffsetCommitRequest(
+        transactional_id=TXN, group_id=GROUP, producer_id=i64(PID), producer_epoch=i16(EPOCH), generation_id=i32(-1),
+        member_id="", group_instance_id=None, topics=(qm.TxnOffsetCommitRequestTopic(name=TOPIC, partitions=tuple(
+            qm.TxnOffsetCommitRequestPartition(partition_index=i32(p), committed_offset=i64(cid),
+                                               committed_leader_epoch=i32(-1), committed_metadata="")
+            for p in range(partitions))),)), cid, "bench")
+    resp = schemas.encode(schemas.response_header_for(28, 3, cid), rm.TxnOffsetCommitResponse(
+        throttle_time=datetime.timedelta(0), topics=(rm.TxnOffsetCommitResponseTopic(name=TOPIC, partitions=tuple(
+            rm.TxnOffsetCommitResponsePartition(partition_index=i32(p), error_code=ErrorCode.none)
+            for p in range(partitions))),)))
+    return req, resp
+
+
 def pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
     pm, pr = _mod(schemas.request_schema(0, 9)), _mod(schemas.response_schema(0, 9))
     batch = build_batch([b"v" * 512], producer_id=PID, producer_epoch=EPOCH, base_sequence=0, transactional=True,
@@ -92,7 +117,7 @@ class _Shell:
         if not self.recorded:
             return
         ledger = self.ledger
-        if ledger is not None and (ledger.passed or ledger.windows):
+        if ledger is not None and (ledger.passed or ledger.windows or getattr(ledger, "offsets", None)):
             if not self.batched:
                 self.guard.record_fast(ledger)  # the shell before batching: after every read
             elif out:
@@ -127,22 +152,29 @@ def _timed(shell: _Shell, frames: list[bytes], relay: Any, receive: Any) -> floa
     return took
 
 
-async def run(n: int, partitions: int, recorded: bool, audit: bool) -> tuple[float, float]:
-    """Seconds of thread CPU per Produce: (the request, its response). Requests go in runs of 90 (the
-    in-flight limit is 100), then their responses, each run timed as a whole."""
+async def run(n: int, partitions: int, recorded: bool, audit: bool, offsets: bool = False,
+              fast: bool = True) -> tuple[float, float]:
+    """Seconds of thread CPU per Produce (or TxnOffsetCommit): (the request, its response). Requests go in runs
+    of 90 (the in-flight limit is 100), then their responses, each run timed as a whole."""
     metrics = ProxyMetrics()
     config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),), audit_path="/dev/null" if audit else None)
     guard = TransactionGuard(config, metrics, policy_from_config({}), None)
     now = int(time.time() * 1000)
     guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, now)
     guard.registry.added(TXN, PID, EPOCH, now, partitions={(TOPIC, p) for p in range(partitions)})
-    conn = Connection(Settings(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
-                               max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
+    guard.registry.added(TXN, PID, EPOCH, now, group=GROUP)  # AddOffsetsToTxn answered
+    guard.rules.offsets_partitions = 50  # asked once per proxy
+    make = txn_offset_commit_pair if offsets else pair
+    settings = dict(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
+                    max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0)
+    if not fast:
+        settings["fast_path"] = False
+    conn = Connection(Settings(**settings),  # type: ignore[arg-type]
                       guard.rules, DirectCluster(), SystemClock(), metrics.traffic, ConnectionInventory("c", now))
     shell = _Shell(guard, conn, recorded)
     conn.receive_from_client(pair(0, partitions)[0])  # the first request names the client
     conn.receive_from_broker(pair(0, partitions)[1])
-    pairs = [pair(cid, partitions) for cid in range(1, 91)]
+    pairs = [make(cid, partitions) for cid in range(1, 91)]
     requests, responses = [req for req, _ in pairs], [resp for _, resp in pairs]
     requests_s = responses_s = 0.0
     for _ in range(n // len(pairs)):
@@ -160,22 +192,33 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--audit", action="store_true", help="write audit records (to /dev/null)")
+    ap.add_argument("--txn-offset-commit", action="store_true",
+                    help="TxnOffsetCommit v3 (one offset per partition) instead of Produce v9")
+    ap.add_argument("--paths", default="fast", help="fast, general or fast,general (the relay's fast path on/off)")
     args = ap.parse_args()
-    results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    paths = [p == "fast" for p in args.paths.split(",")]
+    results: dict[tuple[bool, bool], list[tuple[float, float]]] = {(r, f): [] for r in (False, True) for f in paths}
     loop = asyncio.new_event_loop()
     for _ in range(args.rounds):
         for recorded in (False, True):
-            results[recorded].append(loop.run_until_complete(run(args.requests, args.partitions, recorded,
-                                                                 args.audit)))
+            for fast in paths:  # alternated: a drift of the machine's speed falls on both alike
+                results[recorded, fast].append(loop.run_until_complete(run(
+                    args.requests, args.partitions, recorded, args.audit, args.txn_offset_commit, fast)))
     loop.close()
-    print(f"{args.requests} transactional Produce v9 ({args.partitions} partition(s), local evidence) x "
+    kind = "TxnOffsetCommit v3" if args.txn_offset_commit else "Produce v9"
+    print(f"{args.requests} transactional {kind} ({args.partitions} partition(s), local evidence) x "
           f"{args.rounds} rounds, thread CPU per request, per response and both, median (min-max) of rounds:")
+    medians: dict[tuple[bool, bool], float] = {}
     for recorded, name in ((False, "core alone"), (True, "core + recording" + (" + audit" if args.audit else ""))):
-        line = f"  {name:26s}"
-        for what, pick in (("request", lambda x: x[0]), ("response", lambda x: x[1]), ("both", sum)):
-            r = [pick(x) * 1e6 for x in results[recorded]]
-            line += f"  {what} {statistics.median(r):6.2f} us ({min(r):.1f}-{max(r):.1f})"
-        print(line)
+        for fast in paths:
+            line = f"  {name + ('' if len(paths) == 1 else (', fast path' if fast else ', general path')):40s}"
+            for what, pick in (("request", lambda x: x[0]), ("response", lambda x: x[1]), ("both", sum)):
+                r = [pick(x) * 1e6 for x in results[recorded, fast]]
+                line += f"  {what} {statistics.median(r):6.2f} us ({min(r):.1f}-{max(r):.1f})"
+                medians[recorded, fast] = statistics.median(r)  # "both" last
+            print(line)
+        if len(paths) == 2:
+            print(f"  {name}: general/fast, both: {medians[recorded, False] / medians[recorded, True]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,22 @@ def end_txn(correlation_id: int, committed: bool = True) -> bytes:
                                    committed=committed), correlation_id)
 
 
+def txn_offset_commit(correlation_id: int, group: str = "g", version: int = 3, epoch: int = EPOCH,
+                      offsets: dict[tuple[str, int], int] | None = None) -> bytes:
+    """A TxnOffsetCommit (v0-v5) committing `offsets` (partition -> offset; one of "orders" by default)."""
+    m = request_module(28, version)
+    topics: dict[str, list[tuple[int, int]]] = {}
+    for (t, p), offset in (offsets or {("orders", 0): 5}).items():
+        topics.setdefault(t, []).append((p, offset))
+    later = {"generation_id": i32(-1), "member_id": "", "group_instance_id": None} if version >= 3 else {}
+    epochs = {"committed_leader_epoch": i32(-1)} if version >= 2 else {}
+    return request(m.TxnOffsetCommitRequest(
+        transactional_id=TXN, group_id=group, producer_id=i64(PID), producer_epoch=i16(epoch), **later,
+        topics=tuple(m.TxnOffsetCommitRequestTopic(name=t, partitions=tuple(m.TxnOffsetCommitRequestPartition(
+            partition_index=i32(p), committed_offset=i64(o), committed_metadata="", **epochs) for p, o in ps))
+            for t, ps in topics.items())), correlation_id)
+
+
 # -- responses ---------------------------------------------------------------------------------------------
 
 
@@ -211,6 +227,18 @@ def add_offsets_response(correlation_id: int, error: ErrorCode = ErrorCode.none)
     m = response_module(25, 3)
     return response(25, 3, correlation_id, m.AddOffsetsToTxnResponse(throttle_time=datetime.timedelta(0),
                                                                       error_code=error))
+
+
+def txn_offset_commit_response(correlation_id: int, version: int = 3,
+                               partitions: tuple[tuple[str, int], ...] = (("orders", 0),)) -> bytes:
+    m = response_module(28, version)
+    topics: dict[str, list[int]] = {}
+    for t, p in partitions:
+        topics.setdefault(t, []).append(p)
+    return response(28, version, correlation_id, m.TxnOffsetCommitResponse(
+        throttle_time=datetime.timedelta(0), topics=tuple(m.TxnOffsetCommitResponseTopic(name=t, partitions=tuple(
+            m.TxnOffsetCommitResponsePartition(partition_index=i32(p), error_code=ErrorCode.none) for p in ps))
+            for t, ps in topics.items())))
 
 
 def end_txn_response(correlation_id: int, error: ErrorCode = ErrorCode.none) -> bytes:

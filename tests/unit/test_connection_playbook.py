@@ -193,7 +193,7 @@ def test_a_write_with_local_evidence_is_decided_at_once_and_forwarded_unchanged(
     [decided] = of_type(out, Decided)
     assert [r.decision for r in decided.decision.records] == ["forwarded"]
     pb.delivers(produce_response(1, [T0]))
-    assert pb.conn.ledger.take() == ([], [("local", 0.0)])  # the check-to-append window, for the shell
+    assert pb.conn.ledger.take() == ([], [], [("local", 0.0)])  # the check-to-append window, for the shell
 
 
 def test_the_registry_learns_from_the_clients_own_init_and_add_partitions():

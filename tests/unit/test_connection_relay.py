@@ -5,6 +5,7 @@ split or merged across what the general path would do. The shell calls the fast 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import random
 from typing import Any
@@ -41,11 +42,14 @@ from connection_playbook import (
     steps,
     to_broker,
     to_client,
+    txn_offset_commit,
+    txn_offset_commit_response,
 )
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
 from txnguard.codecs.addresses import AddressUnavailable
+from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.connection import core
 from txnguard.connection.commands import (
     AnsweredLocally,
@@ -63,7 +67,7 @@ from txnguard.connection.commands import (
     Side,
     StartTimer,
 )
-from txnguard.connection.ledger import Ledger, Passed
+from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.verification import inventory
 from txnguard.verification.decisions import Decision
 from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
@@ -266,8 +270,10 @@ def _chunks(frames: list[bytes], rng: random.Random) -> list[bytes]:
 def _facts(commands: list[Command], ledger: Ledger) -> list[Any]:
     """What the shell records of one call, in its order: the ledger's passed writes first (they came before the
     call's commands), then the commands; a decision in the form the guard's recording reads it."""
-    passed, windows = ledger.take()
+    passed, offsets, windows = ledger.take()
     facts: list[Any] = [_passed_fact(p) for p in passed]
+    for offset in reversed(offsets):  # each in its place among the Produces, as the guard records them
+        facts.insert(offset[12], _offsets_fact(offset))
     facts += [_decision_fact(c.decision) if isinstance(c, Decided) else type(c).__name__
               for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
     return [*facts, *windows]
@@ -287,6 +293,13 @@ def _passed_fact(p: Passed) -> tuple[Any, ...]:
     return (client, "produce", txn_id, pid, epoch, version,
             [(f"{t}-{i}", verdict, "forwarded", None, False) for t, i in partitions], mode, inspection_ms,
             elapsed_ms, cpu_ms, verdict.evidence.value, {}, True)
+
+
+def _offsets_fact(p: PassedOffsets) -> tuple[Any, ...]:
+    client, txn_id, pid, epoch, version, group, verdict, mode, inspection_ms, elapsed_ms, cpu_ms, _, _ = p
+    return (client, "txn_offset_commit", txn_id, pid, epoch, version,
+            [(f"group:{group}", verdict, "forwarded", None, False)], mode, inspection_ms, elapsed_ms, cpu_ms,
+            verdict.evidence.value, {}, True)
 
 
 def _inventory(pb: Playbook) -> tuple[Any, ...]:
@@ -352,7 +365,8 @@ def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
 def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
     """A transactional producer's conversation, step by step (each step's requests, then their answers): a first
     request naming the client, InitProducerId, then per transaction AddPartitionsToTxn, two transactional writes,
-    sometimes AddOffsetsToTxn and a Heartbeat, then EndTxn (commit or abort)."""
+    sometimes AddOffsetsToTxn and a Heartbeat, then (as an exactly-once producer sends it, once AddOffsetsToTxn
+    was answered) a TxnOffsetCommit (v0-v4 in turn) between two more writes, then EndTxn (commit or abort)."""
     steps_: list[tuple[list[bytes], list[bytes]]] = [([heartbeat(0)], [heartbeat_response(0)]),  # names the client
                                                      ([init_producer_id(1)], [init_producer_id_response(1)])]
     cid = 2
@@ -364,7 +378,12 @@ def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
         if i % 2 == 0:
             steps_.append(([add_offsets(cid), heartbeat(cid + 1)],
                            [add_offsets_response(cid), heartbeat_response(cid + 1)]))
-            cid += 2
+            version = (3, 0, 4, 2, 1)[i // 2 % 5]
+            steps_.append(([produce(cid + 2, [T0]), txn_offset_commit(cid + 3, version=version),
+                            produce(cid + 4, [T1])],
+                           [produce_response(cid + 2, [T0]), txn_offset_commit_response(cid + 3, version=version),
+                            produce_response(cid + 4, [T1])]))
+            cid += 5
         steps_.append(([end_txn(cid, committed=i % 3 != 2)], [end_txn_response(cid)]))
         cid += 1
     return steps_
@@ -380,8 +399,9 @@ def _state(pb: Playbook) -> tuple[Any, ...]:
 
 
 def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_general_path_does():
-    conversation = _transactions(6)
+    conversation = _transactions(10)
     observed = {"core": 0, "shell": 0}  # life-cycle frames (both ways) carried whole by the fast path
+    commits = {"core": set(), "shell": set()}  # TxnOffsetCommit versions the fast path checked in place
     for seed in range(12):
         rng = random.Random(seed)
         cuts = [(_chunks(requests, rng), _chunks(answers, rng)) for requests, answers in conversation]
@@ -390,6 +410,7 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
             pb = Playbook()
             pb.conn._fast = way != "general"
             pb.rules.in_doubt = EndTxnLedger(InDoubtLimits())
+            pb.rules.offsets_partitions = 50  # learned (the general path asks for it once per proxy)
             pb.conn.inventory = inventory.ConnectionInventory("client", 0)
             per_read, facts, stream, states = [], [], b"", []
             for client_reads, broker_reads in cuts:
@@ -397,6 +418,8 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
                     out = _shell_client(pb, read) if way == "shell" else pb.client_sends(read)
                     if way != "general" and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
                         observed[way] += sum(1 for f in (b"\x00\x18", b"\x00\x19", b"\x00\x1a") if read[4:6] == f)
+                    if way != "general":
+                        commits[way].update(o[4] for o in pb.conn.ledger.offsets)
                     per_read.append(to_broker(out))
                     facts.append(_facts(out, pb.conn.ledger))
                     stream += to_client(out)
@@ -417,8 +440,9 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
         assert stream == b"".join(a for _, answers in conversation for a in answers)
         record, endings, open_end_txns, _ = states[-1]
         assert record is not None and record["producer_id"] == PID and record["producer_epoch"] == EPOCH
-        assert open_end_txns == 0 and sum(endings.values()) == 6  # every EndTxn answered
+        assert open_end_txns == 0 and sum(endings.values()) == 10  # every EndTxn answered
     assert observed["core"] > 50 and observed["shell"] > 50
+    assert commits["core"] == commits["shell"] == {0, 1, 2, 3, 4}
 
 
 def test_an_add_partitions_refused_whole_as_concurrent_goes_to_the_general_path_which_asks_again():
@@ -493,3 +517,210 @@ def test_a_broker_the_proxy_has_no_listener_for_closes_the_connection_with_that_
     assert out == [Close("broker_listener_unavailable",
                          "broker response: no listener for broker 1: port taken", "error", None)]
     assert pb.conn.closed
+
+
+# -- TxnOffsetCommit on the fast path ---------------------------------------------------------------------------
+#
+# Each sequence is played twice, through the shell's calls (the fast path first) and through the general path
+# alone, and what leaves (bytes, commands, the facts the shell records, the inventory, the counters, the queue)
+# must be the same; then what the fast path itself did is asserted: it took the TxnOffsetCommit or left it.
+
+
+def _commit_both_ways(setup: Any, requests: list[bytes], answers: list[bytes] | None = None,
+                      policy: dict[str, Any] | None = None) -> tuple[list[int], list[Any], list[str], Playbook]:
+    """`requests` one read each, then `answers` one read each, fast and general; (how many bytes of each request
+    read the fast path took, the facts per read, the questions asked, the fast run's playbook)."""
+    runs, taken, plays = [], [], []
+    for fast in (True, False):
+        pb = Playbook(policy=policy)
+        pb.conn._fast = fast
+        pb.conn.inventory = inventory.ConnectionInventory("client", 0)
+        identified(pb)
+        setup(pb)
+        per_read, facts, questions = [], [], []
+        for read in requests:
+            if fast:  # as the shell: the fast call, then the general path with what it left
+                done = pb.conn.relay_from_client(read)
+                taken.append(done)
+                out = [SendToBroker([read])] if done == len(read) else pb.conn.receive_from_client(read, done)
+            else:
+                out = pb.client_sends(read)
+            questions += [type(c.question).__name__ for c in out if isinstance(c, Ask)]
+            per_read.append(to_broker(out))
+            facts.append(_facts(out, pb.conn.ledger))
+        for read in answers or []:
+            out = _shell_broker(pb, read) if fast else pb.broker_answers(read)
+            per_read.append(to_client(out))
+            facts.append(_facts(out, pb.conn.ledger))
+        runs.append((per_read, facts, questions, pb.traffic.frames_in, pb.traffic.bytes_in, pb.traffic.frames_out,
+                     pb.conn.in_flight, _inventory(pb), pb.conn.mode, dict(vars(pb.registry.get(TXN) or object()))))
+        plays.append(pb)
+    assert runs[0] == runs[1]
+    return taken, runs[0][1], runs[0][2], plays[0]
+
+
+def _evidence_for_group(pb: Playbook, offsets_partitions: int | None = 50) -> None:
+    """InitProducerId and AddOffsetsToTxn(g) were answered (local evidence for the group g)."""
+    pb.transaction_with(T0)
+    pb.registry.added(TXN, PID, EPOCH, pb.clock.wall_ms(), group="g")
+    pb.rules.offsets_partitions = offsets_partitions
+
+
+def test_a_txn_offset_commit_with_local_evidence_is_checked_in_place_and_recorded_as_the_general_path_would():
+    for version in range(5):
+        commit = txn_offset_commit(1, version=version)
+        taken, facts, questions, fast = _commit_both_ways(_evidence_for_group, [commit],
+                                                          [txn_offset_commit_response(1, version=version)])
+        assert taken == [len(commit)] and questions == []  # the fast path took it whole
+        [[fact], [window]] = facts
+        [(target, verdict, decision, error, enforced)] = fact[6]
+        assert fact[1:6] == ("txn_offset_commit", TXN, PID, EPOCH, version)
+        assert (target, verdict.evidence.value, decision, error, enforced) == ("group:g", "local", "forwarded",
+                                                                               None, False)
+        assert window == ("local", 0.0)  # its answer closed the check-to-append window
+        assert fast.conn.inventory is not None and fast.conn.inventory.txn_offset_commit_versions == {version}
+
+
+def test_an_offset_commit_among_writes_keeps_its_place_in_the_ledger():
+    read = produce(1, [T0]) + txn_offset_commit(2) + produce(3, [T0]) + txn_offset_commit(4, version=0)
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [read])
+    assert taken == [len(read)]
+    assert [f[1] for f in facts] == ["produce", "txn_offset_commit", "produce", "txn_offset_commit"]
+
+
+def test_a_txn_offset_commit_whose_group_has_only_the_coordinators_word_is_taken_with_that_evidence():
+    """The coordinator said "Ongoing" with the group's __consumer_offsets partition (no AddOffsetsToTxn seen here):
+    the registry holds that partition, not the group, so only the right partition finds it."""
+    def setup(pb: Playbook) -> None:
+        pb.rules.offsets_partitions = 50
+        partition = (CONSUMER_OFFSETS, offsets_partition_for("g", 50))
+        pb.registry.coordinator_says_ongoing(TXN, PID, EPOCH, 1, {T0}, {partition}, pb.clock.wall_ms())
+
+    commit = txn_offset_commit(1)
+    taken, [[fact]], _, _ = _commit_both_ways(setup, [commit])
+    assert taken == [len(commit)] and fact[6][0][1].evidence.value == "cache"
+
+
+def test_a_txn_offset_commit_of_a_group_never_added_goes_to_the_general_path_which_asks():
+    taken, [facts], questions, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, group="h")])
+    assert taken == [0] and facts == ["PauseReading", "Ask"] and questions == ["VerifyPartitions"]
+
+
+def test_a_txn_offset_commit_of_a_fenced_epoch_goes_to_the_general_path_which_rejects_it():
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, epoch=EPOCH + 1)])
+    assert taken == [0] and facts == ["PauseReading", "Ask"]  # a newer epoch than known: asked
+
+    def bumped(pb: Playbook) -> None:
+        _evidence_for_group(pb)
+        pb.registry.init_producer_id(TXN, PID, EPOCH + 1, 60_000, pb.clock.wall_ms())
+
+    taken, [[decided, answered]], _, _ = _commit_both_ways(bumped, [txn_offset_commit(1)])
+    assert taken == [0] and answered == "AnsweredLocally"
+    assert [(r[2], r[3].name) for r in decided[6]] == [("rejected", "INVALID_PRODUCER_EPOCH")]  # java family
+
+
+def test_a_txn_offset_commit_before_the_offsets_partition_count_is_known_goes_to_the_general_path():
+    taken, [facts], questions, _ = _commit_both_ways(lambda pb: _evidence_for_group(pb, None), [txn_offset_commit(1)])
+    assert taken == [0] and facts == ["PauseReading", "Ask"] and questions == ["CountOffsetsPartitions"]
+
+
+def test_a_txn_offset_commit_the_policy_leaves_off_is_forwarded_unchecked_on_the_fast_path():
+    commit = txn_offset_commit(1)
+    taken, facts, _, fast = _commit_both_ways(_evidence_for_group, [commit, txn_offset_commit(2, group="h")],
+                                              [txn_offset_commit_response(1), txn_offset_commit_response(2)],
+                                              policy={"rules": [{"topic": "__consumer_offsets", "mode": "off"}]})
+    assert taken == [len(commit), len(commit)]  # no evidence needed: nothing is checked, nothing recorded
+    assert facts == [[], [], [], []]  # no decision, no window
+    assert fast.conn.inventory is not None and fast.conn.inventory.txn_offset_commit_versions == {3}
+
+
+def test_a_txn_offset_commit_in_monitor_mode_is_taken_and_recorded_in_that_mode():
+    commit = txn_offset_commit(1)
+    taken, [[fact]], _, _ = _commit_both_ways(_evidence_for_group, [commit],
+                                              policy={"rules": [{"topic": "__consumer_offsets", "mode": "monitor"}]})
+    assert taken == [len(commit)] and fact[7].value == "monitor"
+
+
+def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken(monkeypatch: Any):
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
+    assert taken == [0] and facts == []  # the general path forwards it unchecked
+    # Not only because the in-place reader stops at v4: v5 has v4's shape, and one that read it changes nothing.
+    read = core.read_txn_offset_commit
+
+    def reads_v5(body: Any, head: Any) -> Any:
+        return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)))
+
+    monkeypatch.setattr(core, "read_txn_offset_commit", reads_v5)
+    assert reads_v5(memoryview(txn_offset_commit(1, version=5))[4:], core.RequestHead(28, 5, 1)) is not None
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
+    assert taken == [0] and facts == []
+
+
+def test_a_txn_offset_commit_with_verification_off_is_not_taken():
+    def setup(pb: Playbook) -> None:
+        _evidence_for_group(pb)
+        pb.rules.enabled = False
+
+    taken, [facts], _, _ = _commit_both_ways(setup, [txn_offset_commit(1)])
+    assert taken == [0] and facts == []
+
+
+def test_a_truncated_txn_offset_commit_is_judged_by_the_general_path():
+    whole = txn_offset_commit(1)
+    for cut in (6, 20, len(whole) - 30, len(whole) - 1):
+        # The length prefix says what is there: a body that ends early, inside the header or the offsets.
+        broken = (cut - 4).to_bytes(4, "big") + whole[4:cut]
+        taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [broken])
+        assert taken == [0] and facts == ["Close"], cut
+
+
+def test_a_txn_offset_commit_with_a_lying_count_is_judged_by_the_general_path():
+    whole = bytearray(txn_offset_commit(1, version=2))
+    at = whole.rindex(b"\x00\x00\x00\x01\x00\x06orders")  # the topic count, then the topic's name
+    whole[at:at + 4] = (1 << 20).to_bytes(4, "big")
+    taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [bytes(whole)])
+    assert taken == [0] and facts == ["Close"]
+
+
+def test_a_txn_offset_commit_that_would_fill_the_queue_goes_to_the_general_path():
+    pb = Playbook(max_in_flight=2)
+    identified(pb)
+    _evidence_for_group(pb)
+    read = heartbeat(1) + txn_offset_commit(2)
+    assert pb.conn.relay_from_client(read) == len(heartbeat(1))
+    out = pb.conn.receive_from_client(memoryview(read)[len(heartbeat(1)):])
+    assert [type(c).__name__ for c in out] == ["Decided", "SendToBroker", "PauseReading"]
+
+
+class _TickingClock:
+    """Every perf() read a millisecond after the last, every cpu() read half of one: a timing measured over other
+    steps than the general path's (reading the request, looking the verdict up) shows. Wall time stands still."""
+
+    def __init__(self) -> None:
+        self.seconds, self.on_cpu = 1000.0, 0.0
+
+    def wall_ms(self) -> int:
+        return 1_000_000
+
+    def perf(self) -> float:
+        self.seconds += 0.001
+        return self.seconds
+
+    def cpu(self) -> float:
+        self.on_cpu += 0.0005
+        return self.on_cpu
+
+
+def test_a_txn_offset_commits_timings_are_taken_over_the_general_paths_steps():
+    timings = []
+    for fast in (True, False):
+        pb = Playbook()
+        pb.conn.clock = pb.clock = _TickingClock()  # type: ignore[assignment]
+        pb.conn._fast = fast
+        identified(pb)
+        _evidence_for_group(pb)
+        out = pb.client_sends(txn_offset_commit(1))
+        assert len(pb.conn.ledger.offsets) == (1 if fast else 0)
+        [fact] = _facts(out, pb.conn.ledger)
+        timings.append(tuple(round(t, 9) for t in fact[8:11]))  # inspection, verification, cpu (ms)
+    assert timings[0] == timings[1] == (1.0, 1.0, 0.5)

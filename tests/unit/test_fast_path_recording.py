@@ -24,9 +24,12 @@ from connection_playbook import (
     heartbeat_response,
     produce,
     produce_response,
+    txn_offset_commit,
+    txn_offset_commit_response,
 )
 from virtual_time import run
 
+from txnguard.codecs.groups import offsets_partition_for
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
@@ -38,6 +41,8 @@ from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 
 T2 = ("audit.events", 0)
+OFFSETS_PARTITIONS = 50
+NOT_ADDED_GROUP = ("__consumer_offsets", offsets_partition_for("h", OFFSETS_PARTITIONS))  # no AddOffsetsToTxn(h)
 
 
 class _Log:
@@ -59,6 +64,8 @@ class _Shell:
         self.guard = TransactionGuard(config, self.metrics, policy_from_config(policy), None, clock=clock)
         self.guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, clock.wall_ms())
         self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), partitions={T0, T1, T2})
+        self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), group="g")  # AddOffsetsToTxn(g) was answered
+        self.guard.rules.offsets_partitions = OFFSETS_PARTITIONS
         self.core = Connection(Settings(connection_id=1, listener="bootstrap", max_frame_bytes=1 << 20,
                                         pre_auth_max_frame_bytes=None, max_in_flight=100, partial_frame_timeout_s=30.0,
                                         idle_timeout_s=600.0, fast_path=fast),
@@ -69,10 +76,12 @@ class _Shell:
         self.asked: list[c.Ask] = []
         self.sent = {c.SendToBroker: b"", c.SendToClient: b""}  # every byte to each side
         self.booked = self.batches = 0  # fast reads that left something in the ledger; record_fast calls
+        self.offsets = 0  # offset commits the fast path booked
         record_fast = self.guard.record_fast
 
         def counted(ledger: Any) -> None:
             self.batches += 1
+            self.offsets += len(ledger.offsets)
             record_fast(ledger)
 
         self.guard.record_fast = counted  # type: ignore[method-assign]
@@ -140,14 +149,21 @@ def _traffic(shell: _Shell) -> None:
         parts = [[T0], [T0, T1], [T2], [T1, T2]][i % 4]
         requests = [produce(cid, parts, version=3 + i % 9), heartbeat(cid + 1)]
         answers = [produce_response(cid, parts, version=max(8, 3 + i % 9)), heartbeat_response(cid + 1)]
+        if i % 3 == 1:  # the group's offsets, between the write and the heartbeat (v0-v4 in turn)
+            requests.insert(1, txn_offset_commit(cid + 3, version=i % 5))
+            answers.insert(1, txn_offset_commit_response(cid + 3, version=i % 5))
+            cid += 1
         if i % 5 == 0:  # a partition never added: the verifier is asked (the general path, and a hold)
             requests.append(produce(cid + 2, [("orders", 9)]))
+        elif i % 10 == 7:  # a group never added: likewise
+            requests.append(txn_offset_commit(cid + 2, group="h"))
         shell.from_client(b"".join(requests))
         shell.from_broker(b"".join(answers))
-        if i % 5 == 0:  # the general path rejects what the verifier found (not in the transaction)
+        if i % 5 == 0 or i % 10 == 7:  # the general path rejects what the verifier found (not in the transaction)
             [ask] = shell.asked
             shell.asked = []
-            shell._execute(shell.core.answered(ask.check_id, PartitionVerdicts({("orders", 9): Verdict(
+            asked = ("orders", 9) if i % 5 == 0 else NOT_ADDED_GROUP
+            shell._execute(shell.core.answered(ask.check_id, PartitionVerdicts({asked: Verdict(
                 Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not added")})))
             cid += 1
         cid += 2
@@ -161,12 +177,19 @@ def test_the_fast_path_records_exactly_what_the_general_path_records(tmp_path: P
     assert fast.sent == general.sent
     assert fast.samples() == general.samples()
     assert fast.audit() == general.audit()  # each with its decision's time, though recorded later
+    assert fast.audit_path.read_bytes() == general.audit_path.read_bytes()  # and byte for byte
     assert fast.log.lines == general.log.lines
     passed = [r for r in general.audit() if r["kind"] == "decision" and r["decision"] == "forwarded"]
-    assert len(passed) == 15 * 3 and {r["mode"] for r in passed} == {"enforce", "monitor"}
+    commits = [r for r in passed if r["api"] == "txn_offset_commit"]
+    assert len(passed) == 15 * 3 + 10 and {r["mode"] for r in passed} == {"enforce", "monitor"}
+    assert [(r["target"], r["api_version"]) for r in commits] == [("group:g", i % 5) for i in range(1, 30, 3)]
     assert len({r["time_ms"] for r in passed}) == 30  # a millisecond a read: the times tell the writes apart
+    # Each offset commit's record follows its read's write's records (the order of the requests).
+    assert [r["api"] for r in general.audit()[:6]] == ["produce"] * 4 + ["txn_offset_commit", "produce"]
     assert [s for s in fast.samples() if s[0] == "txnguard_verification_window_ms_count"] == [
-        ("txnguard_verification_window_ms_count", (("evidence", "local"),), 30.0)]  # one per write answered
+        ("txnguard_verification_window_ms_count", (("evidence", "local"),), 40.0)]  # one per write answered
+    assert ("txnguard_inspection_time_ms_count", (("api", "txn_offset_commit"),), 13.0) in fast.samples()
+    assert fast.offsets == 10 and general.offsets == 0  # those with local evidence were checked in place
     # Recorded in batches, not once per fast read (how many reads the fast path takes here depends on what it
     # reads in place: 54 of the 60 reads with a Produce or its answer; a batch ends where the general path
     # takes a read, or at the timer).
@@ -185,6 +208,10 @@ def test_the_fast_path_takes_the_transactional_writes_it_can(tmp_path: Path) -> 
     answers = produce_response(1, [T0, T1]) + heartbeat_response(2)
     assert shell.core.relay_from_broker(answers) == len(answers)
     assert shell.core.ledger.windows == [("local", 0.0)]
+    read = produce(3, [T2]) + txn_offset_commit(4) + produce(5, [T0])
+    assert shell.core.relay_from_client(read) == len(read)
+    assert [p[5] for p in shell.core.ledger.passed] == [[T0, T1], [T2], [T0]]
+    assert [o[1:6] + o[12:] for o in shell.core.ledger.offsets] == [(TXN, PID, EPOCH, 3, "g", 2)]  # after [T2]
 
 
 def test_a_plain_histogram_exports_what_a_prometheus_client_histogram_does() -> None:
@@ -242,3 +269,51 @@ def test_observe_many_is_observe_of_each_value_in_turn() -> None:
     batched.observe_many(values[3:])
     assert (batched.counts, batched.sum) == (one_by_one.counts, one_by_one.sum)
     assert batched.counts == [4, 2, 1, 1] and sum(sorted(values)) != batched.sum  # the order matters here
+
+
+def test_record_fast_of_writes_and_offset_commits_is_record_of_their_decisions_in_order(tmp_path: Path) -> None:
+    """The ledger's tuples against the `Decision`s they stand for, with timings the fake clock never gives (every
+    value differs; near 1e16 the order of a histogram's additions shows: test_observe_many_is_...): both kinds
+    share the verification_time children, and each has its own inspection_time child (by its check's api)."""
+    from txnguard.codecs.produce import ProducePartition
+    from txnguard.connection.ledger import Ledger
+    from txnguard.policies.enforcement import Mode
+    from txnguard.verification.audit import ClientInfo
+    from txnguard.verification.checks import OffsetCommitWrite, ProduceWrite
+    from txnguard.verification.decisions import FORWARDED, Decision, RequestContext, VerdictRecord
+    from txnguard.verification.registry import _PASSED_FROM_CACHE, _PASSED_LOCALLY
+
+    client = ClientInfo("c\"1", "librdkafka", "2.3.0", "librdkafka", "bootstrap", 3)
+    frame = memoryview(b"\0\0\0\0")
+    # (kind, version, partitions or group, verdict, mode, inspection, elapsed, cpu, wall ms): in the order booked.
+    booked: list[tuple[str, int, Any, Verdict, Mode, float, float, float | None, int]] = [
+        ("produce", 9, [T0, T1], _PASSED_LOCALLY, Mode.ENFORCE, 0.25, 0.5, 0.0123456, 1_700_000_000_001),
+        ("offsets", 3, "g", _PASSED_LOCALLY, Mode.ENFORCE, 0.5, 1e16, None, 1_700_000_000_002),
+        ("offsets", 0, "g-\u00e9", _PASSED_FROM_CACHE, Mode.MONITOR, 0.75, 1.0, 3.0, 1_700_000_000_003),
+        ("produce", 11, [T2], _PASSED_LOCALLY, Mode.MONITOR, 0.125, 1.0, 1e-7, 1_700_000_000_004),
+        ("offsets", 4, "g", _PASSED_LOCALLY, Mode.ENFORCE, 12.5, 0.1, 0.00005, 1_700_000_000_005),
+    ]
+    fast, general = _Shell(tmp_path, "fast", True, {}), _Shell(tmp_path, "general", False, {})
+    ledger = Ledger()
+    for kind, version, what, v, mode, inspection, elapsed, cpu, wall_ms in booked:
+        if kind == "produce":
+            ledger.passed.append((client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu, wall_ms))
+            check: Any = ProduceWrite(tuple(ProducePartition(t, p, []) for t, p in what))
+            targets = [f"{t}-{p}" for t, p in what]
+        else:
+            ledger.offsets.append((client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu, wall_ms,
+                                   len(ledger.passed)))
+            check, targets = OffsetCommitWrite(what), [f"group:{what}"]
+        general.clock.seconds = wall_ms / 1000  # `record` stamps a record when it records it
+        ctx = RequestContext(check, version, TXN, PID, EPOCH, mode, frame, None, None, client,
+                             inspection_ms=inspection)
+        general.guard.record(Decision(forward=frame, context=ctx, records=[
+            VerdictRecord(t, v, FORWARDED, None, False) for t in targets], elapsed_ms=elapsed, cpu_ms=cpu), general.log)
+    fast.guard.record_fast(ledger)
+    fast.guard.audit.close()
+    general.guard.audit.close()
+    assert fast.audit_path.read_bytes() == general.audit_path.read_bytes()
+    assert [r["api"] for r in fast.audit()] == ["produce"] * 2 + ["txn_offset_commit"] * 2 + ["produce",
+                                                                                              "txn_offset_commit"]
+    assert fast.samples() == general.samples()
+    assert fast.log.lines == general.log.lines == []

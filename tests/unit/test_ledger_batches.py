@@ -25,7 +25,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from connection_playbook import EPOCH, PID, T0, TXN, FakeClock, FakeCluster, heartbeat, heartbeat_response, produce
+from connection_playbook import (
+    EPOCH,
+    PID,
+    T0,
+    TXN,
+    FakeClock,
+    FakeCluster,
+    heartbeat,
+    heartbeat_response,
+    produce,
+    txn_offset_commit,
+    txn_offset_commit_response,
+)
 from connection_playbook import produce_response as answer
 from virtual_time import run
 
@@ -96,14 +108,18 @@ class Gateway(FakeCluster):
         self.guard.verifier = Coordinator()  # type: ignore[assignment]
         self.guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, clock.wall_ms())
         self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), partitions={T0})
+        self.guard.registry.added(TXN, PID, EPOCH, clock.wall_ms(), group="g")  # AddOffsetsToTxn(g) answered
+        self.guard.rules.offsets_partitions = 50
         self.debug = False
         self.response_observer = None
         self.closed: list[Session] = []
         self.batches: list[tuple[float, int, int, int]] = []  # record_fast calls: (time, thread, passed, windows)
+        self.offsets: list[int] = []  # record_fast calls: how many offset commits each recorded
         record_fast = self.guard.record_fast
 
         def counted(ledger: Any) -> None:
             self.batches.append((clock.seconds, threading.get_ident(), len(ledger.passed), len(ledger.windows)))
+            self.offsets.append(len(ledger.offsets))
             record_fast(ledger)
 
         self.guard.record_fast = counted  # type: ignore[method-assign]
@@ -180,11 +196,25 @@ async def writes_with_loop_turns(session: Session, clock: FakeClock, first: int,
         await asyncio.sleep(0)
 
 
-async def rejected(session: Session, clock: FakeClock, cid: int) -> None:
+async def writes_and_commits_with_loop_turns(session: Session, clock: FakeClock, first: int, n: int) -> None:
+    """As `writes_with_loop_turns`, each write followed by a TxnOffsetCommit of the group (local evidence, v0-v4
+    in turn) in a read of its own, answered after it: a batch holds both kinds, interleaved."""
+    for cid in range(first, first + 2 * n, 2):
+        for request in (produce(cid, [T0]), txn_offset_commit(cid + 1, version=cid % 5)):
+            clock.seconds += 0.001
+            session.from_client(request)
+            await asyncio.sleep(0)
+        for response in (answer(cid, [T0]), txn_offset_commit_response(cid + 1, version=cid % 5)):
+            clock.seconds += 0.001
+            session.from_upstream(response)
+            await asyncio.sleep(0)
+
+
+async def rejected(session: Session, clock: FakeClock, cid: int, request: bytes | None = None) -> None:
     """client ──Produce(orders-9)──▶ the general path asks the coordinator ──▶ rejected, answered locally."""
     clock.seconds += 0.001
     before = len(session.client.data)  # type: ignore[union-attr]
-    session.from_client(produce(cid, [NOT_ADDED]))
+    session.from_client(produce(cid, [NOT_ADDED]) if request is None else request)
     while len(session.client.data) == before:  # type: ignore[union-attr]
         await asyncio.sleep(0)  # the question's task runs; no timer is due meanwhile
 
@@ -219,6 +249,59 @@ def test_n_fast_writes_then_a_rejection_record_what_recording_after_every_read_d
     # rejection's commands, one at the close.
     assert len(per_read.batches) == 2 * 23
     assert len(batched.batches) <= 2 * 23 // 4 and sum(b[2] for b in batched.batches) == 23
+
+
+def test_writes_and_offset_commits_in_batches_record_what_recording_after_every_read_did(tmp_path, clock,
+                                                                                       monkeypatch):
+    """The two kinds share a batch (and the verification_time children): recorded in the order booked."""
+    reference_clock = FakeClock()
+    batched, per_read = Gateway(tmp_path, "batched", clock), Gateway(tmp_path, "per-read", reference_clock)
+    per_read.guard.booked = per_read.guard.flush_ledger  # type: ignore[method-assign]  # the shell before
+
+    async def scenario(gateway: Gateway, c: FakeClock) -> None:
+        monkeypatch.setattr(session_module, "_ids", itertools.count(1))
+        session = connected(gateway)
+        await writes_and_commits_with_loop_turns(session, c, 1, 10)
+        await rejected(session, c, 21, txn_offset_commit(21, group="h"))  # never added: asked, rejected
+        await writes_and_commits_with_loop_turns(session, c, 22, 3)
+        session.close("client_closed")
+
+    run(scenario(batched, clock), clock)
+    monkeypatch.setattr(session_module, "_CLOCK", reference_clock)
+    run(scenario(per_read, reference_clock), reference_clock)
+
+    ours, theirs = batched.audit_path.read_bytes().splitlines(), per_read.audit_path.read_bytes().splitlines()
+    assert ours[:-1] == theirs[:-1]  # every decision's line, byte for byte
+    assert _without_wall_clock(ours[-1]) == _without_wall_clock(theirs[-1])
+    assert batched.samples() == per_read.samples()
+    kinds = [(r["kind"], r.get("api"), r.get("decision")) for r in batched.audit()]
+    both = [("decision", "produce", "forwarded"), ("decision", "txn_offset_commit", "forwarded")]
+    assert kinds == both * 10 + [("decision", "txn_offset_commit", "rejected")] + both * 3 + \
+        [("connection", None, None)]
+    assert batched.metric("txnguard_verifications_total", PASSES) == 26
+    assert batched.metric("txnguard_inspection_time_ms_count", {"api": "txn_offset_commit"}) == 14
+    assert sum(per_read.offsets) == sum(batched.offsets) == 13  # booked by the fast path, in batches here
+    assert len(batched.batches) < len(per_read.batches) // 4
+
+
+def test_an_offset_commit_alone_in_the_ledger_is_recorded_by_the_timer(tmp_path, clock):
+    """A fast read that booked nothing but an offset commit arms the guard's timer (proxy/session.py)."""
+    gateway = Gateway(tmp_path, "commit", clock)
+
+    async def scenario() -> float:
+        session = connected(gateway)
+        clock.seconds += 0.001
+        session.from_client(txn_offset_commit(1))
+        booked_at = clock.seconds
+        assert gateway.batches == []
+        await asyncio.sleep(1)  # no answer, no traffic: the guard's timer
+        return booked_at
+
+    booked_at = run(scenario(), clock)
+    [(at, _, passed, windows)] = gateway.batches
+    assert (passed, windows, gateway.offsets) == (0, 0, [1]) and at == pytest.approx(booked_at + LEDGER_DELAY_S)
+    [record] = gateway.audit()
+    assert (record["api"], record["target"], record["decision"]) == ("txn_offset_commit", "group:g", "forwarded")
 
 
 def _without_wall_clock(line: bytes) -> dict[str, Any]:

@@ -31,7 +31,9 @@ from txnguard.codecs import addresses, api_versions, node_endpoints, schemas
 from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
+from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
+from txnguard.codecs.lifecycle_scan import read_txn_offset_commit
 from txnguard.codecs.produce import merged_produce_response
 from txnguard.codecs.produce_scan import scan_transactional
 from txnguard.codecs.synthesis import api_versions_unsupported
@@ -94,8 +96,8 @@ _OPENS_TRANSACTION = frozenset({ApiKey.ADD_PARTITIONS_TO_TXN.value, ApiKey.ADD_O
 # The relay's fast path (`relay_from_client`) books a frame without the general path's helpers only
 # when nothing about it needs reading: these keys take the general path (a rule reads their response
 # or body, the client's software name, or the inventory notes them), except the life-cycle requests
-# it reads in place (_OBSERVED_FAST); so does a Produce with a transactional id and no local evidence,
-# or of a version the pinned kio cannot name.
+# it reads in place (_OBSERVED_FAST) and a TxnOffsetCommit with local evidence; so does a Produce with
+# a transactional id and no local evidence, or of a version the pinned kio cannot name.
 SLOW_KEYS = frozenset({*ACTION_BY_KEY, _API_VERSIONS, _TXN_OFFSET_COMMIT, _SASL_HANDSHAKE})
 _PRODUCE_KIO = schemas.kio_version_range(_PRODUCE)
 FAST_PRODUCE_VERSIONS = range(3, (_PRODUCE_KIO[1] if _PRODUCE_KIO else 2) + 1)
@@ -255,12 +257,15 @@ class Connection:
 
         A frame qualifies when its length is within the limit, all of it is here, it would not fill
         the in-flight queue (the general path pauses reading then), and its key is not in SLOW_KEYS,
-        with two kinds read in place instead: a transactional Produce whose partitions all have
-        local evidence, and the life-cycle requests (InitProducerId, AddPartitionsToTxn,
+        with three kinds read in place instead: a transactional Produce whose partitions all have
+        local evidence; a TxnOffsetCommit (v0-v4) whose group has local evidence and passes at once
+        (the __consumer_offsets partition count known; the policy's mode off: forwarded unchecked,
+        as the general path does); and the life-cycle requests (InitProducerId, AddPartitionsToTxn,
         AddOffsetsToTxn, EndTxn) the in-place reader reads, unless the coordinator-timeout check
         or the EndTxn defence's hold wants them. Such a frame gets exactly the general path's
-        book-keeping (counters, the in-flight entry, the inventory, the registry, acks=0 outside
-        the queue), read straight from the bytes.
+        book-keeping (counters, the in-flight entry with its check-to-append window, the inventory,
+        the registry, acks=0 outside the queue, and in the ledger what a checked write's `Decided`
+        would have recorded), read straight from the bytes.
         At the first frame that does not qualify the general path takes over (and judges it:
         errors are raised there).
         """
@@ -286,6 +291,55 @@ class Connection:
             if size < 10 or size > limit or stop > end:
                 break
             if key in SLOW_KEYS:
+                if key == _TXN_OFFSET_COMMIT:
+                    # A TxnOffsetCommit the rules check (v0-v4) whose group has local evidence is checked here, as
+                    # `rules.check_txn_offset_commit` would pass it at once (a plain forward, no log line), and books
+                    # what its `Decided` would have (the ledger's offsets); one the policy leaves off is forwarded
+                    # unchecked, as there. Anything else (no evidence, a verdict that fails, the offsets partition
+                    # count not known yet, a shape the in-place reader does not read): the general path.
+                    if room <= 0 or version < 0 or not rules.wants(key, version):
+                        break
+                    if view is None:
+                        view = memoryview(data)
+                    body = view[pos + 4:stop]
+                    head = RequestHead(key, version, correlation_id)
+                    parsing = clock.perf()
+                    commit = read_txn_offset_commit(body, head)
+                    if commit is None:
+                        break
+                    started = clock.perf()
+                    on_cpu = clock.cpu() if rules.measures_cpu else 0.0
+                    txn_id = commit.transactional_id
+                    mode = rules.policy.mode_for(txn_id, CONSUMER_OFFSETS)
+                    entry = InFlight(correlation_id, key, version, _PASS, now)
+                    if mode is not _OFF:
+                        count = rules.offsets_partitions
+                        if count is None:
+                            break  # the general path asks for it first
+                        group, producer_id, epoch = commit.group_id, commit.producer_id, commit.producer_epoch
+                        wall_ms = clock.wall_ms()
+                        verdict = rules.registry.local_verdict(
+                            txn_id, producer_id, epoch, (CONSUMER_OFFSETS, offsets_partition_for(group, count)),
+                            wall_ms, group=group)
+                        if verdict is None or not verdict.passed:
+                            break
+                        decided = clock.perf()
+                        ledger = self.ledger
+                        ledger.offsets.append((
+                            self.client_info(), txn_id, producer_id, epoch, version, group, verdict, mode,
+                            (started - parsing) * 1000, (decided - started) * 1000,
+                            (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms,
+                            len(ledger.passed)))
+                        entry.evidence, entry.evidence_at = verdict.evidence.value, decided
+                    room -= 1
+                    frames_in[key] += 1
+                    bytes_in[key] += 4 + size
+                    if inventory is not None:
+                        inventory.request(head, body)
+                    order.append(entry)
+                    forwarded.append(entry)
+                    pos = stop
+                    continue
                 # A life-cycle request read in place and observed as the general path would (what its answer
                 # teaches the registry, the EndTxn in doubt); anything else of SLOW_KEYS, a request the in-place
                 # reader does not read, the coordinator-timeout check and the EndTxn defence's hold: the general path.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, assert_never
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
-from txnguard.connection.ledger import Ledger, Passed
+from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.policies.enforcement import Mode
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
@@ -249,7 +249,7 @@ class TransactionGuard:
         """A read on the relay's fast path left something in `ledger`: recorded now past LEDGER_BOUND
         entries, else by a timer armed when the ledger went from empty to not (at most LEDGER_DELAY_S)."""
         ledger = self.ledger
-        if len(ledger.passed) + len(ledger.windows) >= LEDGER_BOUND:
+        if len(ledger.passed) + len(ledger.offsets) + len(ledger.windows) >= LEDGER_BOUND:
             self.flush_ledger()
         elif self._ledger_timer is None:
             # An armed timer is left armed when something else flushes: it then fires early, which only
@@ -265,14 +265,14 @@ class TransactionGuard:
     def flush_ledger(self) -> None:
         """Record what the ledger holds (on the event loop's thread, or with no loop running)."""
         ledger = self.ledger
-        if ledger.passed or ledger.windows:
+        if ledger.passed or ledger.windows or ledger.offsets:
             self.record_fast(ledger)
 
     def settle_ledger(self) -> None:
         """Before the metrics are read, from any thread: the ledger is recorded on the loop's thread (the
         reader waits for it; at most _SETTLE_WAIT_S if the loop is stuck), or here when no loop runs."""
         ledger = self.ledger
-        if not (ledger.passed or ledger.windows):
+        if not (ledger.passed or ledger.windows or ledger.offsets):
             return
         loop = self._ledger_loop
         try:
@@ -479,15 +479,19 @@ class TransactionGuard:
     def record_fast(self, ledger: Ledger) -> None:
         """What a connection core's ledger holds (connection/ledger.py): exactly what `record` does for the
         `Decided` of a write passed on local evidence (no failed partition: no log line), and the windows.
+        A batch with TxnOffsetCommits in it is recorded in the order booked (`_record_mixed`); one of
+        transactional Produces alone, the hot case, as below.
 
         Once per batch, not per write: each metric child is looked up once; each histogram child observes
         its values in the order they were booked (`observe_many`: the same counts and the same float sum);
         the verifications counter gets one `inc` per label set, the sum of the per-write increments (whole
         numbers: exact); the audit lines, each with its decision's time, reach the file in one write."""
-        passed, windows = ledger.take()
+        passed, offsets, windows = ledger.take()
         m = self.metrics
         child = m.child
-        if passed:
+        if offsets:
+            self._record_mixed(passed, offsets)
+        elif passed:
             inspections: list[float] = []
             timings: dict[str, list[float]] = {}  # by evidence, in the order booked
             counts: dict[tuple[str, str], int] = {}
@@ -515,6 +519,65 @@ class TransactionGuard:
                 self.audit.write_texts(self._passed_lines(passed))
         if windows:
             self._record_windows(windows)
+
+    def _record_mixed(self, passed: list[Passed], offsets: list[PassedOffsets]) -> None:
+        """A batch of Produces and TxnOffsetCommits passed on local evidence, as `record` of their `Decided`s in
+        the order booked: each kind's inspection_time child (by its check's api) observes its own values; a
+        verification_time child (by evidence: both kinds share them) observes them in the order booked, as do
+        the audit lines. Each offset commit carries its place among the Produces (connection/ledger.py)."""
+        m = self.metrics
+        child = m.child
+        produce_inspections: list[float] = []
+        offset_inspections: list[float] = []
+        timings: dict[str, list[float]] = {}  # by evidence, in the order booked
+        counts: dict[tuple[str, str], int] = {}
+        audit = self.audit.enabled
+        lines: list[tuple[str, str | None]] = []
+        done = 0
+        for offset in [*offsets, None]:
+            upto = len(passed) if offset is None else offset[12]
+            for _, _, _, _, _, partitions, v, _, inspection_ms, elapsed_ms, _, _ in passed[done:upto]:
+                produce_inspections.append(inspection_ms)
+                label = (v.evidence.value, v.outcome.value)
+                timings.setdefault(label[0], []).extend([elapsed_ms] * len(partitions))
+                counts[label] = counts.get(label, 0) + len(partitions)
+            if audit and upto > done:
+                lines += self._passed_lines(passed[done:upto])
+            done = upto
+            if offset is None:
+                break
+            _, _, _, _, _, _, v, _, inspection_ms, elapsed_ms, _, _, _ = offset
+            offset_inspections.append(inspection_ms)
+            label = (v.evidence.value, v.outcome.value)
+            timings.setdefault(label[0], []).append(elapsed_ms)
+            counts[label] = counts.get(label, 0) + 1
+            if audit:
+                lines.append(self._offsets_line(offset))
+        if produce_inspections:
+            child(m.inspection_time, ProduceWrite.api).observe_many(produce_inspections)
+        child(m.inspection_time, OffsetCommitWrite.api).observe_many(offset_inspections)
+        for evidence, values in timings.items():
+            child(m.verification_time, evidence).observe_many(values)
+        for (evidence, outcome), n in counts.items():
+            child(m.verifications, evidence, outcome, FORWARDED).inc(n)
+        if lines:
+            self.audit.write_texts(lines)
+
+    def _offsets_line(self, offset: PassedOffsets) -> tuple[str, str | None]:
+        """The audit record of a TxnOffsetCommit passed on local evidence: (text, key) as `write` makes them."""
+        client, txn_id, pid, epoch, version, group, v, mode, _, elapsed_ms, cpu_ms, time_ms, _ = offset
+        proxy_id = self.audit.proxy_id
+        templates = self._passed_templates
+        key = ("group", id(client), txn_id, pid, epoch, version, group, id(v), mode, proxy_id)  # never a Produce's
+        found = templates.get(key)
+        if found is None or found[0] is not client or found[1] is not v:
+            if len(templates) >= _TEMPLATES:
+                templates.clear()
+            found = templates[key] = (client, v, _passed_template(
+                client, txn_id, pid, epoch, version, f"group:{group}", v, mode, proxy_id, OffsetCommitWrite.api))
+        a, b, c, d = found[2]
+        cpu = "null" if cpu_ms is None else repr(round(cpu_ms, 4))
+        return f"{a}{time_ms}{b}{round(elapsed_ms, 4)!r}{c}{cpu}{d}", txn_id
 
     def _record_windows(self, windows: list[tuple[str, float]]) -> None:
         """Check-to-append windows: each evidence's histogram child observes its own in the order booked."""
@@ -601,12 +664,12 @@ _HOLES = ("\x00time", "\x00latency", "\x00cpu")
 
 
 def _passed_template(client: ClientInfo, txn_id: str, pid: int, epoch: int, version: int, target: str, v: Verdict,
-                     mode: Mode, proxy_id: str) -> tuple[str, str, str, str]:
-    """The audit record of a passed Produce partition as `AuditLog.write` serialises it, cut where the time,
-    the latency and the CPU time go (the rest is the same for every write of this producer to this partition):
-    json.dumps writes an int as str() and a float as repr()."""
+                     mode: Mode, proxy_id: str, api: str = ProduceWrite.api) -> tuple[str, str, str, str]:
+    """The audit record of a passed Produce partition (or TxnOffsetCommit: `api`, target the group) as
+    `AuditLog.write` serialises it, cut where the time, the latency and the CPU time go (the rest is the same
+    for every write of this producer to this partition): json.dumps writes an int as str() and a float as repr()."""
     record = audit_record(time_ms=0, transactional_id=txn_id, producer_id=pid, producer_epoch=epoch,
-                          api=ProduceWrite.api, api_version=version, target=target, verdict=v, decision=FORWARDED,
+                          api=api, api_version=version, target=target, verdict=v, decision=FORWARDED,
                           error_sent=None, error_name=None, latency_ms=0.0, cpu_ms=None, mode=mode.value,
                           proxy_id=proxy_id, client=client)
     record["time_ms"], record["latency_ms"], record["cpu_ms"] = _HOLES

@@ -311,7 +311,7 @@ class Session:
         if done == len(data):
             upstream.write(data)
             ledger = core.ledger
-            if ledger.passed or ledger.windows:
+            if ledger.passed or ledger.windows or ledger.offsets:
                 self.guard.booked()  # recorded in a batch, before anything can tell (guard.py)
         else:
             self._execute(core.receive_from_client(data, done))
