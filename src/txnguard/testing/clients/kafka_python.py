@@ -252,16 +252,24 @@ class KafkaPythonClient:
 
 class KafkaPythonGroupMember(GroupMember):
     name = "kafka-python"
+    JOIN_METADATA_S = 30.0
 
     def _consume(self) -> None:
         from kafka import KafkaConsumer
 
         consumer = KafkaConsumer(
-            self.topic, bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
+            bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
             auto_offset_reset="earliest", enable_auto_commit=True, auto_commit_interval_ms=self.AUTO_COMMIT_MS,
             session_timeout_ms=self.SESSION_TIMEOUT_MS, heartbeat_interval_ms=self.HEARTBEAT_MS,
         )
         try:
+            # The topic's partitions known before joining: a kafka-python 3.0.12 leader whose own metadata does
+            # not list them yet when the group forms assigns nothing ("No partition metadata for topic") and, in
+            # a gate run, did not rejoin within 45 s (a client race; the topic was already known to every broker).
+            deadline = time.monotonic() + self.JOIN_METADATA_S
+            while not consumer.partitions_for_topic(self.topic) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            consumer.subscribe([self.topic])
             while not self._stopping.is_set():
                 polled = consumer.poll(timeout_ms=int(self.POLL_S * 1000))
                 self._seen((tp.partition for tp in consumer.assignment()),
