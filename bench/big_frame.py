@@ -268,6 +268,16 @@ class Sender:
 # -- the proxy under instruments (--probe) ---------------------------------------------------------------
 
 
+def _schedstat() -> tuple[float, float]:
+    """The calling thread's (seconds on a CPU, seconds runnable but waiting for one), from the scheduler."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
 def proxy_main(argv: list[str], events_path: str) -> int:
     """`txnguard run` with probes writing JSON lines: loop lag, slow relay callbacks, slow collections."""
     import asyncio
@@ -310,11 +320,13 @@ def proxy_main(argv: list[str], events_path: str) -> int:
 
     async def heartbeat() -> None:
         while True:
-            before = time.monotonic()
+            before, (cpu0, wait0) = time.monotonic(), _schedstat()
             await asyncio.sleep(0.001)
-            end = time.monotonic()
+            end, (cpu1, wait1) = time.monotonic(), _schedstat()
             if end - before - 0.001 > PROBE_LAG_S:
-                event("loop_lag", end, end - before - 0.001)
+                # Lag is either the loop's own work (on a CPU: a callback, or uvloop's I/O in C between them)
+                # or the machine's: the thread runnable while other processes hold both CPUs.
+                event("loop_lag", end, end - before - 0.001, on_cpu=cpu1 - cpu0, runqueue=wait1 - wait0)
 
     serve = proxy_main_module.serve
 
@@ -456,12 +468,17 @@ def print_probe(arms: list[Arm], events: list[dict[str, Any]]) -> None:
             for e in inside:
                 kinds.setdefault(e["kind"], []).append(e["s"])
             summary = ", ".join(f"{k} n={len(v)} max={ms(max(v))} sum={ms(sum(v))}" for k, v in sorted(kinds.items()))
+            lags = [e for e in inside if e["kind"] == "loop_lag" and "on_cpu" in e]
+            if lags:
+                summary += (f" (the loop thread during its lags: on a CPU {ms(sum(e['on_cpu'] for e in lags))} ms, "
+                            f"runnable and waiting for a CPU {ms(sum(e['runqueue'] for e in lags))} ms)")
             print(f"  {arm.name} frame {i} ({b - a:.2f} s): {summary or 'nothing'}")
         print(f"  {arm.name}: the neighbour's 5 slowest round trips with the big frame, and what overlapped them:")
         for start, took, window in sorted(arm.slow, key=lambda x: -x[1])[:5]:
             a = arm.windows[window][0]
             overlapping = [e for e in events if start <= e["end"] and e["end"] - e["s"] <= start + took]
             desc = "; ".join(f"{e['kind']} {ms(e['s'])} ms" + (f" {e.get('what')}" if e.get("what") else "")
+                             + (f" (on CPU {ms(e['on_cpu'])}, waiting {ms(e['runqueue'])})" if "on_cpu" in e else "")
                              + (f" {e.get('bytes')} B" if e.get("bytes") else "")
                              for e in sorted(overlapping, key=lambda e: -e["s"])[:4])
             print(f"    +{(start - a) * 1000:7.1f} ms into frame {window}: {ms(took)} ms <- {desc or 'no event seen'}")

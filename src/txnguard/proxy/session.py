@@ -86,6 +86,11 @@ class Host(Cluster, Protocol):
     def session_closed(self, session: Session) -> None: ...
 
 
+# uvloop reads at most 256,000 bytes at a time (asyncio 256 KiB): a read that long means more is waiting.
+FULL_READ = 256_000
+FAIR_SHARE = "fair_share"  # a pause cause: a connection with more to read lets the others go first
+
+
 class ClientProtocol(asyncio.Protocol):
     """asyncio glue: hands every event of the client socket to its Session."""
 
@@ -300,9 +305,16 @@ class Session:
     def from_client(self, data: bytes) -> None:
         upstream = self.upstream
         if upstream is None:
-            # Reading is paused until the broker connection is up, but a transport may deliver
-            # what it had already read. Keep it unexamined: decisions need the connection.
+            # Reading is paused until the broker connection is up, but uvloop starts reading once
+            # `connection_made` returns, whatever it paused there: this read pauses it again, so one read
+            # at most waits here (without it a client could fill memory while the broker connection is
+            # slow to come, and the whole of it was then relayed in one call: a 25 MB, 43 ms stall of
+            # every other connection measured by bench/big_frame.py). Kept unexamined: decisions need the
+            # connection.
             self._early.append(data)
+            client = self.client
+            if client is not None and not client.is_closing():
+                client.pause_reading()
             return
         # The relay's common case: every frame of the read needs no reading, and the read leaves as
         # one write, with no command objects in between.
@@ -315,6 +327,8 @@ class Session:
                 self.guard.booked()  # recorded in a batch, before anything can tell (guard.py)
         else:
             self._execute(core.receive_from_client(data, done))
+        if len(data) >= FULL_READ:
+            self._take_turns(c.Side.CLIENT)
 
     def from_upstream(self, data: bytes) -> None:
         core = self.core
@@ -329,6 +343,19 @@ class Session:
                 self.guard.booked()
         else:
             self._execute(core.receive_from_broker(data, done))
+        if len(data) >= FULL_READ:
+            self._take_turns(c.Side.BROKER)
+
+    def _take_turns(self, side: c.Side) -> None:
+        """A full read: more is waiting on this socket, and libuv would go on reading it, up to 32 reads
+        (8 MB) in one turn of the loop, before any other connection is served. Paused until the loop's next
+        turn, every other ready connection goes first. A 100 MiB Produce passing cost its neighbours 8-20 ms
+        pauses of the loop without this (bench/big_frame.py; pausing every fourth read instead measured
+        worse for the neighbour, and no CPU per MiB difference showed at saturation)."""
+        if FAIR_SHARE in self._paused[side] or self.closed:
+            return
+        self.pause_reading(side, FAIR_SHARE)
+        asyncio.get_running_loop().call_soon(self.resume_reading, side, FAIR_SHARE)
 
     def _execute(self, commands: list[c.Command]) -> None:
         """Record what the cores booked in the ledger (it happened before these commands), then run them."""
@@ -465,7 +492,7 @@ class Session:
         started = causes.pop(cause, None)
         if started is None:
             return
-        if cause != "connecting":
+        if cause != "connecting" and cause != FAIR_SHARE:  # neither is back-pressure
             self.metrics.paused_seconds.labels(side.value).inc(time.monotonic() - started)
         transport = self._transport(side)
         if not causes and transport is not None and not transport.is_closing():
