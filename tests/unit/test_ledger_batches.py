@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -219,7 +219,13 @@ async def rejected(session: Session, clock: FakeClock, cid: int, request: bytes 
         await asyncio.sleep(0)  # the question's task runs; no timer is due meanwhile
 
 
-def test_n_fast_writes_then_a_rejection_record_what_recording_after_every_read_did(tmp_path, clock, monkeypatch):
+Scenario = Callable[[Session, FakeClock], Awaitable[None]]
+
+
+def batched_and_per_read(tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+                         steps: Scenario) -> tuple[Gateway, Gateway]:
+    """The same client conversation played through a gateway recording in batches and through one recording
+    after every read (the shell before), each on its own fake clock; the connection closed at the end."""
     reference_clock = FakeClock()
     batched, per_read = Gateway(tmp_path, "batched", clock), Gateway(tmp_path, "per-read", reference_clock)
     per_read.guard.booked = per_read.guard.flush_ledger  # type: ignore[method-assign]  # the shell before
@@ -227,14 +233,22 @@ def test_n_fast_writes_then_a_rejection_record_what_recording_after_every_read_d
     async def scenario(gateway: Gateway, c: FakeClock) -> None:
         monkeypatch.setattr(session_module, "_ids", itertools.count(1))  # both connections are number 1
         session = connected(gateway)
-        await writes_with_loop_turns(session, c, 1, 20)
-        await rejected(session, c, 21)
-        await writes_with_loop_turns(session, c, 22, 3)
+        await steps(session, c)
         session.close("client_closed")
 
     run(scenario(batched, clock), clock)
     monkeypatch.setattr(session_module, "_CLOCK", reference_clock)
     run(scenario(per_read, reference_clock), reference_clock)
+    return batched, per_read
+
+
+def test_n_fast_writes_then_a_rejection_record_what_recording_after_every_read_did(tmp_path, clock, monkeypatch):
+    async def steps(session: Session, c: FakeClock) -> None:
+        await writes_with_loop_turns(session, c, 1, 20)
+        await rejected(session, c, 21)
+        await writes_with_loop_turns(session, c, 22, 3)
+
+    batched, per_read = batched_and_per_read(tmp_path, clock, monkeypatch, steps)
 
     ours, theirs = batched.audit_path.read_bytes().splitlines(), per_read.audit_path.read_bytes().splitlines()
     assert ours[:-1] == theirs[:-1]  # every decision's line, byte for byte
@@ -254,21 +268,12 @@ def test_n_fast_writes_then_a_rejection_record_what_recording_after_every_read_d
 def test_writes_and_offset_commits_in_batches_record_what_recording_after_every_read_did(tmp_path, clock,
                                                                                        monkeypatch):
     """The two kinds share a batch (and the verification_time children): recorded in the order booked."""
-    reference_clock = FakeClock()
-    batched, per_read = Gateway(tmp_path, "batched", clock), Gateway(tmp_path, "per-read", reference_clock)
-    per_read.guard.booked = per_read.guard.flush_ledger  # type: ignore[method-assign]  # the shell before
-
-    async def scenario(gateway: Gateway, c: FakeClock) -> None:
-        monkeypatch.setattr(session_module, "_ids", itertools.count(1))
-        session = connected(gateway)
+    async def steps(session: Session, c: FakeClock) -> None:
         await writes_and_commits_with_loop_turns(session, c, 1, 10)
         await rejected(session, c, 21, txn_offset_commit(21, group="h"))  # never added: asked, rejected
         await writes_and_commits_with_loop_turns(session, c, 22, 3)
-        session.close("client_closed")
 
-    run(scenario(batched, clock), clock)
-    monkeypatch.setattr(session_module, "_CLOCK", reference_clock)
-    run(scenario(per_read, reference_clock), reference_clock)
+    batched, per_read = batched_and_per_read(tmp_path, clock, monkeypatch, steps)
 
     ours, theirs = batched.audit_path.read_bytes().splitlines(), per_read.audit_path.read_bytes().splitlines()
     assert ours[:-1] == theirs[:-1]  # every decision's line, byte for byte

@@ -23,9 +23,11 @@ class StandInProducer:
         self.behaviour = behaviour
         self.release = threading.Event()
         self.calls: list[float] = []
+        self.threads: list[threading.Thread] = []
 
     def send_offsets_to_transaction(self, _offsets: Any, _metadata: Any, timeout: float) -> None:
         self.calls.append(timeout)
+        self.threads.append(threading.current_thread())
         if self.behaviour == "blocks":
             self.release.wait(10)
         elif self.behaviour == "raises":
@@ -45,6 +47,7 @@ def test_a_call_that_returns_in_time_is_not_watched_further() -> None:
 
     assert loop._send_offsets([], None) is True
     assert producer.calls == [0.05]  # its own timeout: the loop's, at most SEND_OFFSETS_TIMEOUT_S
+    assert producer.threads != [threading.current_thread()]  # on a thread of its own, watched
     assert loop.timeline == []
 
 
@@ -73,7 +76,7 @@ def test_unwatched_the_call_runs_on_the_loops_thread_with_the_loops_timeout() ->
     loop.timeout_s = 300.0
 
     assert loop._send_offsets([], None) is True
-    assert producer.calls == [300.0]
+    assert producer.calls == [300.0] and producer.threads == [threading.current_thread()]
 
 
 def test_past_the_limit_of_abandoned_producers_the_copy_gives_up() -> None:

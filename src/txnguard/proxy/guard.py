@@ -249,7 +249,7 @@ class TransactionGuard:
         """A read on the relay's fast path left something in `ledger`: recorded now past LEDGER_BOUND
         entries, else by a timer armed when the ledger went from empty to not (at most LEDGER_DELAY_S)."""
         ledger = self.ledger
-        if len(ledger.passed) + len(ledger.offsets) + len(ledger.windows) >= LEDGER_BOUND:
+        if len(ledger) >= LEDGER_BOUND:
             self.flush_ledger()
         elif self._ledger_timer is None:
             # An armed timer is left armed when something else flushes: it then fires early, which only
@@ -479,70 +479,53 @@ class TransactionGuard:
     def record_fast(self, ledger: Ledger) -> None:
         """What a connection core's ledger holds (connection/ledger.py): exactly what `record` does for the
         `Decided` of a write passed on local evidence (no failed partition: no log line), and the windows.
-        A batch with TxnOffsetCommits in it is recorded in the order booked (`_record_mixed`); one of
-        transactional Produces alone, the hot case, as below.
+        Produces and TxnOffsetCommits are recorded in the order booked (`_record_passed`).
 
         Once per batch, not per write: each metric child is looked up once; each histogram child observes
         its values in the order they were booked (`observe_many`: the same counts and the same float sum);
         the verifications counter gets one `inc` per label set, the sum of the per-write increments (whole
         numbers: exact); the audit lines, each with its decision's time, reach the file in one write."""
         passed, offsets, windows = ledger.take()
-        m = self.metrics
-        child = m.child
-        if offsets:
-            self._record_mixed(passed, offsets)
-        elif passed:
-            inspections: list[float] = []
-            timings: dict[str, list[float]] = {}  # by evidence, in the order booked
-            counts: dict[tuple[str, str], int] = {}
-            labels: dict[int, tuple[str, str]] = {}  # a verdict's (evidence, outcome): verdicts are shared
-            for _, _, _, _, _, partitions, v, _, inspection_ms, elapsed_ms, _, _ in passed:
-                inspections.append(inspection_ms)
-                label = labels.get(id(v))
-                if label is None:
-                    label = labels[id(v)] = (v.evidence.value, v.outcome.value)
-                n = len(partitions)
-                timing = timings.get(label[0])
-                if timing is None:
-                    timing = timings[label[0]] = []
-                if n == 1:
-                    timing.append(elapsed_ms)
-                else:
-                    timing.extend([elapsed_ms] * n)
-                counts[label] = counts.get(label, 0) + n
-            child(m.inspection_time, ProduceWrite.api).observe_many(inspections)
-            for evidence, values in timings.items():
-                child(m.verification_time, evidence).observe_many(values)
-            for (evidence, outcome), n in counts.items():
-                child(m.verifications, evidence, outcome, FORWARDED).inc(n)
-            if self.audit.enabled:
-                self.audit.write_texts(self._passed_lines(passed))
+        if passed or offsets:
+            self._record_passed(passed, offsets)
         if windows:
             self._record_windows(windows)
 
-    def _record_mixed(self, passed: list[Passed], offsets: list[PassedOffsets]) -> None:
-        """A batch of Produces and TxnOffsetCommits passed on local evidence, as `record` of their `Decided`s in
-        the order booked: each kind's inspection_time child (by its check's api) observes its own values; a
+    def _record_windows(self, windows: list[tuple[str, float]]) -> None:
+        """Check-to-append windows: each evidence's histogram child observes its own in the order booked."""
+        by_evidence: dict[str, list[float]] = {}
+        for evidence, window_ms in windows:
+            found = by_evidence.get(evidence)
+            if found is None:
+                found = by_evidence[evidence] = []
+            found.append(window_ms)
+        m = self.metrics
+        for evidence, values in by_evidence.items():
+            m.child(m.verification_window, evidence).observe_many(values)
+
+    def _record_passed(self, passed: list[Passed], offsets: list[PassedOffsets]) -> None:
+        """Produces and TxnOffsetCommits passed on local evidence, as `record` of their `Decided`s in the order
+        booked: each kind's inspection_time child (by its check's api) observes its own values; a
         verification_time child (by evidence: both kinds share them) observes them in the order booked, as do
-        the audit lines. Each offset commit carries its place among the Produces (connection/ledger.py)."""
+        the audit lines. Each offset commit carries its place among the Produces (connection/ledger.py); a batch
+        of Produces alone (the hot case) is one run of them."""
         m = self.metrics
         child = m.child
         produce_inspections: list[float] = []
         offset_inspections: list[float] = []
         timings: dict[str, list[float]] = {}  # by evidence, in the order booked
         counts: dict[tuple[str, str], int] = {}
+        labels: dict[int, tuple[str, str]] = {}  # a verdict's (evidence, outcome): verdicts are shared
         audit = self.audit.enabled
         lines: list[tuple[str, str | None]] = []
         done = 0
         for offset in [*offsets, None]:
             upto = len(passed) if offset is None else offset[12]
-            for _, _, _, _, _, partitions, v, _, inspection_ms, elapsed_ms, _, _ in passed[done:upto]:
-                produce_inspections.append(inspection_ms)
-                label = (v.evidence.value, v.outcome.value)
-                timings.setdefault(label[0], []).extend([elapsed_ms] * len(partitions))
-                counts[label] = counts.get(label, 0) + len(partitions)
-            if audit and upto > done:
-                lines += self._passed_lines(passed[done:upto])
+            if upto > done:
+                run = passed[done:upto] if done or upto < len(passed) else passed  # Produces alone: no copy
+                _tally(run, produce_inspections, timings, counts, labels)
+                if audit:
+                    lines += self._passed_lines(run)
             done = upto
             if offset is None:
                 break
@@ -555,7 +538,8 @@ class TransactionGuard:
                 lines.append(self._offsets_line(offset))
         if produce_inspections:
             child(m.inspection_time, ProduceWrite.api).observe_many(produce_inspections)
-        child(m.inspection_time, OffsetCommitWrite.api).observe_many(offset_inspections)
+        if offset_inspections:
+            child(m.inspection_time, OffsetCommitWrite.api).observe_many(offset_inspections)
         for evidence, values in timings.items():
             child(m.verification_time, evidence).observe_many(values)
         for (evidence, outcome), n in counts.items():
@@ -578,18 +562,6 @@ class TransactionGuard:
         a, b, c, d = found[2]
         cpu = "null" if cpu_ms is None else repr(round(cpu_ms, 4))
         return f"{a}{time_ms}{b}{round(elapsed_ms, 4)!r}{c}{cpu}{d}", txn_id
-
-    def _record_windows(self, windows: list[tuple[str, float]]) -> None:
-        """Check-to-append windows: each evidence's histogram child observes its own in the order booked."""
-        by_evidence: dict[str, list[float]] = {}
-        for evidence, window_ms in windows:
-            found = by_evidence.get(evidence)
-            if found is None:
-                found = by_evidence[evidence] = []
-            found.append(window_ms)
-        m = self.metrics
-        for evidence, values in by_evidence.items():
-            m.child(m.verification_window, evidence).observe_many(values)
 
     def _passed_lines(self, passed: list[Passed]) -> list[tuple[str, str | None]]:
         """The audit records of passed writes, one per partition, in order: (text, key) as `write` makes them."""
@@ -661,6 +633,26 @@ class TransactionGuard:
 
 _TEMPLATES = 4096  # audit record templates of passed writes kept (client, producer, partition); then forgotten
 _HOLES = ("\x00time", "\x00latency", "\x00cpu")
+
+
+def _tally(passed: list[Passed], inspections: list[float], timings: dict[str, list[float]],
+           counts: dict[tuple[str, str], int], labels: dict[int, tuple[str, str]]) -> None:
+    """Add a run of passed Produces to a batch's inspection times, verification times by evidence (one per
+    partition, in the order booked) and verification counts by (evidence, outcome)."""
+    for _, _, _, _, _, partitions, v, _, inspection_ms, elapsed_ms, _, _ in passed:
+        inspections.append(inspection_ms)
+        label = labels.get(id(v))
+        if label is None:
+            label = labels[id(v)] = (v.evidence.value, v.outcome.value)
+        n = len(partitions)
+        timing = timings.get(label[0])
+        if timing is None:
+            timing = timings[label[0]] = []
+        if n == 1:
+            timing.append(elapsed_ms)
+        else:
+            timing.extend([elapsed_ms] * n)
+        counts[label] = counts.get(label, 0) + n
 
 
 def _passed_template(client: ClientInfo, txn_id: str, pid: int, epoch: int, version: int, target: str, v: Verdict,

@@ -621,18 +621,12 @@ class _ExactlyOnceLoop:
         return True
 
     def _abandon_producer(self) -> None:
-        """A producer stuck in librdkafka: leave it (referenced, never destroyed) and go on with a new one with
-        the same transactional id, which fences it (init_transactions aborts what it left open); rewind."""
-        from confluent_kafka import Producer
-
+        """A producer stuck in librdkafka: leave it (referenced, never destroyed) and go on with a new one."""
         if len(self.abandoned) >= MAX_ABANDONED:
             raise ClientError(f"confluent-kafka exactly-once copy: {len(self.abandoned)} producers abandoned, "
                               f"each stuck in send_offsets_to_transaction")
         self.abandoned.append(self.producer)
-        self.producer = Producer(self.producer_config)
-        self.producers += 1
-        self.producer.init_transactions(self.timeout_s)
-        self._rewind()
+        self._fresh_producer()
 
     def _abort(self, why: str) -> None:
         """Abort the transaction and rewind every assigned partition to the group's committed offset."""
@@ -650,14 +644,18 @@ class _ExactlyOnceLoop:
         self._rewind()
 
     def _replace_producer(self, why: str) -> None:
-        """A fatal error: this producer is done. A new one with the same transactional id fences it
-        (init_transactions aborts whatever it left open) and the consumer rewinds."""
-        from confluent_kafka import Producer
-
+        """A fatal error: this producer is done; a new one takes over."""
         self._note("fatal", f"fatal, producer replaced: {why}")
         if self.producers - len(self.abandoned) >= MAX_PRODUCERS:
             raise ClientError(f"confluent-kafka exactly-once copy: {self.producers} producers failed; last: {why}")
         self.producer.purge()
+        self._fresh_producer()
+
+    def _fresh_producer(self) -> None:
+        """A new producer with the same transactional id: it fences the old one (init_transactions aborts
+        whatever that left open), and the consumer rewinds to the group's committed offsets."""
+        from confluent_kafka import Producer
+
         self.producer = Producer(self.producer_config)
         self.producers += 1
         self.producer.init_transactions(self.timeout_s)
