@@ -10,7 +10,8 @@ codecs/api_keys.py:
 - a dict literal keyed by integers that reads as a table by API key: two or more integer keys, all of
   them Kafka API keys, at least one of them 10 or more, and not the run 0, 1, ..., n-1 that a table by
   partition is;
-- an integer compared with, or passed as, something named `api_key` (`api_key == 0`, `request_api_key=24`).
+- an integer compared with, or passed as, something named `api_key` (`api_key == 0`, `request_api_key=24`),
+  or passed first to `RequestHead` (its first field is the key: `RequestHead(28, 5, 1)`).
 
 A partition map (`{0: 30, 1: 30}`), a count (`MAX_PRODUCERS = 3`) or a version (`LAST_TV1_LEVEL = 1`)
 is none of these, and the tests below show both sides. This module is scanned as well: its planted copies
@@ -78,6 +79,14 @@ def _is_api_key(node: ast.expr) -> bool:
     return name.lower().endswith("api_key")
 
 
+_KEY_FIRST = {"RequestHead"}  # constructors whose first positional argument is an API key
+
+
+def _callee(call: ast.Call) -> str:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
 def api_key_copies(source: str) -> list[Copy]:
     """Every integer spelling of an API key in one module's source (see the module docstring)."""
     found: list[Copy] = []
@@ -101,6 +110,9 @@ def api_key_copies(source: str) -> list[Copy]:
         elif isinstance(node, ast.keyword) and node.arg is not None and node.arg.lower().endswith("api_key") \
                 and _ints(node.value) is not None:
             found.append(Copy(node.value.lineno, f"passed: {node.arg}={ast.unparse(node.value)}"))
+        elif isinstance(node, ast.Call) and node.args and _callee(node) in _KEY_FIRST \
+                and _ints(node.args[0]) is not None:
+            found.append(Copy(node.lineno, f"passed first: {ast.unparse(node)}"))
     return sorted(found, key=lambda c: c.line)
 
 
@@ -132,6 +144,7 @@ def handles(frame):
     if frame.api_key == 0:
         return header(request_api_key=i16(24))
     return frame.request_api_key in (25, 26)
+head = core.RequestHead(28, 5, 1)
 '''
 
 PLANTED_FINDINGS = [
@@ -147,6 +160,7 @@ PLANTED_FINDINGS = [
     "line 11: compared: frame.api_key == 0",
     "line 12: passed: request_api_key=i16(24)",
     "line 13: compared: frame.request_api_key in (25, 26)",
+    "line 14: passed first: core.RequestHead(28, 5, 1)",
 ]
 
 
@@ -173,6 +187,7 @@ METADATA = 0
 offsets = {0: 30, 1: 30, 2: 30}
 by_key = {ApiKey.PRODUCE: 11, ApiKey.END_TXN: 4}
 retries = {1: 10, 2: 20}
+head = RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 28)
 if frame.api_key == ApiKey.PRODUCE and frame.partition == 0:
     pass
 '''

@@ -49,6 +49,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
 from txnguard.codecs.addresses import AddressUnavailable
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.connection import core
 from txnguard.connection.commands import (
@@ -651,7 +652,8 @@ def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken(monkeypat
         return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)))
 
     monkeypatch.setattr(core, "read_txn_offset_commit", reads_v5)
-    assert reads_v5(memoryview(txn_offset_commit(1, version=5))[4:], core.RequestHead(28, 5, 1)) is not None
+    v5_head = core.RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 1)
+    assert reads_v5(memoryview(txn_offset_commit(1, version=5))[4:], v5_head) is not None
     taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
     assert taken == [0] and facts == []
 
