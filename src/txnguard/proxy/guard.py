@@ -313,7 +313,8 @@ class TransactionGuard:
 
     def _in_doubt_ended(self, txn_id: str, ending: Ending) -> None:
         """The ledger's callback (on this loop): one EndTxn of `txn_id` less in doubt; wake its holds."""
-        self.metrics.end_txn_in_doubt_endings.labels(ending.value).inc()
+        m = self.metrics
+        m.child(m.end_txn_in_doubt_endings, ending.value).inc()  # once per EndTxn: the child looked up once
         event = self._in_doubt_waits.pop(txn_id, None)
         if event is not None:
             event.set()
@@ -370,7 +371,7 @@ class TransactionGuard:
         ctx = decision.context
         assert ctx is not None
         ending = "settled" if decision.forward is not None else "timeout"
-        self.metrics.end_txn_hold_endings.labels(ending).inc()
+        self.metrics.child(self.metrics.end_txn_hold_endings, ending).inc()
         in_doubt = [_describe_sent(s) for s in self.in_doubt.in_doubt(ctx.transactional_id)]
         error = None if decision.forward is not None else 51  # CONCURRENT_TRANSACTIONS
         (log.info if ending == "settled" else log.warning)(
@@ -448,7 +449,7 @@ class TransactionGuard:
         finally:
             self.metrics.verification_holds.dec()
         ending = "timeout" if again else "decided"
-        self.metrics.verification_hold_endings.labels(ending).inc()
+        self.metrics.child(self.metrics.verification_hold_endings, ending).inc()
         if again:
             self.log.warning("verification_hold_expired", transactional_id=question.transactional_id,
                              producer_id=question.producer_id, producer_epoch=question.producer_epoch,
