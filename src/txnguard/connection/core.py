@@ -106,7 +106,8 @@ _LAST_VERIFIED_PRODUCE = min(LAST_PRODUCE_VERSION_BEFORE_TV2, FAST_PRODUCE_VERSI
 _OFF = Enforcement.OFF
 _RELAY, _RAW_PENDING, _RAW, _DRAINING, _LINGERING, _CLOSED = (Mode.RELAY, Mode.RAW_PENDING, Mode.RAW, Mode.DRAINING,
                                                               Mode.LINGERING, Mode.CLOSED)
-_RELAY_RESPONSES = frozenset({Mode.RELAY, Mode.HOLDING})  # where responses may take the fast path
+_HOLDING = Mode.HOLDING  # with _RELAY, where responses may take the fast path (tested by identity: an Enum
+# member's hash is a Python-level call, on every read)
 _FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
@@ -500,7 +501,8 @@ class Connection:
         """
         # Only while relaying (a hold does not matter here), with the fast path on, no response read in part,
         # and reading the client not paused on the in-flight limit (an answer may resume it).
-        if (self.mode not in _RELAY_RESPONSES or not self._fast or not self.responses.idle
+        mode = self.mode
+        if ((mode is not _RELAY and mode is not _HOLDING) or not self._fast or not self.responses.idle
                 or (self._paused and Pause.MAX_IN_FLIGHT in self._paused)):
             return 0
         self._now = self.last_activity = now = self.clock.perf()

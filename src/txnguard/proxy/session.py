@@ -454,7 +454,7 @@ class Session:
 
     def _concurrent_absorbed(self, command: c.ConcurrentAbsorbed) -> None:
         api = schemas.api_name(command.api_key)
-        self.metrics.concurrent_absorptions.labels(api, command.ending).inc()
+        self.metrics.child(self.metrics.concurrent_absorptions, api, command.ending).inc()
         if command.retries:
             self.metrics.concurrent_retries.labels(api).inc(command.retries)
         # Absorbed is the normal case of a short-transaction loop: debug. A spent budget means the client
@@ -493,7 +493,7 @@ class Session:
         if started is None:
             return
         if cause != "connecting" and cause != FAIR_SHARE:  # neither is back-pressure
-            self.metrics.paused_seconds.labels(side.value).inc(time.monotonic() - started)
+            self.metrics.child(self.metrics.paused_seconds, side.value).inc(time.monotonic() - started)
         transport = self._transport(side)
         if not causes and transport is not None and not transport.is_closing():
             transport.resume_reading()

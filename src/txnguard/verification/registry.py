@@ -79,7 +79,9 @@ class TxnRecord:
     ended_ms: int | None = None  # when the phase became ENDED (an EndTxn seen, or the timeout inferred)
 
     def apply(self, event: Event, now_ms: int) -> None:
-        step = TRANSITIONS.get((self.phase, event), Step(self.phase, False))
+        step = TRANSITIONS.get((self.phase, event))
+        if step is None:  # not built beforehand: a found step is the common case
+            step = Step(self.phase, False)
         self.timed_out = None
         if step.phase is Phase.ENDED and self.phase is not Phase.ENDED:
             self.ended_ms = now_ms
