@@ -106,8 +106,8 @@ _LAST_VERIFIED_PRODUCE = min(LAST_PRODUCE_VERSION_BEFORE_TV2, FAST_PRODUCE_VERSI
 _OFF = Enforcement.OFF
 _RELAY, _RAW_PENDING, _RAW, _DRAINING, _LINGERING, _CLOSED = (Mode.RELAY, Mode.RAW_PENDING, Mode.RAW, Mode.DRAINING,
                                                               Mode.LINGERING, Mode.CLOSED)
-_HOLDING = Mode.HOLDING  # with _RELAY, where responses may take the fast path (tested by identity: an Enum
-# member's hash is a Python-level call, on every read)
+# Responses take the fast path in RELAY and HOLDING, tested by identity: hashing an Enum member is a Python call.
+_HOLDING = Mode.HOLDING
 _FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version

@@ -317,8 +317,7 @@ class TransactionGuard:
 
     def _in_doubt_ended(self, txn_id: str, ending: Ending) -> None:
         """The ledger's callback (on this loop): one EndTxn of `txn_id` less in doubt; wake its holds."""
-        m = self.metrics
-        m.child(m.end_txn_in_doubt_endings, ending.value).inc()  # once per EndTxn: the child looked up once
+        self.metrics.child(self.metrics.end_txn_in_doubt_endings, ending.value).inc()
         event = self._in_doubt_waits.pop(txn_id, None)
         if event is not None:
             event.set()

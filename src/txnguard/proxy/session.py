@@ -279,7 +279,7 @@ class Session:
             if self._linger is not None:
                 self._linger.cancel()
             ending = {"client_closed": "answered", "end_txn_unanswered": "timeout"}.get(reason, "upstream_closed")
-            self.metrics.end_txn_lingers.labels(ending).inc()
+            self.metrics.child(self.metrics.end_txn_lingers, ending).inc()
         self.metrics.connection_closes.labels(reason).inc()
         if self._software is not None:
             self.metrics.client_software_closed(self._software)
@@ -431,14 +431,14 @@ class Session:
 
     def _answered_locally(self, command: c.AnsweredLocally) -> None:
         name = schemas.api_name(command.api_key)
-        self.metrics.local_responses.labels(name, command.reason).inc()
+        self.metrics.child(self.metrics.local_responses, name, command.reason).inc()
         if command.reason != "verification":
             self.log.info("answered_locally", api=name, version=command.api_version,
                           correlation_id=command.correlation_id, reason=command.reason)
 
     def _rewritten(self, command: c.Rewritten) -> None:
         name = "api_versions" if command.kind == "intersect" else schemas.api_name(command.api_key)
-        self.metrics.rewrites.labels(name, command.kind).inc()
+        self.metrics.child(self.metrics.rewrites, name, command.kind).inc()
 
     def _decided(self, command: c.Decided) -> None:
         self.guard.record(command.decision, self.log)
@@ -456,7 +456,7 @@ class Session:
         api = schemas.api_name(command.api_key)
         self.metrics.child(self.metrics.concurrent_absorptions, api, command.ending).inc()
         if command.retries:
-            self.metrics.concurrent_retries.labels(api).inc(command.retries)
+            self.metrics.child(self.metrics.concurrent_retries, api).inc(command.retries)
         # Absorbed is the normal case of a short-transaction loop: debug. A spent budget means the client
         # backs off after all, which an operator may want to see.
         log = self.log.debug if command.ending == "absorbed" else self.log.info
