@@ -17,20 +17,6 @@ from txnguard.testing.fixtures import fresh_topic
 pytestmark = pytest.mark.integration
 
 
-def _java_processes_in(directory: str) -> int:
-    """Kafka JVMs whose command line names the directory (read whole: ps cuts long class paths)."""
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if ("kafka.Kafka" in args or "ZooKeeperServerMain" in args) and directory in args:
-            count += 1
-    return count
-
-
 def test_cli_up_zookeeper_mode_and_down_leaves_nothing_running(tmp_path):
     """`txnguard kafka up --zookeeper`: a ZooKeeper process and a broker registered through it; `down` stops both."""
     d = str(tmp_path / "zk")
@@ -40,11 +26,11 @@ def test_cli_up_zookeeper_mode_and_down_leaves_nothing_running(tmp_path):
     line = json.loads(up.stdout.strip().splitlines()[-1])
     assert (line["mode"], line["version"]) == ("zookeeper", "2.8.2")
     assert line["zookeeper_connect"].startswith("127.0.0.1:")
-    assert _java_processes_in(d) == 2  # ZooKeeper and the broker
+    assert kafka.java_processes_in(d) == 2  # ZooKeeper and the broker
     down = subprocess.run([sys.executable, "-m", "txnguard.cli", "kafka", "down", "--dir", d],
                           capture_output=True, text=True, timeout=120)
     assert down.returncode == 0
-    assert _java_processes_in(d) == 0
+    assert kafka.java_processes_in(d) == 0
     status = json.loads(subprocess.run([sys.executable, "-m", "txnguard.cli", "kafka", "status", "--dir", d],
                                        capture_output=True, text=True, timeout=60).stdout)
     assert status["zookeeper"]["alive"] is False and status["nodes"][0]["alive"] is False
@@ -65,11 +51,11 @@ def test_cli_up_prints_one_json_line_and_down_leaves_nothing_running(tmp_path):
     status = json.loads(subprocess.run([sys.executable, "-m", "txnguard.cli", "kafka", "status", "--dir", d],
                                        capture_output=True, text=True, timeout=60).stdout)
     assert status["nodes"][0]["alive"] and status["nodes"][0]["listening"]
-    assert _java_processes_in(d) == 1
+    assert kafka.java_processes_in(d) == 1
     down = subprocess.run([sys.executable, "-m", "txnguard.cli", "kafka", "down", "--dir", d],
                           capture_output=True, text=True, timeout=120)
     assert down.returncode == 0
-    assert _java_processes_in(d) == 0
+    assert kafka.java_processes_in(d) == 0
 
 
 def test_a_broker_that_exits_early_is_reported_with_its_log(tmp_path):

@@ -840,6 +840,24 @@ def _terminate(pid: int | None, grace_s: float) -> None:
     _reap(pid)
 
 
+def java_processes_in(directory: str | Path) -> int:
+    """Kafka and ZooKeeper JVMs whose command line names `directory` (read whole: ps cuts long class paths).
+
+    What "nothing left running" means for a cluster: a port it used may already belong to another process
+    (a parallel test's broker or client takes a freed port), a JVM naming its folder cannot."""
+    needle = str(directory)
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if ("kafka.Kafka" in args or "ZooKeeperServerMain" in args) and needle in args:
+            count += 1
+    return count
+
+
 def _port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
