@@ -57,16 +57,17 @@ from txnguard.verification.checks import (
 from txnguard.verification.decisions import Decision, PendingCheck, TransactionRules
 from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
-from txnguard.verification.registry import Registry
+from txnguard.verification.registry import Registry, RegistryLimits
 
 CLIENT = ClientInfo("c", None, None, JAVA, "bootstrap", 2)
 TIMEOUT_MS = 60_000
 NOT_ADDED = Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not in the transaction", "INVALID_TXN_STATE")
 
 
-def _rules(**policy: bool) -> tuple[TransactionRules, FakeClock]:
+def _rules(limits: RegistryLimits | None = None, **policy: bool) -> tuple[TransactionRules, FakeClock]:
     clock = FakeClock()
-    rules = TransactionRules(Registry(), policy_from_config(dict(policy)), in_doubt=EndTxnLedger(InDoubtLimits()))
+    rules = TransactionRules(Registry(limits), policy_from_config(dict(policy)),
+                             in_doubt=EndTxnLedger(InDoubtLimits()))
     rules.registry.init_producer_id(TXN, PID, EPOCH, TIMEOUT_MS, clock.wall_ms())
     return rules, clock
 
@@ -103,12 +104,12 @@ def _end_txn(correlation_id: int) -> memoryview:
 # -- VerifyPartitions ------------------------------------------------------------------------------------------------
 
 
-def test_partition_verdicts_decide_the_produce_and_an_ongoing_coordinator_is_kept_as_evidence():
+def test_partition_verdicts_decide_the_produce_and_an_ongoing_coordinator_is_kept_as_evidence_within_its_bound():
     # client ─Produce[orders-0]─▶ rules ─VerifyPartitions(orders-0)─▶ shell
     #                                   ◀─PartitionVerdicts(orders-0 passed; coordinator: Ongoing)─
     #        ◀─────────── forwarded as it is ─────────────┘
-    # client ─Produce[orders-0]─▶ rules: decided at once (the coordinator's "Ongoing" is the evidence)
-    rules, clock = _rules()
+    # client ─Produce[orders-0]─▶ rules: decided at once (the coordinator's "Ongoing", within evidence_ttl_ms)
+    rules, clock = _rules(RegistryLimits(evidence_ttl_ms=60_000))
     frame = memoryview(produce(1, [T0]))
     pending = _asked(rules.check_produce(frame, 9, CLIENT, clock), VerifyPartitions)
     assert pending.question == VerifyPartitions(TXN, PID, EPOCH, (T0,), ask_leader=True, hold_ms=24_000)
@@ -118,6 +119,17 @@ def test_partition_verdicts_decide_the_produce_and_an_ongoing_coordinator_is_kep
     assert [(r.target, r.decision) for r in decision.records] == [("orders-0", "forwarded")]
     again = _decided(rules.check_produce(memoryview(produce(2, [T0])), 9, CLIENT, clock))
     assert [(r.target, r.verdict.evidence) for r in again.records] == [("orders-0", Evidence.CACHE)]
+
+
+def test_a_gateway_asks_again_after_a_coordinators_ongoing_it_was_given():
+    # client ─Produce[orders-0]─▶ gateway B ─VerifyPartitions─▶ ◀─passed; coordinator: Ongoing─ forwarded
+    #                            … the transaction commits through gateway A (unseen here) …
+    # client ─Produce[orders-0]─▶ gateway B ─VerifyPartitions─▶ (asked again: a given answer is not kept)
+    rules, clock = _rules()  # a gateway's limits: only what it forwarded lasts until the EndTxn it forwards
+    pending = _asked(rules.check_produce(memoryview(produce(1, [T0])), 9, CLIENT, clock), VerifyPartitions)
+    ongoing = _description("Ongoing", EPOCH, clock.wall_ms())
+    _decided(rules.resume(pending, PartitionVerdicts({T0: passed(Evidence.COORDINATOR)}, ongoing), clock))
+    _asked(rules.check_produce(memoryview(produce(2, [T0])), 9, CLIENT, clock), VerifyPartitions)
 
 
 def test_partition_verdicts_without_a_description_keep_nothing_and_a_rejection_is_answered_here():

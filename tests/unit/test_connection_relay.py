@@ -10,6 +10,7 @@ import datetime
 import random
 from typing import Any
 
+import pytest
 from connection_playbook import (
     EPOCH,
     PID,
@@ -72,6 +73,7 @@ from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.verification import inventory
 from txnguard.verification.decisions import Decision
 from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
+from txnguard.verification.registry import RegistryLimits
 
 
 def metadata_request(correlation_id: int) -> bytes:
@@ -399,7 +401,10 @@ def _state(pb: Playbook) -> tuple[Any, ...]:
     return (None if record is None else dict(vars(record)), dict(ledger.endings), len(ledger), _inventory(pb))
 
 
-def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_general_path_does():
+# max_in_flight 3: the queue's room runs out inside a step's reads, so the fast path must count each life-cycle
+# request it takes (a frame too many taken in place would not pause the client where the general path does).
+@pytest.mark.parametrize("max_in_flight", [100, 3])
+def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_general_path_does(max_in_flight: int):
     conversation = _transactions(10)
     observed = {"core": 0, "shell": 0}  # life-cycle frames (both ways) carried whole by the fast path
     commits = {"core": set(), "shell": set()}  # TxnOffsetCommit versions the fast path checked in place
@@ -408,7 +413,7 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
         cuts = [(_chunks(requests, rng), _chunks(answers, rng)) for requests, answers in conversation]
         runs = []
         for way in ("core", "shell", "general"):
-            pb = Playbook()
+            pb = Playbook(max_in_flight=max_in_flight)
             pb.conn._fast = way != "general"
             pb.rules.in_doubt = EndTxnLedger(InDoubtLimits())
             pb.rules.offsets_partitions = 50  # learned (the general path asks for it once per proxy)
@@ -591,8 +596,10 @@ def test_an_offset_commit_among_writes_keeps_its_place_in_the_ledger():
 
 def test_a_txn_offset_commit_whose_group_has_only_the_coordinators_word_is_taken_with_that_evidence():
     """The coordinator said "Ongoing" with the group's __consumer_offsets partition (no AddOffsetsToTxn seen here):
-    the registry holds that partition, not the group, so only the right partition finds it."""
+    the registry holds that partition, not the group, so only the right partition finds it. A given answer is
+    evidence only within evidence_ttl_ms (60 s here; a gateway's default keeps none: the next test)."""
     def setup(pb: Playbook) -> None:
+        pb.registry.limits = RegistryLimits(evidence_ttl_ms=60_000)
         pb.rules.offsets_partitions = 50
         partition = (CONSUMER_OFFSETS, offsets_partition_for("g", 50))
         pb.registry.coordinator_says_ongoing(TXN, PID, EPOCH, 1, {T0}, {partition}, pb.clock.wall_ms())
@@ -600,6 +607,17 @@ def test_a_txn_offset_commit_whose_group_has_only_the_coordinators_word_is_taken
     commit = txn_offset_commit(1)
     taken, [[fact]], _, _ = _commit_both_ways(setup, [commit])
     assert taken == [len(commit)] and fact[6][0][1].evidence.value == "cache"
+
+
+def test_a_txn_offset_commit_whose_group_has_only_the_coordinators_word_is_asked_again_by_a_gateway():
+    """The same answer given to a gateway (its default limits): not evidence for the next write, asked again."""
+    def setup(pb: Playbook) -> None:
+        pb.rules.offsets_partitions = 50
+        partition = (CONSUMER_OFFSETS, offsets_partition_for("g", 50))
+        pb.registry.coordinator_says_ongoing(TXN, PID, EPOCH, 1, {T0}, {partition}, pb.clock.wall_ms())
+
+    taken, [facts], questions, _ = _commit_both_ways(setup, [txn_offset_commit(1)])
+    assert taken == [0] and facts == ["PauseReading", "Ask"] and questions == ["VerifyPartitions"]
 
 
 def test_a_txn_offset_commit_of_a_group_never_added_goes_to_the_general_path_which_asks():

@@ -70,7 +70,8 @@ def test_a_transaction_past_its_timeout_loses_its_evidence():
     r.init_producer_id("app", 7, 0, 1000, 0)
     r.added("app", 7, 0, 100, partitions={T})
     r.expire(now_ms=1200)
-    assert r.get("app").phase is Phase.ENDED  # type: ignore[union-attr]
+    assert r.get("app").phase is Phase.TIMED_OUT  # type: ignore[union-attr]
+    assert r.local_verdict("app", 7, 0, T, 1300) is None  # asked: no evidence, and no refusal on our clock
 
 
 def test_idle_ids_expire_and_size_is_bounded():
@@ -92,7 +93,7 @@ def test_a_coordinator_answer_for_a_new_transaction_replaces_the_old_generation(
     r = Registry()
     r.coordinator_says_ongoing("app", 7, 0, start_ms=1000, partitions={T}, groups_partitions=set(), now_ms=0)
     r.coordinator_says_ongoing("app", 7, 0, start_ms=2000, partitions={U}, groups_partitions=set(), now_ms=1)
-    assert r.get("app").partitions == {U}  # type: ignore[union-attr]
+    assert r.get("app").described == {U}  # type: ignore[union-attr]
 
 
 def test_the_group_added_by_add_offsets_covers_its_offsets_partition():
@@ -106,13 +107,13 @@ def test_the_group_added_by_add_offsets_covers_its_offsets_partition():
 def test_a_sidecar_never_infers_a_late_write_from_its_own_clock():
     # leader's sidecar ─DescribeTransactions─▶ coordinator: Ongoing {T}          (cached for 0 ms)
     #                    … the transaction commits through the coordinator's sidecar (unseen here)
-    #                    … its timeout passes: the registry ends it by the clock
+    #                    … its timeout passes: the registry drops its evidence by the clock
     # client ─Produce T (the next transaction, added through the coordinator's sidecar)─▶ leader's sidecar
     #                    ─▶ not decided here: asked (it was refused as a late write before)
     r = Registry(RegistryLimits(evidence_ttl_ms=0))
-    r.coordinator_says_ongoing("app", 7, 0, 1000, {T}, set(), now_ms=0)
+    r.coordinator_says_ongoing("app", 7, 0, 1000, {T}, set(), now_ms=0, timeout_ms=60_000)
     r.expire(now_ms=61_000)
-    assert r.get("app").phase is Phase.ENDED  # type: ignore[union-attr]
+    assert r.get("app").phase is Phase.TIMED_OUT  # type: ignore[union-attr]
     assert r.local_verdict("app", 7, 0, T, 120_000) is None
 
 

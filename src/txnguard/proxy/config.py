@@ -310,8 +310,9 @@ class Verification(_Section):
     timeout_s: PositiveFloat = 5.0
     """Bound on one verification's waits (one question to a coordinator or leader)."""
     evidence_ttl_ms: NonNegativeInt | None = None
-    """How long a transaction's proven partitions are trusted without asking again. Unset: the mode's
-    default (gateway: until EndTxn; sidecar: 0, never reused)."""
+    """How long evidence is trusted without asking again. Unset: the mode's default. What this proxy forwarded
+    (an AddPartitionsToTxn and its success): a gateway until the EndTxn it forwards, a sidecar 0 (never reused).
+    A coordinator's answer: this long in every mode, 0 (never reused) when unset."""
     registry_max_entries: PositiveInt = 100_000
     """Transactional ids remembered at most."""
     registry_idle_expiry_s: PositiveFloat = 900.0

@@ -8,6 +8,19 @@ A *generation* counts transactions of one id: old clients keep their producer
 epoch from one transaction to the next, so (producer id, epoch) alone cannot
 tell an old transaction's evidence from the new one's. Evidence belongs to a
 generation and ends with it.
+
+Two kinds of evidence, kept apart because they age differently:
+- *observed*: an AddPartitionsToTxn/AddOffsetsToTxn this process forwarded and saw
+  accepted. It lasts until the EndTxn this process forwards (a gateway), or
+  `evidence_ttl_ms` (a sidecar, which may not see the EndTxn).
+- *given*: a coordinator's answer ("Ongoing, these partitions"). The transaction may
+  end a moment later through another proxy, so it is bounded in every mode.
+
+Nothing here decides on a value it never observed: a transaction's timeout is known
+only from an InitProducerId or a coordinator's answer, and the end of a transaction
+inferred from that timeout on this clock only drops evidence (the coordinator is asked
+next); it never refuses a write. A refusal on local evidence alone (a late write)
+needs an EndTxn this process forwarded.
 """
 
 from __future__ import annotations
@@ -26,7 +39,8 @@ TopicPartition = tuple[str, int]
 class Phase(enum.Enum):
     EMPTY = "empty"        # InitProducerId answered; no partition added yet
     ONGOING = "ongoing"    # at least one AddPartitionsToTxn/AddOffsetsToTxn succeeded
-    ENDED = "ended"        # EndTxn sent: the transaction's evidence is over
+    ENDED = "ended"        # EndTxn forwarded by this process: a write with no add since is late
+    TIMED_OUT = "timed_out"  # past the timeout it observed: evidence gone, the coordinator decides
 
 
 class Event(enum.Enum):
@@ -50,10 +64,13 @@ TRANSITIONS: dict[tuple[Phase, Event], Step] = {
     (Phase.ONGOING, Event.INIT): Step(Phase.EMPTY, True),
     (Phase.ONGOING, Event.ADD): Step(Phase.ONGOING, False),
     (Phase.ONGOING, Event.END): Step(Phase.ENDED, True),
-    (Phase.ONGOING, Event.TIMEOUT): Step(Phase.ENDED, True),
+    (Phase.ONGOING, Event.TIMEOUT): Step(Phase.TIMED_OUT, True),
     (Phase.ENDED, Event.INIT): Step(Phase.EMPTY, True),
     (Phase.ENDED, Event.ADD): Step(Phase.ONGOING, False),  # END already cleared the old generation
     (Phase.ENDED, Event.END): Step(Phase.ENDED, False),
+    (Phase.TIMED_OUT, Event.INIT): Step(Phase.EMPTY, True),
+    (Phase.TIMED_OUT, Event.ADD): Step(Phase.ONGOING, False),  # TIMEOUT already cleared the old generation
+    (Phase.TIMED_OUT, Event.END): Step(Phase.ENDED, False),
 }
 
 
@@ -62,14 +79,18 @@ class TxnRecord:
     transactional_id: str
     producer_id: int = -1
     producer_epoch: int = -1
-    timeout_ms: int = 60000
+    # The transaction timeout, as an InitProducerId or a coordinator's answer said; None: never observed
+    # (an id first seen in an AddPartitionsToTxn: a restart, another gateway). No default stands in for it.
+    timeout_ms: int | None = None
     phase: Phase = Phase.EMPTY
     generation: int = 0
-    partitions: set[TopicPartition] = field(default_factory=set)
+    partitions: set[TopicPartition] = field(default_factory=set)  # observed: adds this process forwarded
     groups: set[str] = field(default_factory=set)
     started_ms: int | None = None   # first add of the current generation
-    last_seen_ms: int = 0
-    # Coordinator evidence: (start time the coordinator reported, partitions, when we asked).
+    last_seen_ms: int = 0           # anything about the id, passed writes included: idle expiry counts from here
+    observed_ms: int = 0            # the last life-cycle request or answer this process saw: observed evidence's age
+    # Given evidence: the coordinator's answer (start time it reported, its partitions, when we asked).
+    described: set[TopicPartition] = field(default_factory=set)
     coordinator_start_ms: int | None = None
     coordinator_seen_ms: int | None = None
     request_timeout_ms: int | None = None  # the TimeoutMs of this id's last checked Produce
@@ -91,6 +112,7 @@ class TxnRecord:
             self.generation += 1
             self.partitions.clear()
             self.groups.clear()
+            self.described.clear()
             self.started_ms = None
             self.coordinator_start_ms = None
             self.coordinator_seen_ms = None
@@ -98,16 +120,24 @@ class TxnRecord:
             self.started_ms = now_ms
         self.phase = step.phase
         self.last_seen_ms = now_ms
+        if event is not Event.TIMEOUT:
+            self.observed_ms = now_ms
 
 
 @dataclass(frozen=True)
 class RegistryLimits:
     max_entries: int = 100_000
     idle_expiry_ms: int = 15 * 60 * 1000
-    # How long evidence not backed by an observed EndTxn may be trusted. A gateway sees
+    # How long observed evidence not backed by an observed EndTxn may be trusted. A gateway sees
     # a client's whole life cycle and trusts it until EndTxn (None). A sidecar does not
     # see EndTxn for partitions led elsewhere, so its evidence must expire quickly.
+    # Given evidence (a coordinator's answer) is trusted for this long in every mode, 0 when None:
+    # the transaction may have ended through another proxy since, and nothing here would know.
     evidence_ttl_ms: int | None = None
+
+    @property
+    def given_ttl_ms(self) -> int:
+        return self.evidence_ttl_ms or 0
 
 
 # Verdicts are immutable: the hot path hands out these two instead of building one per partition.
@@ -129,7 +159,7 @@ class Registry:
     def _touch(self, transactional_id: str, now_ms: int) -> TxnRecord:
         rec = self._records.get(transactional_id)
         if rec is None:
-            rec = TxnRecord(transactional_id, last_seen_ms=now_ms)
+            rec = TxnRecord(transactional_id, last_seen_ms=now_ms, observed_ms=now_ms)
             self._records[transactional_id] = rec
             while len(self._records) > self.limits.max_entries:
                 self._records.popitem(last=False)
@@ -151,9 +181,9 @@ class Registry:
         rec = self._touch(txn_id, now_ms)
         if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch):
             # A producer we did not see initialise (another proxy, or a proxy restart):
-            # the coordinator accepted the add, so this is its current identity.
+            # the coordinator accepted the add, so this is its current identity. Its timeout is not known.
             rec.apply(Event.INIT, now_ms)
-            rec.producer_id, rec.producer_epoch = producer_id, epoch
+            rec.producer_id, rec.producer_epoch, rec.timeout_ms = producer_id, epoch, None
         rec.apply(Event.ADD, now_ms)
         rec.partitions.update(partitions)
         if group is not None:
@@ -178,29 +208,33 @@ class Registry:
         """Remember a coordinator answer "Ongoing, these partitions" as evidence of one generation (and the
         transaction's timeout it reports: an id whose InitProducerId went elsewhere is not 60 s by default)."""
         rec = self._touch(txn_id, now_ms)
-        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or (
-            rec.coordinator_start_ms is not None and rec.coordinator_start_ms != start_ms
-        ):
+        observed_ms = rec.observed_ms  # an answer given is not observed evidence: its age stays
+        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch):
+            rec.apply(Event.INIT, now_ms)  # a different producer than the one we knew
+            rec.producer_id, rec.producer_epoch, rec.timeout_ms = producer_id, epoch, None
+        elif rec.coordinator_start_ms is not None and rec.coordinator_start_ms != start_ms:
             rec.apply(Event.INIT, now_ms)  # a different transaction than the one we knew
-            rec.producer_id, rec.producer_epoch = producer_id, epoch
         rec.apply(Event.ADD, now_ms)
-        rec.partitions.update(partitions | groups_partitions)
+        rec.observed_ms = observed_ms
+        rec.described = partitions | groups_partitions
         rec.coordinator_start_ms = start_ms
         rec.coordinator_seen_ms = now_ms
         if timeout_ms is not None and timeout_ms > 0:
             rec.timeout_ms = timeout_ms
 
     def expire(self, now_ms: int) -> int:
-        """Drop idle ids and end transactions past their timeout; returns how many ids were dropped."""
+        """Drop idle ids and drop the evidence of transactions past the timeout this proxy observed; returns
+        how many ids were dropped. Neither refuses anything later: an id not known, or known timed out, is asked."""
         dropped = 0
         for txn_id in list(self._records):
             rec = self._records[txn_id]
             if now_ms - rec.last_seen_ms > self.limits.idle_expiry_ms:
                 del self._records[txn_id]
                 dropped += 1
-            elif rec.phase is Phase.ONGOING and rec.started_ms is not None \
+            elif rec.phase is Phase.ONGOING and rec.started_ms is not None and rec.timeout_ms is not None \
                     and now_ms - rec.started_ms > rec.timeout_ms:
-                # The coordinator aborts it; whatever we knew is no longer evidence.
+                # The coordinator aborts it (or is about to): whatever we knew is no longer evidence. Our clock
+                # and our start differ from the coordinator's, so this ends nothing: the coordinator is asked next.
                 rec.apply(Event.TIMEOUT, now_ms)
         return dropped
 
@@ -215,7 +249,7 @@ class Registry:
             hit = rec.timed_out
             return hit if (hit.producer_id, hit.epoch) == (producer_id, epoch) else None
         if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or rec.phase is not Phase.ONGOING \
-                or rec.started_ms is None:
+                or rec.started_ms is None or rec.timeout_ms is None:
             return None
         if now_ms - rec.started_ms < rec.timeout_ms - OVERDUE_SLACK_MS:
             return None
@@ -241,16 +275,23 @@ class Registry:
         if rec.phase is Phase.ENDED:
             # A registry that sees only part of a client's traffic (a sidecar; evidence_ttl_ms set) may have
             # missed the next transaction's AddPartitionsToTxn (sent to a coordinator elsewhere, or after a
-            # coordinator moved), and it infers a timeout from its own clock: "ended" is as stale there as
-            # "ongoing" is, and past the bound the coordinator decides. A rejection on stale evidence would
-            # refuse a legitimate write (INVALID_TXN_STATE) to a client that did nothing wrong.
+            # coordinator moved): "ended" is as stale there as "ongoing" is, and past the bound the coordinator
+            # decides. A rejection on stale evidence would refuse a legitimate write (INVALID_TXN_STATE) to a
+            # client that did nothing wrong.
             if not self._within_ttl(rec.ended_ms, now_ms):  # without a TTL (a gateway), ENDED holds until an add
                 return None
             return Verdict(Outcome.LATE_WRITE, Evidence.LOCAL,
                            "EndTxn was sent and no AddPartitionsToTxn followed")
-        added = tp in rec.partitions or (group is not None and group in rec.groups)
-        if rec.phase is Phase.ONGOING and added and self._fresh(rec, now_ms):
-            return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
+        if rec.phase is not Phase.ONGOING:
+            return None
+        if (tp in rec.partitions or (group is not None and group in rec.groups)) \
+                and self._within_ttl(rec.observed_ms, now_ms):
+            self._seen(rec, now_ms)
+            return _PASSED_LOCALLY
+        if tp in rec.described and rec.coordinator_seen_ms is not None \
+                and now_ms - rec.coordinator_seen_ms < self.limits.given_ttl_ms:
+            self._seen(rec, now_ms)
+            return _PASSED_FROM_CACHE
         return None
 
     def passes_locally(self, txn_id: str, producer_id: int, epoch: int, tps: list[TopicPartition],
@@ -262,20 +303,22 @@ class Registry:
         lookup per partition."""
         rec = self._records.get(txn_id)
         if rec is None or rec.producer_id != producer_id or rec.producer_epoch != epoch \
-                or rec.phase is not Phase.ONGOING or not self._fresh(rec, now_ms):
+                or rec.phase is not Phase.ONGOING or not self._within_ttl(rec.observed_ms, now_ms):
             return None
         partitions = rec.partitions
         for tp in tps:
             if tp not in partitions:
-                return None
-        return _PASSED_FROM_CACHE if rec.coordinator_seen_ms is not None else _PASSED_LOCALLY
+                return None  # not observed here (maybe given by the coordinator): local_verdict decides
+        self._seen(rec, now_ms)
+        return _PASSED_LOCALLY
 
-    def _fresh(self, rec: TxnRecord, now_ms: int) -> bool:
-        return self._within_ttl(rec.coordinator_seen_ms if rec.coordinator_seen_ms is not None else rec.last_seen_ms,
-                                now_ms)
+    def _seen(self, rec: TxnRecord, now_ms: int) -> None:
+        """A passed write keeps its id alive: idle expiry and eviction count from the last write too."""
+        rec.last_seen_ms = now_ms
+        self._records.move_to_end(rec.transactional_id)
 
     def _within_ttl(self, seen_ms: int | None, now_ms: int) -> bool:
-        """Evidence from `seen_ms` still stands: always without a TTL, else strictly within it (0: never)."""
+        """Observed evidence from `seen_ms` still stands: always without a TTL, else strictly within it (0: never)."""
         ttl = self.limits.evidence_ttl_ms
         if ttl is None:
             return True
