@@ -34,6 +34,11 @@ class Enforcement:
     default: Mode = Mode.ENFORCE
     rules: tuple[ModeRule, ...] = ()
 
+    @property
+    def may_enforce(self) -> bool:
+        """Can any write meet `enforce` (the default or a rule)? Then a write the proxy cannot verify is refused."""
+        return self.default is Mode.ENFORCE or any(rule.mode is Mode.ENFORCE for rule in self.rules)
+
     def mode_for(self, transactional_id: str, topic: str | None = None) -> Mode:
         for rule in self.rules:
             if rule.matches(transactional_id, topic):

@@ -75,7 +75,13 @@ class ProxyMetrics:
             "(since the proxy started, while none has)", registry=r)
         self.ready = Gauge(
             "txnguard_ready", "1 while /readyz answers 200, else 0 (its body says why: no or stale metadata, "
-            "the proxy's own principal lacking a right, draining)", registry=r)
+            "the proxy's own principal lacking a right, a broker's APIs, draining)", registry=r)
+        # Each reason /readyz answers 503 for, as a label: an alert or a dashboard says which (proxy/server.py).
+        self.not_ready = Gauge(
+            "txnguard_not_ready", "1 while this reason keeps /readyz at 503, else 0: draining, not_authorized "
+            "(the proxy's own principal), no_metadata, stale_metadata, broker_api_versions_unread (a broker's "
+            "ApiVersions not read yet), broker_lacks_api (an enforcing sidecar's broker lacks DescribeTransactions)",
+            ["reason"], registry=r)
         # KIP-890's VerificationTimeMs and VerificationFailureRate, Prometheus-style.
         # The three histograms observed per verified write are counted in plain values (traffic_metrics.py).
         self.verification_time = PlainHistogram(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import ssl
 import time
@@ -26,6 +27,7 @@ from kio.schema.metadata.v9.request import MetadataRequest
 from txnguard.codecs import addresses
 from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
+from txnguard.codecs.errors import CodecError
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy import audit_sink, hanging_monitor, logs
 from txnguard.proxy.config import HostPort, LogLevel, ProxyConfig, ProxyMode
@@ -35,8 +37,12 @@ from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.session import ClientProtocol, Session
 from txnguard.proxy.tls import server_ssl_context, upstream_ssl_context
 from txnguard.verification.access import missing_acl
+from txnguard.verification.capabilities import LACKS_API, UNREAD
 
 TLS_HANDSHAKE = 0x16
+# /readyz's reasons, each a label of txnguard_not_ready (exported at 0 from the start).
+NOT_READY_REASONS = ("draining", "not_authorized", "no_metadata", "stale_metadata", UNREAD, LACKS_API)
+API_VERSIONS_FIRST_RETRY_S = 0.25  # a broker whose ApiVersions could not be read: retried after this, doubling
 
 
 @dataclass
@@ -70,8 +76,16 @@ class Proxy:
         self.last_metadata_ok: float | None = None
         self.started_at = time.monotonic()
         # /readyz as a metric: TxnguardNotReady fires for every reason /readyz gives (a proxy that never
-        # reached its cluster, stale metadata, its own principal lacking a right), not only stale metadata.
+        # reached its cluster, stale metadata, its own principal lacking a right, a broker's APIs), not only
+        # stale metadata; txnguard_not_ready{reason} says which.
         self.metrics.ready.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
+        for reason in NOT_READY_REASONS:
+            self.metrics.not_ready.labels(reason).set_function(functools.partial(self._not_ready_because, reason))
+        # What each broker lacks decides readiness: read at start and for each broker Metadata names
+        # (`_read_api_versions`), not first when a client's write needs it.
+        self.guard.verifier.capabilities.watch(config.upstream, sidecar=config.mode is ProxyMode.SIDECAR,
+                                               enforcing=self._may_refuse)
+        self._api_version_reads: dict[HostPort, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._serving: set[asyncio.Task[None]] = set()
         self._bootstrap_rr = 0
@@ -93,6 +107,8 @@ class Proxy:
         self.hanging = hanging_monitor.attach(self.config, self.metrics, self.guard.audit, self.upstream_ssl)
         if self.hanging is not None:  # health.hanging_scan_interval_s: the periodic hanging-transaction scan
             self._tasks.append(loop.create_task(self.hanging.run()))
+        for target in self.config.upstream:
+            self.read_api_versions(target)
         self.log.info("proxy_started", listen=str(self.config.listen),
                       upstream=[str(u) for u in self.config.upstream])
 
@@ -121,9 +137,10 @@ class Proxy:
             self._close_listener(listener)
         for s in list(self.sessions):
             s.close("proxy_stopped", "proxy stopped")
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._api_version_reads.values()]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
@@ -137,6 +154,7 @@ class Proxy:
         self.guard.policy = self.policy
         for s in self.sessions:
             s.forget_family()
+        self.guard.verifier.capabilities.reconsider()  # monitor <-> enforce: an enforcing sidecar's readiness
         self.log.info("policy_reloaded", mode=self.policy.enforcement.default.value,
                       rules=len(self.policy.enforcement.rules))
 
@@ -327,6 +345,43 @@ class Proxy:
                 out.append((key, r[0], r[1]))
         return out
 
+    def _may_refuse(self) -> bool:
+        """Can this proxy refuse a write it cannot verify (verification on, and `enforce` the policy's default
+        or a rule's mode)? The current policy's answer: SIGHUP may change it."""
+        return self.config.verification.enabled and self.policy.enforcement.may_enforce
+
+    def read_api_versions(self, address: HostPort) -> None:
+        """Read `address`'s ApiVersions on the verifier's own connection, once per address, in the background:
+        a broker that cannot be reached is retried with backoff (up to `metadata_refresh_s` apart) and start
+        never waits for it; meanwhile capabilities say "not read yet" (/readyz, the log)."""
+        if self.stopping or address in self._api_version_reads:
+            return
+        self.guard.verifier.capabilities.expect(address)
+        self._api_version_reads[address] = asyncio.get_running_loop().create_task(self._read_api_versions(address))
+
+    async def _read_api_versions(self, address: HostPort) -> None:
+        verifier = self.guard.verifier
+        delay = API_VERSIONS_FIRST_RETRY_S
+        while True:
+            try:
+                await verifier.read_api_versions(address)
+                return
+            except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+                verifier.capabilities.unread(address, str(e) or repr(e))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.metadata_refresh_s)
+
+    def _read_brokers_named_in(self, body: Any) -> None:
+        """A broker Metadata names is read too (where the verifier will ask it: a coordinator, a leader). A
+        sidecar skips its own listener (its broker is its upstream, read already): it would only relay to it."""
+        own = self.listeners.get(None)
+        for _, host, port in addresses.broker_addresses(addresses.METADATA, body):
+            address = self.guard.verifier.address_of(host, port)
+            if (self.config.mode is ProxyMode.SIDECAR and own is not None and address.port == own.address.port
+                    and address.host in (self.config.advertised, own.address.host)):
+                continue
+            self.read_api_versions(address)
+
     async def refresh_metadata(self) -> bool:
         for target in self.config.upstream:
             conn = None
@@ -350,25 +405,41 @@ class Proxy:
                     conn.close()
             if self.config.mode is ProxyMode.GATEWAY:
                 self.learn_brokers(addresses.broker_addresses(addresses.METADATA, body))
+            self._read_brokers_named_in(body)
             self.last_metadata_ok = time.monotonic()
             if self.config.upstream_auth is not None:
                 self.guard.verifier.access.proved(("AUTHENTICATE", "SASL", self.config.upstream_auth.mechanism))
             return True
         return False
 
-    def ready(self) -> tuple[bool, str]:
+    def not_ready(self) -> list[tuple[str, str]]:
+        """Every reason /readyz fails now: (its NOT_READY_REASONS label, the sentence), empty when ready."""
         if self.stopping:
-            return False, "draining"
+            return [("draining", "draining")]
+        reasons: list[tuple[str, str]] = []
         why = self.guard.verifier.access.not_ready()  # the proxy's own principal lacks a right it needs
         if why is not None:
-            return False, why
+            reasons.append(("not_authorized", why))
         if self.last_metadata_ok is None:
-            return False, "no successful Metadata request to the cluster yet"
-        age = time.monotonic() - self.last_metadata_ok
-        if age > self.config.ready_max_metadata_age_s:
-            return False, f"last successful Metadata request {age:.0f}s ago"
-        lacks = self.guard.verifier.capabilities.detail()  # ready still: it decides from the evidence it has
-        return True, "ok" if lacks is None else f"ok; {lacks}"
+            reasons.append(("no_metadata", "no successful Metadata request to the cluster yet"))
+        elif (age := time.monotonic() - self.last_metadata_ok) > self.config.ready_max_metadata_age_s:
+            reasons.append(("stale_metadata", f"last successful Metadata request {age:.0f}s ago"))
+        reasons += [(n.reason, n.text) for n in self.guard.verifier.capabilities.readiness().blocked]
+        return reasons
+
+    def _not_ready_because(self, reason: str) -> float:
+        return 1.0 if any(code == reason for code, _ in self.not_ready()) else 0.0
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, /readyz's body): every reason it is not, then what the proxy cannot do (ready or not: a
+        gateway or a monitoring proxy on 2.8 stays ready and says what it cannot verify)."""
+        reasons = self.not_ready()
+        if reasons == [("draining", "draining")]:
+            return False, "draining"
+        notes = list(self.guard.verifier.capabilities.readiness().notes)
+        if not reasons:
+            return True, "; ".join(["ok", *notes])
+        return False, "; ".join([text for _, text in reasons] + notes)
 
     async def _metadata_loop(self) -> None:
         while True:

@@ -145,6 +145,15 @@ class Verifier:
     async def close(self) -> None:
         self._connections.close()
 
+    async def read_api_versions(self, address: HostPort) -> None:
+        """Open (or reuse) the proxy's own connection to `address`, which reads the broker's ApiVersions and
+        tells `capabilities`: at start and for each broker Metadata names, so that what a broker lacks is
+        known before a client needs it (proxy/server.py). The connection stays for the questions to come."""
+        conn = await asyncio.wait_for(asyncio.shield(self._connections.get(address)), self.connect_timeout_s * 2)
+        if conn.api_versions is None:
+            self._connections.drop(address)  # read again on the next attempt
+            raise UpstreamError("the broker's ApiVersions answer could not be read")
+
     async def _any_broker(self, payload: Any) -> Any:
         """Ask the first bootstrap broker that answers; the one that answered is tried first next time,
         and one that did not goes last, so a broker that is down costs one timeout, not one per question.
