@@ -93,6 +93,12 @@ class FakeAdmin:
     async def describe_transactions(self, ids: Any) -> dict[str, TransactionView | None]:
         return {i: self.descriptions.get(i) for i in ids}
 
+    async def transaction_max_timeout_ms(self, view: Any) -> tuple[int, str]:
+        return 15 * MIN, "the fake cluster's"
+
+    async def own_broker_id(self, view: Any) -> int:
+        return 1
+
     async def close(self) -> None:
         pass
 
@@ -246,13 +252,13 @@ def test_scopes_pick_the_broker_asked():
     assert {a for a, _ in admin.asked} == {HostPort("b", 1), HostPort("c", 2)}
     assert list(result.errors) == [("t", 1)] and result.described == 1
 
-    # A sidecar asks its own broker about everything; what that broker does not hold is out of scope.
+    # A sidecar asks its own broker about what it leads only (t-1 is broker 2's, and its sidecar's to report).
     admin.asked.clear()
     result = run(hanging.Scope(local_broker=True))
-    assert admin.asked == [(HostPort("b", 1), [("t", 0), ("t", 1)])]
+    assert admin.asked == [(HostPort("b", 1), [("t", 0)])]
     assert [f.partition for f in result.findings] == [0] and result.errors == {}
 
-    # --broker-id: the partitions with a replica there, asked of it.
+    # --broker-id: the partitions with a replica there, asked of their leader (here the same broker).
     admin.asked.clear()
     result = run(hanging.Scope(broker_id=1))
     assert admin.asked == [(HostPort("b", 1), [("t", 0)])]

@@ -4,16 +4,25 @@ The judgement is pure (txnguard.verification.hanging); this module carries out i
 own connections (never a client's):
 
 * Metadata for the partitions in scope and the brokers;
-* DescribeProducers to each partition's leader (or to `--broker-id`, or to a sidecar's own broker),
-  in batches of 500 partitions;
+* DescribeProducers to each partition's leader, and only to it, in batches of 500 partitions. A follower
+  answers DescribeProducers from its own log too, and one that is catching up shows a transaction whose
+  marker it has not fetched yet as open: a false finding. So `--broker-id` picks the partitions (those
+  with a replica there), not the broker asked, and a sidecar scans only the partitions its broker leads
+  (it learns its broker's id with DescribeConfigs: a broker describes only itself), so that each finding
+  is reported by one sidecar;
 * ListTransactions on every broker, filtered to the candidates' producer ids;
 * FindCoordinator + DescribeTransactions for their transactional ids;
 * under the own-timeout rule (the default), DescribeProducers once more for the partitions found, after
-  the coordinators answered: a finding stands only if its open transaction is still there;
+  the coordinators answered, to each partition's leader as fresh metadata names it then (a leader that
+  moved meanwhile is not asked through a stale view): a finding stands only if its open transaction is
+  still there;
+* when there are candidates whose transaction timeout the coordinator cannot give, DescribeConfigs of
+  every broker's transaction.max.timeout.ms: the largest is the threshold for them (no transaction may
+  ask for a longer timeout; Kafka's default, 15 minutes, when no broker answers);
 * on brokers that lack ListTransactions (Kafka < 3.0: each connection reads the broker's ApiVersions and
   never sends what it does not list), the candidates are reported unconfirmed (verification/hanging.py
   UNCONFIRMED): DescribeProducers alone cannot tell a hanging transaction from one whose abort marker
-  is still being written;
+  is still being written, nor from a live one whose producer writes old timestamps;
 * for an abort: DescribeProducers on the partition's leader to find the producer whose open
   transaction starts at the hanging transaction's start offset, then WriteTxnMarkers (abort,
   TransactionResult=false) to the leader with its producer id, epoch and coordinator epoch (0 when
@@ -28,11 +37,13 @@ neither of them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kio.schema.describe_configs.v1.request import DescribeConfigsRequest, DescribeConfigsResource
 from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.errors import ErrorCode
@@ -49,9 +60,12 @@ from kio.static.primitive import i8, i16, i32
 
 from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
+from txnguard.codecs.schemas import api_name
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamError
 from txnguard.verification.hanging import (
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN,
+    MINUTE_MS,
     AbortSpec,
     AskDescriptions,
     AskProducers,
@@ -60,6 +74,7 @@ from txnguard.verification.hanging import (
     Done,
     Finding,
     HangingScan,
+    OwnTimeout,
     ProducerState,
     Rule,
     Step,
@@ -74,6 +89,8 @@ ATTEMPTS = 5
 NOT_HELD = frozenset({"NOT_LEADER_OR_FOLLOWER", "UNKNOWN_TOPIC_OR_PARTITION"})
 BACKOFF_S = 0.2
 DESCRIBE_CONCURRENCY = 16  # transactional ids described at once
+BROKER_RESOURCE = 4        # DescribeConfigs' resource type of a broker (ConfigResource.Type.BROKER)
+TRANSACTION_MAX_TIMEOUT = "transaction.max.timeout.ms"
 
 
 def now_ms() -> int:
@@ -82,6 +99,19 @@ def now_ms() -> int:
 
 class HangingScanError(RuntimeError):
     """A step of the scan could not be carried out (the tool would exit 1 here too)."""
+
+
+class MissingApi(HangingScanError):
+    """A broker does not offer an API (or the version) a step needs; nothing was sent to it. The message is one
+    line naming the API, its version and the broker, for the command to print as it is."""
+
+    def __init__(self, broker: str, cause: UnsupportedApi) -> None:
+        name = "".join(w.title() for w in api_name(cause.api_key).split("_"))
+        offered = (f"it offers v{cause.offered[0]}-v{cause.offered[1]}" if cause.offered
+                   else "its ApiVersions does not list it")
+        super().__init__(f"{broker} does not offer {name} v{cause.version} ({offered})")
+        self.api_key = cause.api_key
+        self.version = cause.version
 
 
 def _error_name(code: int) -> str:
@@ -127,6 +157,10 @@ class ScanResult:
     oldest_open_age_ms: int | None
     errors: dict[TopicPartition, str] = field(default_factory=dict)  # partitions that answered an error
     unconfirmed: bool = False  # the brokers lack ListTransactions (Kafka < 3.0): candidates reported as they are
+    # The threshold of a transaction whose own timeout is unknown (own-timeout rule), and where it came from;
+    # None when no candidate needed it.
+    unknown_timeout_ms: int | None = None
+    unknown_timeout_source: str | None = None
 
 
 class ClusterAdmin:
@@ -142,13 +176,22 @@ class ClusterAdmin:
         self.timeout_s = timeout_s
         self.address_of = address_of or (lambda host, port: HostPort(host, port))
         self._connections = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=timeout_s, auth=auth)
+        self._broker_ids: dict[HostPort, int] = {}  # from the last metadata: to name a broker in an error
+        self._own_id: int | None = None             # a sidecar's broker (bootstrap[0]), once learned
 
     async def close(self) -> None:
         self._connections.close()
 
+    def name_of(self, address: HostPort) -> str:
+        broker_id = self._broker_ids.get(address)
+        return f"broker {address}" if broker_id is None else f"broker {broker_id} ({address})"
+
     async def request(self, address: HostPort, payload: Any) -> Any:
         conn = await self._connections.get(address)
-        return await conn.request(payload, self.timeout_s)
+        try:
+            return await conn.request(payload, self.timeout_s)
+        except UnsupportedApi as e:  # a definite answer: say which API and which broker, in one line
+            raise MissingApi(self.name_of(address), e) from None
 
     async def _any_broker(self, payload: Any) -> Any:
         last: Exception | None = None
@@ -165,6 +208,7 @@ class ClusterAdmin:
             topics=topics, allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
             include_topic_authorized_operations=False))
         brokers = {int(b.node_id): self.address_of(str(b.host), int(b.port)) for b in resp.brokers}
+        self._broker_ids.update({address: broker_id for broker_id, address in brokers.items()})
         partitions: dict[TopicPartition, PartitionInfo] = {}
         for t in resp.topics:
             if t.error_code != ErrorCode.none:
@@ -175,6 +219,57 @@ class ClusterAdmin:
                 partitions[(str(t.name), int(p.partition_index))] = PartitionInfo(
                     int(p.leader_id), tuple(int(r) for r in p.replica_nodes))
         return ClusterView(brokers, partitions)
+
+    async def broker_config(self, address: HostPort, broker_ids: Iterable[int], key: str,
+                            ) -> tuple[dict[int, str | None], dict[int, str]]:
+        """DescribeConfigs of BROKER resources, asked of one broker: (id -> value, id -> error name). A broker
+        describes only itself (another id: INVALID_REQUEST), which is how a sidecar learns its broker's id."""
+        resp = await self.request(address, DescribeConfigsRequest(resources=tuple(
+            DescribeConfigsResource(resource_type=i8(BROKER_RESOURCE), resource_name=str(b), configuration_keys=(key,))
+            for b in broker_ids)))
+        values: dict[int, str | None] = {}
+        errors: dict[int, str] = {}
+        for r in resp.results:
+            if r.error_code != ErrorCode.none:
+                errors[int(r.resource_name)] = _error_name(int(r.error_code))
+                continue
+            values[int(r.resource_name)] = next((c.value for c in r.configs if c.name == key), None)
+        return values, errors
+
+    async def own_broker_id(self, view: ClusterView) -> int:
+        """The id of the broker at bootstrap[0] (a sidecar's own): the one id it describes (cached)."""
+        if self._own_id is None:
+            try:
+                values, errors = await self.broker_config(self.bootstrap[0], sorted(view.brokers),
+                                                          TRANSACTION_MAX_TIMEOUT)
+            except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+                raise HangingScanError(f"DescribeConfigs to {self.bootstrap[0]}: {e}") from e
+            if len(values) != 1:
+                raise HangingScanError(
+                    f"cannot tell which broker {self.bootstrap[0]} is: DescribeConfigs of brokers "
+                    f"{sorted(view.brokers)} answered {errors or values} (a sidecar's scan needs DESCRIBE_CONFIGS on "
+                    "the cluster to learn its broker's id, so that it asks only the partitions that broker leads)")
+            (self._own_id,) = values
+        return self._own_id
+
+    async def transaction_max_timeout_ms(self, view: ClusterView) -> tuple[int, str]:
+        """The cluster's transaction.max.timeout.ms (the largest any broker gives, each asked for its own), and
+        where it came from; Kafka's default (15 minutes) when no broker answers."""
+        async def one(broker_id: int, address: HostPort) -> int | str:
+            try:
+                values, errors = await self.broker_config(address, [broker_id], TRANSACTION_MAX_TIMEOUT)
+                value = values.get(broker_id)
+                return int(value) if value is not None else errors.get(broker_id, "not listed")
+            except (HangingScanError, UpstreamError, OSError, CodecError, TimeoutError, ValueError) as e:
+                return str(e)
+
+        answers = dict(zip(view.brokers, await asyncio.gather(*(one(b, a) for b, a in view.brokers.items())),
+                           strict=True))
+        known = {b: v for b, v in answers.items() if isinstance(v, int)}
+        if known:
+            return max(known.values()), f"{TRANSACTION_MAX_TIMEOUT} of brokers {sorted(known)} (DescribeConfigs)"
+        return (DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS,
+                f"Kafka's default {TRANSACTION_MAX_TIMEOUT}: no broker described it ({answers})")
 
     async def describe_producers(self, address: HostPort, tps: Sequence[TopicPartition],
                                  ) -> tuple[dict[TopicPartition, list[ProducerState]], dict[TopicPartition, str]]:
@@ -248,6 +343,8 @@ class ClusterAdmin:
                 _, _, frame = await conn.request_raw(DescribeTransactionsRequest(
                     transactional_ids=(TransactionalId(txn_id),)), self.timeout_s)
                 (desc,) = read_describe_transactions_v0(frame[5:])  # header v1: correlation id + tags
+            except UnsupportedApi as e:
+                raise MissingApi(self.name_of(address), e) from None
             except (UpstreamError, OSError, CodecError, TimeoutError, ValueError) as e:
                 raise HangingScanError(f"DescribeTransactions {txn_id} at {address}: {e}") from e
             if desc.error_code == ErrorCode.none:
@@ -278,54 +375,72 @@ class ClusterAdmin:
 # -- the scan ------------------------------------------------------------------------------------------------
 
 
-def _in_scope(view: ClusterView, scope: Scope) -> list[TopicPartition]:
+def _in_scope(view: ClusterView, scope: Scope, own: int | None) -> list[TopicPartition]:
     if scope.topic is not None and scope.partition is not None:
         return [(scope.topic, scope.partition)]
+    if own is not None:  # a sidecar: what its broker leads (each partition is some sidecar's, once)
+        return sorted(tp for tp, info in view.partitions.items() if info.leader == own)
     return sorted(tp for tp, info in view.partitions.items()
                   if scope.broker_id is None or scope.broker_id in info.replicas)
 
 
+def _leaders(admin: ClusterAdmin, view: ClusterView, own: int | None) -> Callable[[TopicPartition], HostPort | None]:
+    """Whom to ask about a partition: its leader in `view`, never a follower (None: no leader to ask). A sidecar
+    asks its own broker directly (bootstrap[0]), and only about what that broker leads in `view`."""
+    def target(tp: TopicPartition) -> HostPort | None:
+        info = view.partitions.get(tp)
+        if info is None:
+            return None
+        if own is not None:
+            return admin.bootstrap[0] if info.leader == own else None
+        return view.brokers.get(info.leader)
+    return target
+
+
 async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[], int] = now_ms) -> ScanResult:
     """One scan of `scope` under `rule` (MaxTimeout: find-hanging's; OwnTimeout: each transaction's own
-    timeout): the pure HangingScan's steps, carried out."""
+    timeout): the pure HangingScan's steps, carried out, every DescribeProducers to the partition's leader."""
     view = await admin.metadata(scope.topic)
     if scope.broker_id is not None and scope.broker_id not in view.brokers:
         raise HangingScanError(f"broker {scope.broker_id} is not in the cluster's metadata")
-    partitions = _in_scope(view, scope)
-
-    def target(tp: TopicPartition) -> HostPort | None:
-        if scope.local_broker:
-            return admin.bootstrap[0]
-        if scope.broker_id is not None:
-            return view.brokers[scope.broker_id]
-        info = view.partitions.get(tp)
-        return view.brokers.get(info.leader) if info is not None else None
+    own = await admin.own_broker_id(view) if scope.local_broker else None
+    partitions = _in_scope(view, scope, own)
+    target = _leaders(admin, view, own)
 
     # Partitions of one broker next to each other, so a batch of 500 goes to as few brokers as possible.
     partitions.sort(key=lambda tp: (str(target(tp)), tp))
     hs = HangingScan(partitions, rule)
     errors: dict[TopicPartition, str] = {}
     unconfirmed = False
+    unknown: tuple[int, str] | None = None
     step: Step = hs.start()
     while not isinstance(step, Done):
         if isinstance(step, AskProducers):
             answers = await _describe_batch(admin, step.partitions, target, errors)
             step = hs.producers_answered(answers, clock())
         elif isinstance(step, AskTransactionalIds):
+            if isinstance(hs.rule, OwnTimeout):
+                given = hs.rule.unknown_ms
+                # Candidates exist: the threshold of one whose timeout nobody can give is the cluster's maximum.
+                unknown = await admin.transaction_max_timeout_ms(view) if given is None else (given, "given")
+                hs.rule = dataclasses.replace(hs.rule, unknown_ms=unknown[0])
             try:
                 listings = await admin.list_transactions(view.brokers.values(), step.producer_ids)
-            except UnsupportedApi:  # Kafka < 3.0: never sent; the candidates stand unconfirmed
+            except MissingApi:  # Kafka < 3.0: never sent; the candidates stand unconfirmed
                 step, unconfirmed = hs.transactional_ids_unavailable(), True
                 continue
             step = hs.transactional_ids_answered(listings)
         elif isinstance(step, AskDescriptions):
             step = hs.descriptions_answered(await admin.describe_transactions(step.transactional_ids))
-        elif isinstance(step, AskProducersAgain):  # asked after the coordinators answered (a failure: not confirmed)
-            step = hs.producers_answered_again(await _describe_batch(admin, step.partitions, target, {}))
+        elif isinstance(step, AskProducersAgain):
+            # The leader as known now: leadership may have moved since the first look (a failure, or a partition
+            # no longer this sidecar's: not confirmed this time).
+            fresh = _leaders(admin, await admin.metadata(scope.topic), own)
+            step = hs.producers_answered_again(await _describe_batch(admin, step.partitions, fresh, {}))
     if scope.local_broker:  # partitions the local broker does not hold are not in its scope
         errors = {tp: e for tp, e in errors.items() if e not in NOT_HELD}
     return ScanResult(step.findings, clock(), len(partitions), hs.described_partitions, hs.oldest_open_age_ms, errors,
-                      unconfirmed)
+                      unconfirmed, *(unknown or (None, None)))
 
 
 async def _describe_batch(admin: ClusterAdmin, partitions: Sequence[TopicPartition],

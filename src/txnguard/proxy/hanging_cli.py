@@ -19,6 +19,12 @@ from txnguard.proxy.kafka_client import UpstreamError
 from txnguard.proxy.tls import upstream_ssl_context
 from txnguard.verification.hanging import Finding, MaxTimeout, OwnTimeout, Rule, table
 
+# Named so that nobody types it by habit: it aborts what no coordinator confirmed.
+UNCONFIRMED_FLAG = "--abort-unconfirmed-i-checked"
+MAY_BE_LIVE = ("no coordinator was asked and its age is only its producer's last timestamp: a producer writing "
+               "event-time timestamps (Kafka Streams, MirrorMaker), a producer clock behind, a transaction timeout "
+               "above the threshold or a lagging replica all look the same")
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -27,7 +33,9 @@ def add_parser(sub: Any) -> None:
                     "finish, judged as kafka-transactions.sh find-hanging, after each transaction's own timeout (or "
                     "exactly as the tool with --max-transaction-timeout). Works against any cluster, "
                     "through a txnguard proxy or not. With neither --topic nor --broker-id every topic (internal ones "
-                    "too) is searched, each partition asked of its leader.")
+                    "too) is searched. Each partition is asked of its leader only (a follower that lags shows "
+                    "committed transactions as open). Findings no coordinator could confirm (Kafka < 3.0) are never "
+                    "aborted by --abort --yes; see --abort-unconfirmed-i-checked.")
     p.add_argument("--bootstrap", help="host:port[,host:port...] of the cluster (or of a proxy); default: the "
                                        "upstream of --config")
     p.add_argument("--config", help="a txnguard proxy config: its upstream, upstream_tls and upstream_auth (SASL "
@@ -35,17 +43,23 @@ def add_parser(sub: Any) -> None:
                                     "periodic scan does (TXNGUARD_* environment overrides apply, e.g. the password)")
     p.add_argument("--topic", help="search this topic only")
     p.add_argument("--partition", type=int, help="and this partition only (needs --topic)")
-    p.add_argument("--broker-id", type=int, help="search the partitions with a replica on this broker, asking it")
+    p.add_argument("--broker-id", type=int, help="search the partitions with a replica on this broker (each asked of "
+                                                 "its leader, unlike find-hanging, which asks this broker)")
     p.add_argument("--max-transaction-timeout", type=int, metavar="MINUTES",
                    help="find-hanging's rule exactly: open transactions whose producer last wrote longer ago than "
                         "this are candidates (the tool's default is 15; keep it at least the cluster's "
                         "transaction.max.timeout.ms). Without it: an open transaction hangs once its coordinator "
                         "no longer lists the partition and the producer's last write there is older than that "
                         "transaction's own timeout plus --timeout-margin, confirmed by a second DescribeProducers "
-                        "(15 minutes when the coordinator cannot describe it)")
+                        "(the cluster's transaction.max.timeout.ms when the coordinator cannot describe it)")
     p.add_argument("--timeout-margin", type=float, default=10.0, metavar="SECONDS",
                    help="added to each transaction's own timeout when --max-transaction-timeout is not given "
                         "(default 10: the coordinator looks for timed-out transactions every 10 s by default)")
+    p.add_argument("--transaction-max-timeout-ms", type=int, metavar="MS",
+                   help="without --max-transaction-timeout: the timeout assumed for a transaction whose coordinator "
+                        "cannot give it (no transactional id, id not found, or a broker without ListTransactions), "
+                        "instead of the cluster's transaction.max.timeout.ms read with DescribeConfigs (15 minutes "
+                        "when no broker answers)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tool's table")
     p.add_argument("--abort", action="store_true",
                    help="abort the hanging transactions found (WriteTxnMarkers, as kafka-transactions.sh abort); "
@@ -53,6 +67,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--start-offset", type=int, help="with --abort: only the transaction starting at this offset")
     p.add_argument("--yes", action="store_true", help="with --abort: abort without asking")
     p.add_argument("--dry-run", action="store_true", help="with --abort: only show what would be aborted")
+    p.add_argument(UNCONFIRMED_FLAG, action="store_true",
+                   help="with --abort: abort unconfirmed findings too (reason unconfirmed_coordinator_cannot_be_asked: "
+                        "no coordinator was asked, the age is the producer's last timestamp). Without it --abort "
+                        "leaves them alone, --yes or not: each may be a live transaction (event-time timestamps, a "
+                        "producer clock behind, a timeout above the threshold). Give it only after checking each one "
+                        "as the docs say (Hanging transactions: before aborting an unconfirmed finding)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (default 30)")
 
 
@@ -61,8 +81,14 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
     if args.partition is not None and args.topic is None:
         print("txnguard hanging: --partition needs --topic", file=err)
         return 2
-    if (args.start_offset is not None or args.yes or args.dry_run) and not args.abort:
-        print("txnguard hanging: --start-offset, --yes and --dry-run go with --abort", file=err)
+    if (args.start_offset is not None or args.yes or args.dry_run or args.abort_unconfirmed_i_checked) \
+            and not args.abort:
+        print(f"txnguard hanging: --start-offset, --yes, --dry-run and {UNCONFIRMED_FLAG} go with --abort", file=err)
+        return 2
+    if args.transaction_max_timeout_ms is not None and (args.max_transaction_timeout is not None
+                                                        or args.transaction_max_timeout_ms <= 0):
+        print("txnguard hanging: --transaction-max-timeout-ms is a positive number of milliseconds, without "
+              "--max-transaction-timeout (which sets the one threshold itself)", file=err)
         return 2
     if args.timeout_margin < 0 or (args.max_transaction_timeout is not None and args.max_transaction_timeout < 0):
         print("txnguard hanging: --timeout-margin and --max-transaction-timeout are not negative", file=err)
@@ -85,7 +111,7 @@ def rule_of_args(args: Any) -> Rule:
     """--max-transaction-timeout MINUTES: find-hanging's rule; without it, each transaction's own timeout."""
     if args.max_transaction_timeout is not None:
         return MaxTimeout(args.max_transaction_timeout * 60_000)
-    return OwnTimeout(margin_ms=int(args.timeout_margin * 1000))
+    return OwnTimeout(margin_ms=int(args.timeout_margin * 1000), unknown_ms=args.transaction_max_timeout_ms)
 
 
 class _Connect(NamedTuple):
@@ -116,10 +142,13 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
         for tp, problem in sorted(result.errors.items()):
             print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
         if result.unconfirmed:
+            limit = (f"{args.max_transaction_timeout} minutes (--max-transaction-timeout)"
+                     if args.max_transaction_timeout is not None
+                     else f"{result.unknown_timeout_ms} ms ({result.unknown_timeout_source})")
             print("txnguard hanging: the brokers lack ListTransactions and DescribeTransactions (Kafka < 3.0): "
-                  "open transactions older than --max-transaction-timeout (15 minutes unless given) are listed "
-                  "unconfirmed by their "
-                  "coordinator (one whose abort marker is still being written would be listed too)", file=err)
+                  f"open transactions whose producer's last timestamp is older than {limit} are listed unconfirmed "
+                  "by their coordinator (a live transaction with old timestamps, or one whose abort marker is "
+                  "still being written, would be listed too)", file=err)
         aborted: list[dict[str, Any]] = []
         status = 1 if result.errors else 0
         if not args.json:  # what was found first, then what is done about it
@@ -129,7 +158,8 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
             for f in chosen:
                 outcome = await _abort_one(admin, f, args, out, err, inp)
                 aborted.append({**f.as_dict(result.now_ms), "outcome": outcome})
-                if outcome not in ("NONE", "dry_run", "declined"):
+                # Left alone (unconfirmed, no flag) is the command's own refusal, like a declined prompt: not a failure.
+                if outcome not in ("NONE", "dry_run", "declined", "left_unconfirmed"):
                     status = 1
         if args.json:
             report: dict[str, Any] = {
@@ -142,6 +172,8 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
                 "timeout_margin_ms": None if args.max_transaction_timeout is not None
                 else int(args.timeout_margin * 1000),
                 "unconfirmed": result.unconfirmed,
+                "unknown_transaction_timeout_ms": result.unknown_timeout_ms,
+                "unknown_transaction_timeout_source": result.unknown_timeout_source,
                 "errors": {f"{t}-{p}": problem for (t, p), problem in sorted(result.errors.items())},
             }
             if args.abort:
@@ -153,9 +185,20 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
 
 
 async def _abort_one(admin: hanging.ClusterAdmin, f: Finding, args: Any, out: Any, err: Any, inp: Any) -> str:
-    """One confirmed abort: the outcome's name (NONE, an error name, dry_run, declined, TRANSACTION_GONE)."""
+    """One abort: the outcome's name (NONE, an error name, dry_run, declined, TRANSACTION_GONE, left_unconfirmed,
+    lookup_failed, failed). A broker that lacks an API the abort needs (WriteTxnMarkers v1, DescribeProducers) is
+    one line naming both, and the outcome a failure (exit 1), like any other refused abort."""
     # Progress goes to stderr when stdout carries JSON.
     say = err if args.json else out
+    where = f"topic {f.topic} partition {f.partition} producer id {f.producer_id} start offset {f.start_offset}"
+    if not f.confirmed:
+        if not args.abort_unconfirmed_i_checked:
+            print(f"left alone: the transaction on {where} is unconfirmed ({f.reason}); it may be a live transaction "
+                  f"({MAY_BE_LIVE}). Check it as the docs say, then abort it with {UNCONFIRMED_FLAG}", file=say)
+            return "left_unconfirmed"
+        print(f"unconfirmed, aborted only because of {UNCONFIRMED_FLAG}: the transaction on {where} may be a live "
+              f"transaction ({MAY_BE_LIVE}); aborting a live one writes an abort marker here while it may commit on "
+              "its other partitions", file=err)
     try:
         plan = await hanging.plan_abort(admin, f)
     except (hanging.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:

@@ -33,8 +33,9 @@ transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default), f
 epoch. A write on the partition that is older than timeout + margin therefore belongs to a transaction
 that has ended, or is being aborted, or was never told about the partition; while the partition is
 listed, its marker is still coming and nothing is reported. Without a description (no transactional id,
-or the id not found) the transaction's timeout is unknown: `OwnTimeout.unknown_ms` (the tool's 15
-minutes by default) applies. The ages are the tool's: `lastTimestamp` is the batch's max timestamp
+or the id not found, or no ListTransactions at all) the transaction's timeout is unknown:
+`OwnTimeout.unknown_ms` applies, the cluster's transaction.max.timeout.ms (no transaction may ask for
+longer). The ages are the tool's: `lastTimestamp` is the batch's max timestamp
 (the producer's clock for CreateTime topics), so a producer whose clock runs behind looks older; the
 coordinator's answer and the second look still have to agree before anything is reported.
 
@@ -64,8 +65,14 @@ NOT_IN_TRANSACTION = "partition_not_in_transaction"    # the coordinator's trans
 # Kafka 2.8 has no ListTransactions or DescribeTransactions (KIP-664 finished in 3.0): an open transaction
 # whose producer last wrote longer ago than the maximum transaction timeout is reported without the
 # coordinator's confirmation. The coordinator aborts every transaction within its own timeout (at most
-# transaction.max.timeout.ms), so such a partition hangs unless its abort marker is still on its way.
+# transaction.max.timeout.ms), so such a partition hangs unless its abort marker is still on its way, or
+# unless the age is wrong: it is the producer's last *timestamp*, which a live transaction can show as
+# old (event-time timestamps that Kafka Streams and MirrorMaker keep from their input, a producer clock
+# behind). Reported, never aborted without a person's word (`Finding.confirmed`).
 UNCONFIRMED = "unconfirmed_coordinator_cannot_be_asked"
+# Findings no coordinator confirmed: `txnguard hanging --abort` leaves them alone unless told, by a flag of its own,
+# that a person checked each one (see `Finding.confirmed`). Every such class is listed here.
+UNCONFIRMED_REASONS = frozenset({UNCONFIRMED})
 
 HEADERS = ("Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
            "LastTimestamp", "Duration(min)")
@@ -110,10 +117,15 @@ class MaxTimeout:
 @dataclass(frozen=True, slots=True)
 class OwnTimeout:
     """Each transaction's own timeout (the coordinator's transactionTimeoutMs) plus `margin_ms`; `unknown_ms`
-    when the coordinator cannot say (no transactional id for the producer, or the id not found)."""
+    when the coordinator cannot say (no transactional id for the producer, the id not found, or a broker
+    without ListTransactions).
+
+    `unknown_ms` None: the cluster's transaction.max.timeout.ms, which the IO half reads (DescribeConfigs) and
+    sets before judging; no transaction can run longer than that. Until then (a pure caller that sets
+    nothing) Kafka's default of it, 15 minutes, which is also find-hanging's default threshold."""
 
     margin_ms: int = DEFAULT_MARGIN_MS
-    unknown_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS
+    unknown_ms: int | None = None
 
 
 Rule = MaxTimeout | OwnTimeout
@@ -129,7 +141,7 @@ def threshold_ms(rule: Rule, description: TransactionView | None) -> int:
     if isinstance(rule, MaxTimeout):
         return rule.ms
     if description is None or description.timeout_ms <= 0:
-        return rule.unknown_ms
+        return DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS if rule.unknown_ms is None else rule.unknown_ms
     return description.timeout_ms + rule.margin_ms
 
 
@@ -163,6 +175,13 @@ class Finding:
     transaction_timeout_ms: int | None = None  # the coordinator's transactionTimeoutMs, if it described it
 
     @property
+    def confirmed(self) -> bool:
+        """A coordinator was asked and does not list this partition in the producer's transaction. An unconfirmed
+        finding rests on the producer's last timestamp alone, which a live transaction can show too (event-time
+        timestamps, a clock behind, a timeout above the threshold): it is never aborted by default."""
+        return self.reason not in UNCONFIRMED_REASONS
+
+    @property
     def key(self) -> tuple[str, int, int, int, int]:
         """Identity of one hanging transaction across scans."""
         return self.topic, self.partition, self.producer_id, self.producer_epoch, self.start_offset
@@ -184,7 +203,7 @@ class Finding:
             "age_ms": now_ms - self.last_timestamp_ms, "duration_min": self.duration_min(now_ms),
             "reason": self.reason, "transactional_id": self.transactional_id,
             "coordinator_state": self.coordinator_state, "threshold_ms": self.threshold_ms,
-            "transaction_timeout_ms": self.transaction_timeout_ms,
+            "transaction_timeout_ms": self.transaction_timeout_ms, "confirmed": self.confirmed,
         }
 
 
