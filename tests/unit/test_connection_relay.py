@@ -368,8 +368,10 @@ def test_the_fast_path_forwards_and_books_exactly_what_the_general_path_does():
 def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
     """A transactional producer's conversation, step by step (each step's requests, then their answers): a first
     request naming the client, InitProducerId, then per transaction AddPartitionsToTxn, two transactional writes,
-    sometimes AddOffsetsToTxn and a Heartbeat, then (as an exactly-once producer sends it, once AddOffsetsToTxn
-    was answered) a TxnOffsetCommit (v0-v4 in turn) between two more writes, then EndTxn (commit or abort)."""
+    sometimes AddOffsetsToTxn and two Heartbeats behind it (three in flight: with max_in_flight 3 the queue is
+    full at the second Heartbeat, so a read holding all three shows whether the fast path counted AddOffsetsToTxn),
+    then (as an exactly-once producer sends it, once AddOffsetsToTxn was answered) a TxnOffsetCommit (v0-v4 in
+    turn) between two more writes, then EndTxn (commit or abort)."""
     steps_: list[tuple[list[bytes], list[bytes]]] = [([heartbeat(0)], [heartbeat_response(0)]),  # names the client
                                                      ([init_producer_id(1)], [init_producer_id_response(1)])]
     cid = 2
@@ -379,14 +381,14 @@ def _transactions(count: int) -> list[tuple[list[bytes], list[bytes]]]:
                        [produce_response(cid + 1, [T0]), produce_response(cid + 2, [T1])]))
         cid += 3
         if i % 2 == 0:
-            steps_.append(([add_offsets(cid), heartbeat(cid + 1)],
-                           [add_offsets_response(cid), heartbeat_response(cid + 1)]))
+            steps_.append(([add_offsets(cid), heartbeat(cid + 1), heartbeat(cid + 2)],
+                           [add_offsets_response(cid), heartbeat_response(cid + 1), heartbeat_response(cid + 2)]))
             version = (3, 0, 4, 2, 1)[i // 2 % 5]
-            steps_.append(([produce(cid + 2, [T0]), txn_offset_commit(cid + 3, version=version),
-                            produce(cid + 4, [T1])],
-                           [produce_response(cid + 2, [T0]), txn_offset_commit_response(cid + 3, version=version),
-                            produce_response(cid + 4, [T1])]))
-            cid += 5
+            steps_.append(([produce(cid + 3, [T0]), txn_offset_commit(cid + 4, version=version),
+                            produce(cid + 5, [T1])],
+                           [produce_response(cid + 3, [T0]), txn_offset_commit_response(cid + 4, version=version),
+                            produce_response(cid + 5, [T1])]))
+            cid += 6
         steps_.append(([end_txn(cid, committed=i % 3 != 2)], [end_txn_response(cid)]))
         cid += 1
     return steps_
