@@ -93,11 +93,18 @@ def _consequence(lacks: tuple[Lack, ...], *, own: bool, sidecar: bool, enforcing
     what = "refused" if enforcing else "forwarded and recorded as not added (monitor)"
     if not sidecar:
         return (f"a gateway verifies from what it forwarded: a write whose AddPartitionsToTxn it did not forward (a "
-                f"transaction begun before a restart, or through another gateway replica) cannot be verified: {what}")
+                f"transaction begun before a restart, or through another gateway replica) cannot be verified: {what}"
+                f"; {_NOR}")
     if not own:
-        return f"writes of transactions this broker coordinates cannot be verified when the leader shows none: {what}"
+        return (f"writes of transactions this broker coordinates cannot be verified when the leader shows none: "
+                f"{what}; {_NOR}")
     return ("a sidecar cannot verify a transaction's first write to a partition (no leader evidence yet, the "
-            f"coordinator cannot be asked): every transaction's first write is {what}")
+            f"coordinator cannot be asked): every transaction's first write is {what}; {_NOR}")
+
+
+# What else asks DescribeTransactions (proxy/guard.py), and how it degrades without it: never a refusal.
+_NOR = ("nor can it confirm a coordinator's transaction timeout (a KIP-588 rewrite: the error passes as it is) or "
+        "see a producer move on past an EndTxn in doubt (that hold lasts until the EndTxn is answered or its bound)")
 
 
 def readiness(brokers: Iterable[BrokerApis], *, sidecar: bool, enforcing: bool) -> Readiness:
