@@ -1,7 +1,7 @@
 """Upgrades without downtime under a live transactional copier: Kafka and txnguard rolled one process at a time.
 
 Run: `.venv/bin/python bench/rolling_upgrade_zk.py [--variants roll-gateway,roll-sidecars,sidecars,gateways,roll-direct]
-      [--records 24000] [--commit-every 50] [--pace 0.5]`
+      [--per-step 1500] [--commit-every 50] [--pace 0.5]`
 
 Each variant on a fresh 3-broker Kafka 3.4.1 cluster in ZooKeeper mode (txnguard.testing.rolling):
 
@@ -12,9 +12,11 @@ Each variant on a fresh 3-broker Kafka 3.4.1 cluster in ZooKeeper mode (txnguard
 * sidecars: the three sidecars restarted one at a time (SIGTERM, drain, start on the same port);
 * gateways: two gateway replicas (the client bootstraps from both), restarted one at a time.
 
-Per variant, a table with a row per step (records copied during it, the client's errors by kind, the proxies'
-warning log lines and refusals), then records lost, duplicated, find-hanging rows and a verdict. Nothing
-is asserted (too slow and load-sensitive for `make test` on two shared cores).
+Each step writes its own `--per-step` input records and ends once the copier has committed them (the roll
+drives the copier, txnguard.testing.rolling.run_roll); the copier stops when the roll ends. Per variant, a
+table with a row per step (how long it took, the client's errors by kind, the proxies' warning log lines and
+refusals), then records lost, duplicated, find-hanging rows and a verdict. Nothing is asserted (`make test`
+runs the gateway roll: tests/integration/test_rolling_upgrade_zk.py).
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ VARIANTS = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="roll-gateway,roll-sidecars,sidecars,gateways,roll-direct")
-    ap.add_argument("--records", type=int, default=24000)
+    ap.add_argument("--per-step", type=int, default=1500, help="input records each step writes and has copied")
     ap.add_argument("--commit-every", type=int, default=50)
-    ap.add_argument("--pace", type=float, default=0.5, help="the copier's pause after each commit during the steps")
+    ap.add_argument("--pace", type=float, default=0.5, help="the copier's pause after each commit")
     args = ap.parse_args()
     results: list[RollResult] = []
     with tempfile.TemporaryDirectory(prefix="txnguard-rolling-") as root:
@@ -52,7 +54,7 @@ def main() -> None:
             cluster = kafka.up(FROM, 3, tmp / "kafka", zookeeper=True, sidecars=sidecars, die_with_parent=True)
             try:
                 result = run_roll(cluster, make_front(cluster, tmp), make_steps, tmp, variant=name,
-                                  records=args.records, commit_every=args.commit_every, pace_s=args.pace)
+                                  per_step=args.per_step, commit_every=args.commit_every, pace_s=args.pace)
             finally:
                 cluster.down()
             results.append(result)

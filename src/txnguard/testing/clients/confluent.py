@@ -458,6 +458,7 @@ def confluent_exactly_once_copy(
     bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int, *,
     commit_every: int = 500, timeout_s: float = 240.0, progress: Callable[[int], None] | None = None,
     producer_config: dict[str, Any] | None = None, watch_send_offsets_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> ExactlyOnceCopy:
     """A confluent-kafka consume-transform-produce loop written as an application would write it.
 
@@ -471,7 +472,9 @@ def confluent_exactly_once_copy(
     for instance because its transaction outlived transaction.timeout.ms and the coordinator
     aborted it) replaces the producer, as librdkafka documents: a new instance with the same
     transactional id fences the old one, and the consumer rewinds. At most `max_producers`.
-    Stops once `count` input records were committed; `progress(copied)` runs after each commit.
+    Stops once `count` input records were committed; `progress(copied)` runs after each commit. `timeout_s`
+    bounds each call to the client and, unless `deadline_s` is given, the whole copy (math.inf: no bound, for a
+    caller that feeds the input itself and watches the progress).
     `producer_config` adds to the producer's settings (e.g. {"debug": "eos,broker"} to see librdkafka's side).
 
     `watch_send_offsets_s` routes around librdkafka #5511/#5456 (open in 2.16.0): once the broker cached as
@@ -483,7 +486,8 @@ def confluent_exactly_once_copy(
     """
     loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s,
                             producer_config or {}, watch_send_offsets_s)
-    return loop.run(count, commit_every, time.monotonic() + timeout_s, progress or (lambda _n: None))
+    return loop.run(count, commit_every, time.monotonic() + (timeout_s if deadline_s is None else deadline_s),
+                    progress or (lambda _n: None))
 
 
 MAX_PRODUCERS = 3
