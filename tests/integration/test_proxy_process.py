@@ -82,12 +82,14 @@ def test_sigterm_drains_and_exits(cluster, tmp_path):
                          tmp_path / "proxy.log").start(wait_port=("127.0.0.1", port))
     with RawClient("127.0.0.1", port) as c:
         c.api_versions()
-        started = time.monotonic()
+        # SIGTERM ─▶ draining ─▶ the idle client closed at once (nothing in flight) ─▶ exit 0, never waiting for
+        # the drain's deadline (30 s, as long as this wait: a proxy that waited for it would be killed here).
         assert proxy.terminate(timeout=30) == 0
-        assert time.monotonic() - started < 10
     log = proxy.log()
     assert '"event": "draining"' in log
     assert '"reason": "draining"' in log  # the idle client was closed by the drain, not killed
+    assert '"reason": "drain_deadline"' not in log  # ...and not when the deadline ran out
+    assert log.index('"event": "draining"') < log.index('"reason": "draining"')
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 import urllib.error
 import urllib.request
 
@@ -166,10 +165,11 @@ def test_an_unreachable_broker_closes_the_client_instead_of_hanging(start_proxy)
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]  # nothing listens here once the socket closes
     proxy = start_proxy(upstream=f"127.0.0.1:{dead}", limits={"connect_timeout_s": 2.0})
-    started = time.monotonic()
-    with pytest.raises((RawProtocolError, OSError)), RawClient.connect(proxy.bootstrap, timeout=10) as c:
+    # client ─ApiVersions─▶ proxy ─connect─▶ (nothing listens)   the proxy closes the client: the client sees the
+    # close (or a reset), never its own read timeout running out, which is what a hang would end in.
+    with pytest.raises((RawProtocolError, OSError)) as closed, RawClient.connect(proxy.bootstrap, timeout=60) as c:
         c.api_versions()
-    assert time.monotonic() - started < 8
+    assert not isinstance(closed.value, TimeoutError), f"the client waited out its own timeout: {closed.value!r}"
     assert proxy.metric("txnguard_connection_closes_total", {"reason": "upstream_unreachable"}) >= 1
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(proxy.admin_url + "/readyz", timeout=5)

@@ -5,7 +5,9 @@
 
 A stand-in producer: the client's hang cannot be produced on demand (whether a real librdkafka hangs is a race:
 bench/librdkafka_5511.py), so this checks only the copier's own decision; the rolling-upgrade test runs it with
-the real client.
+the real client. No outcome here depends on how fast a thread is scheduled: a call that returns (or raises) is
+watched for far longer than any scheduling delay (the watch ends when the call does, so that costs no time), and
+a blocked call stays blocked until the test releases it, after the watch has run out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import pytest
 
 from txnguard.testing.clients import confluent
+
+LONG_WATCH_S = 600.0  # never reached: the call returns first, and the watch with it
 
 
 class StandInProducer:
@@ -29,7 +33,7 @@ class StandInProducer:
         self.calls.append(timeout)
         self.threads.append(threading.current_thread())
         if self.behaviour == "blocks":
-            self.release.wait(10)
+            self.release.wait()  # until the test lets it go, whatever the watch
         elif self.behaviour == "raises":
             raise RuntimeError("NOT_COORDINATOR")
 
@@ -43,7 +47,7 @@ def loop_with(producer: StandInProducer, watch_s: float | None) -> Any:
 
 def test_a_call_that_returns_in_time_is_not_watched_further() -> None:
     producer = StandInProducer("returns")
-    loop = loop_with(producer, watch_s=0.2)
+    loop = loop_with(producer, watch_s=LONG_WATCH_S)
 
     assert loop._send_offsets([], None) is True
     assert producer.calls == [0.05]  # its own timeout: the loop's, at most SEND_OFFSETS_TIMEOUT_S
@@ -56,6 +60,8 @@ def test_a_call_blocked_past_the_watch_is_noted_hung() -> None:
     loop = loop_with(producer, watch_s=0.1)
     try:
         assert loop._send_offsets([], None) is False
+        [call] = producer.threads
+        assert call.is_alive()  # the watch ran out while the call was still blocked, in that order
     finally:
         producer.release.set()
 
@@ -64,7 +70,7 @@ def test_a_call_blocked_past_the_watch_is_noted_hung() -> None:
 
 
 def test_the_calls_error_is_raised_on_the_loops_thread() -> None:
-    loop = loop_with(StandInProducer("raises"), watch_s=0.2)
+    loop = loop_with(StandInProducer("raises"), watch_s=LONG_WATCH_S)
 
     with pytest.raises(RuntimeError, match="NOT_COORDINATOR"):
         loop._send_offsets([], None)

@@ -1,7 +1,8 @@
 """How the shell reads a client that sends a lot: what it holds, and whose turn it is.
 
-    client ──8 MiB Produce──▶ proxy (uvloop)             broker connection: 0.5 s to come up
-                              holds one read, reading paused
+    client ──8 MiB Produce──▶ proxy (uvloop)             broker connection: not up yet
+                              holds one read, reading paused; more of the client's bytes wait unread in the
+                              proxy's socket for a few turns of the loop (a session still reading would take them)
                               broker connection up ──▶ the 8 MiB, byte for byte, to the broker
 
     client ──24 MiB Produce──▶ proxy: one full read (256,000 B) per turn of the event loop, then the others'
@@ -9,16 +10,20 @@
 
 uvloop starts reading a connection once `connection_made` returns, whatever the protocol paused there; the
 session pauses again on its first read. The "broker" is a byte sink and the slow connect a wrapper around the
-proxy's own: a real broker cannot be told to take half a second to accept (real brokers carry big frames
+proxy's own, which goes on only after those turns (an order of events, no wall-clock delay): a real broker cannot
+be told to wait for that (real brokers carry big frames
 through the proxy in tests/integration/test_proxy_process.py; bench/big_frame.py measures a neighbour's
 round trips beside a 100 MiB Produce).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import socket
 import struct
+import termios
 import threading
 from typing import Any
 
@@ -29,8 +34,8 @@ from txnguard.proxy.server import Proxy
 from txnguard.proxy.session import FULL_READ, Session
 
 FRAME_MIB = 8
-CONNECT_DELAY_S = 0.5
 ONE_READ = 256 * 1024  # uvloop reads 256,000 bytes at a time, asyncio 256 KiB
+UNREAD_TURNS = 20  # turns of the loop with the client's bytes ready in the proxy's socket before the connect
 
 
 def big_produce(mib: int = FRAME_MIB) -> bytes:
@@ -44,7 +49,20 @@ def big_produce(mib: int = FRAME_MIB) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
-async def scenario(frame: bytes, connect_delay_s: float = CONNECT_DELAY_S) -> tuple[int, int, list[int]]:
+def held(session: Session) -> int:
+    """What the session read and holds until its broker connection is up."""
+    return sum(len(b) for b in session._early)
+
+
+def unread_bytes(session: Session) -> int:
+    """What the kernel holds for the proxy on the session's client socket, not read yet (FIONREAD)."""
+    assert session.client is not None
+    count = array.array("i", [0])
+    fcntl.ioctl(session.client.get_extra_info("socket").fileno(), termios.FIONREAD, count)
+    return count[0]
+
+
+async def scenario(frame: bytes, hold_connect: bool = True) -> tuple[int, int, list[int]]:
     streams: list[bytearray] = []  # one per connection: the proxy's own Metadata connections come here too
     done = asyncio.Event()
 
@@ -67,8 +85,14 @@ async def scenario(frame: bytes, connect_delay_s: float = CONNECT_DELAY_S) -> tu
     connect = proxy.connect_upstream
 
     async def slow_connect(target: HostPort, factory: Any) -> Any:
-        await asyncio.sleep(connect_delay_s)   # the client has been sending all along
-        held_at_connect.append(sum(len(b) for s in proxy.sessions for b in s._early))
+        if hold_connect:  # the client has been sending all along
+            [session] = proxy.sessions
+            # A read taken, and more ready to read (or more than one read taken: the test fails below).
+            while not session._early or not (unread_bytes(session) or held(session) > ONE_READ):
+                await asyncio.sleep(0.001)
+            for _ in range(UNREAD_TURNS):
+                await asyncio.sleep(0)
+        held_at_connect.append(sum(held(s) for s in proxy.sessions))
         return await connect(target, factory)
 
     # The loop's turns, counted by a callback that schedules itself again at every turn; each full read of
@@ -120,7 +144,7 @@ def test_a_client_sending_before_the_broker_connection_is_up_waits_in_its_socket
 def test_a_client_with_more_to_read_is_read_once_a_turn_so_the_others_get_theirs() -> None:
     frame = big_produce(24)
 
-    _, forwarded, turns = uvloop.run(scenario(frame, connect_delay_s=0))
+    _, forwarded, turns = uvloop.run(scenario(frame, hold_connect=False))
 
     assert forwarded == len(frame)
     assert len(turns) > 20                          # the frame came in many full reads...
