@@ -209,7 +209,8 @@ def test_s6_confluent_kafka_loop_exactly_once_through_a_broker_crash(
     copy = _prepare(cluster, unique_name)
     victim = cluster.leader(copy.sink, 0)
     # Not the group's coordinator: librdkafka 2.16 hangs in send_offsets_to_transaction when that broker
-    # leaves the Metadata (its bugs #5511/#5456, shown directly against the brokers by the test below).
+    # leaves the Metadata (its bugs #5511/#5456, which bench/librdkafka_5511.py reports directly against the
+    # brokers: a client race, not a test).
     copy.group = _group_not_coordinated_by(cluster, victim, unique_name)
     proxy = gateway_for(cluster, start_proxy)
     copied = [0]

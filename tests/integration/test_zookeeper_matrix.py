@@ -24,8 +24,9 @@ Every client family meets 3.0.2 in ZooKeeper mode once, spread so that each mode
 | `txnguard hanging` = 3.0.2's own `find-hanging` (topic and broker scopes) | Java 3.0.2 tool | direct, G |
 
 S1, S2 and S5 direct (they hang) vs through a gateway (refused) on 2.8.2, 3.0.2 and 3.4.1 in ZooKeeper mode:
-test_kafka_28.py and test_verification.py. This file runs last in `make test` (files run in alphabetical
-order), so its cluster evicts none that a later file would have to start again.
+test_kafka_28.py and test_verification.py. `make test` starts this file first on its worker (tests/conftest.py
+orders the files longest first, so that no long file runs alone at the end); its cluster is started once for
+all the cells, and no other file uses a cluster of its kind.
 """
 
 from __future__ import annotations

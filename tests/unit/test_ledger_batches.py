@@ -259,10 +259,11 @@ def test_n_fast_writes_then_a_rejection_record_what_recording_after_every_read_d
     assert kinds == [("decision", "forwarded")] * 20 + [("decision", "rejected")] + \
         [("decision", "forwarded")] * 3 + [("connection", None)]
     assert batched.metric("txnguard_verifications_total", PASSES) == 23
-    # Per read: a batch per fast read. Batched: the timer's every 5 ms (a read a millisecond), one before the
-    # rejection's commands, one at the close.
+    # Per read: a batch per fast read. Batched: the guard's timer waits LEDGER_DELAY_S (50 ms) from the first
+    # booked read, longer than all these reads take (47 ms, a millisecond a read), so it never fires here: one
+    # batch before the rejection's commands (the first 20 writes), one at the close (the last 3).
     assert len(per_read.batches) == 2 * 23
-    assert len(batched.batches) <= 2 * 23 // 4 and sum(b[2] for b in batched.batches) == 23
+    assert LEDGER_DELAY_S * 1000 > 47 and [b[2] for b in batched.batches] == [20, 3]
 
 
 def test_writes_and_offset_commits_in_batches_record_what_recording_after_every_read_did(tmp_path, clock,
