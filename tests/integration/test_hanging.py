@@ -12,8 +12,8 @@ is a candidate for both tools and not hanging for either: the coordinator lists 
 
 The comparisons with the tool run `txnguard hanging --max-transaction-timeout 15` (find-hanging's rule, its
 default threshold). With default flags, and in the proxy's scan by default, a transaction hangs after its
-own timeout (plus a 10 s margin) instead: the last test makes one with a 60 s timeout and a current
-timestamp (and one with 20 s), and waits for both to report them, with an idle healthy transaction beside.
+own timeout (plus a margin, 10 s by default) instead: the last test makes one with a 15 s timeout and a current
+timestamp (and one with 5 s), and waits for both to report them, with an idle healthy transaction beside.
 """
 
 from __future__ import annotations
@@ -280,70 +280,91 @@ def _idle_still_open(bootstrap: str, topic: str, txn_id: str, idle: Made, partit
                           for p in states.active_producers)
 
 
+# The own-timeout test's transactions: two hanging (15 s and 5 s timeouts) and a healthy one left idle (60 s, the
+# harness's transaction.max.timeout.ms). Its coordinators look for timed-out transactions every second
+# (transaction.abort.timed.out.transaction.cleanup.interval.ms=1000), so a 2 s margin is enough there.
+HUNG_TIMEOUT_MS, SHORT_TIMEOUT_MS, IDLE_TIMEOUT_MS = 15_000, 5_000, 60_000
+MARGIN_MS = 2_000
+# How long past the last threshold the wait may run: a scan every second and a command run every few seconds
+# report within a few seconds on an idle machine; the rest is room for a loaded one. Never the claim itself.
+SLACK = datetime.timedelta(seconds=60)
+
+
 def test_a_hanging_transaction_is_reported_after_its_own_timeout_not_15_minutes(
     kafka_pool: ClusterPool, unique_name: NameFactory, start_proxy: Callable[..., ProxyThread], tmp_path: Path,
 ) -> None:
-    # The claim: made with a 60 s transaction timeout and stamped now, a hanging transaction (p0) is reported by
-    # the proxy's scan (every 10 s, default rule) and by `txnguard hanging` with default flags within 90 s of its
-    # start. The control: a healthy transaction (p2, its partition added) left idle for longer than the timeout of
-    # a second hanging transaction (p1, 20 s) is never reported. The harness's brokers allow transaction timeouts
-    # up to 60 s (transaction.max.timeout.ms), so the pair is 20 s hanging / 60 s idle rather than 60 s / 120 s;
-    # the idle one is checked to be still open when the 20 s one is reported. The deadline bounds the wait; the
-    # seconds are printed. (A transaction held in PrepareCommit/PrepareAbort is covered by the unit tests with the
-    # coordinator's answer: a real broker writes its markers at once, and a frozen leader cannot be described.)
+    # The claim: made stamped now, hanging transactions with 15 s (p0) and 5 s (p1) timeouts are reported by the
+    # proxy's scan (every second, default rule) and by `txnguard hanging` with default flags once older than their
+    # own timeout plus the margin, and not before (each finding's age is past its threshold). The control: a
+    # healthy transaction (p2, its partition added, 60 s timeout) left idle for longer than p1's threshold is
+    # never reported, and is checked to be still open when p1 has been reported by both. The wait is bounded
+    # from the transactions' own timestamps: the last threshold (p0's) plus SLACK. (A transaction held in
+    # PrepareCommit/PrepareAbort is covered by the unit tests with the coordinator's answer: a real broker writes
+    # its markers at once, and a frozen leader cannot be described.)
     cluster = kafka_pool.get("3.5.2", 1)
     bootstrap = cluster.bootstrap_servers
     topic = fresh_topic(cluster, unique_name("own"), partitions=3)
     audit = tmp_path / "audit.jsonl"
-    p = start_proxy(upstream=bootstrap, mode="gateway", audit_path=str(audit), health={"hanging_scan_interval_s": 10})
+    p = start_proxy(upstream=bootstrap, mode="gateway", audit_path=str(audit),
+                    health={"hanging_scan_interval_s": 1, "hanging_timeout_margin_s": MARGIN_MS / 1000})
     now = datetime.timedelta(0)
-    started = time.monotonic()
-    hung = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=0, timeout_ms=60_000, backdate=now)
-    short = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=1, timeout_ms=20_000, backdate=now)
+    hung = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=0, timeout_ms=HUNG_TIMEOUT_MS,
+                                 backdate=now)
+    short = make_open_transaction(bootstrap, topic, unique_name("tid"), partition=1, timeout_ms=SHORT_TIMEOUT_MS,
+                                  backdate=now)
     idle_id = unique_name("tid")
-    idle = make_open_transaction(bootstrap, topic, idle_id, partition=2, added=True, timeout_ms=60_000, backdate=now)
+    idle = make_open_transaction(bootstrap, topic, idle_id, partition=2, added=True, timeout_ms=IDLE_TIMEOUT_MS,
+                                 backdate=now)
     expected = {0: (hung.producer_id, hung.start_offset), 1: (short.producer_id, short.start_offset)}
+    deadline = hung.stamp + datetime.timedelta(milliseconds=HUNG_TIMEOUT_MS + MARGIN_MS) + SLACK
 
-    seen: dict[tuple[str, int], float] = {}          # (reporter, partition) -> seconds after `started`
+    def age_s(made: Made) -> float:
+        return (datetime.datetime.now(datetime.UTC) - made.stamp).total_seconds()
+
+    seen: dict[tuple[str, int], float] = {}          # (reporter, partition) -> age of its transaction, seconds
     findings: dict[int, dict[str, Any]] = {}
     idle_s_at_short: float | None = None
     runs = 0
+    made = {0: hung, 1: short}
     while len(seen) < 4:
-        assert time.monotonic() < started + 90, f"not all reported within 90 s: {seen}"
+        assert datetime.datetime.now(datetime.UTC) < deadline, f"not all reported by the deadline: {seen}"
         if {("command", 0), ("command", 1)} - seen.keys():
-            run = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json")
+            run = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json",
+                           "--timeout-margin", str(MARGIN_MS / 1000))
             assert run.returncode == 0, run.stderr
             runs += 1
             for f in json.loads(run.stdout)["findings"]:
                 assert expected.get(f["partition"]) == (f["producer_id"], f["start_offset"]), f  # never the idle one
-                seen.setdefault(("command", f["partition"]), time.monotonic() - started)
+                seen.setdefault(("command", f["partition"]), age_s(made[f["partition"]]))
                 findings.setdefault(f["partition"], f)
         for partition in (0, 1):
             if p.metric("txnguard_hanging_transactions", {"topic": topic, "partition": str(partition)}) == 1:
-                seen.setdefault(("scan", partition), time.monotonic() - started)
+                seen.setdefault(("scan", partition), age_s(made[partition]))
         assert p.metric("txnguard_hanging_transactions", {"topic": topic, "partition": "2"}) == 0
         if idle_s_at_short is None and {("command", 1), ("scan", 1)} <= seen.keys():
-            # Both have reported the 20 s one: the control has been idle longer than that, and is still healthy.
-            idle_s_at_short = (datetime.datetime.now(datetime.UTC) - idle.stamp).total_seconds()
-            assert idle_s_at_short > 20 and _idle_still_open(bootstrap, topic, idle_id, idle, 2)
-        time.sleep(1 if len(seen) >= 2 else 3)
+            # Both have reported the 5 s one: the control has been idle longer than its threshold, and is healthy.
+            idle_s_at_short = age_s(idle)
+            assert idle_s_at_short > (SHORT_TIMEOUT_MS + MARGIN_MS) / 1000
+            assert _idle_still_open(bootstrap, topic, idle_id, idle, 2)
+        time.sleep(1)
     when = ", ".join(f"{r} p{q}: {t:.1f}" for (r, q), t in sorted(seen.items()))
-    print(f"\nreported after (s since the start): {when} ({runs} runs of txnguard hanging); the idle transaction "
-          f"(60 s timeout) was idle {idle_s_at_short:.1f} s when the 20 s one had been reported by both, still open, "
-          f"and was never reported")
+    print(f"\nreported at (age of the transaction, s): {when} ({runs} runs of txnguard hanging); the idle transaction "
+          f"({IDLE_TIMEOUT_MS // 1000} s timeout) was idle {idle_s_at_short:.1f} s when the 5 s one had been reported "
+          "by both, still open, and was never reported")
 
-    # Each reported for the reason the rule names, past the threshold it names: its own timeout plus 10 s.
-    for partition, timeout in ((0, 60_000), (1, 20_000)):
+    # Each reported for the reason the rule names, past the threshold it names: its own timeout plus the margin.
+    for partition, timeout in ((0, HUNG_TIMEOUT_MS), (1, SHORT_TIMEOUT_MS)):
         f = findings[partition]
         assert (f["reason"], f["coordinator_state"]) == ("partition_not_in_transaction", "Empty")
-        assert (f["transaction_timeout_ms"], f["threshold_ms"]) == (timeout, timeout + 10_000)
-        assert f["age_ms"] > timeout + 10_000
+        assert (f["transaction_timeout_ms"], f["threshold_ms"]) == (timeout, timeout + MARGIN_MS)
+        assert f["age_ms"] > timeout + MARGIN_MS
     # The scan wrote one audit record per hanging transaction and none for the idle one (one per new finding:
     # none means never).
     records = [r for r in map(json.loads, audit.read_text().splitlines())
                if r["kind"] == "hanging" and r["topic"] == topic]
     assert sorted((r["partition"], r["producer_id"], r["start_offset"], r["max_transaction_timeout_ms"])
-                  for r in records) == [(0, *expected[0], 70_000), (1, *expected[1], 30_000)]
+                  for r in records) == [(0, *expected[0], HUNG_TIMEOUT_MS + MARGIN_MS),
+                                        (1, *expected[1], SHORT_TIMEOUT_MS + MARGIN_MS)]
     # Leave the session's cluster clean: abort both (the idle one ends by its own timeout).
     done = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--abort", "--yes")
     assert done.returncode == 0, done.stderr

@@ -369,8 +369,9 @@ class Health(_Section):
     """Set: scan for hanging transactions this often (unset: off)."""
     hanging_max_transaction_timeout_s: PositiveFloat | None = None
     """Unset: an open transaction hangs once its coordinator no longer lists the partition and the producer's
-    last write there is older than that transaction's own timeout plus `hanging_timeout_margin_s` (15 min when
-    the coordinator cannot describe it). Set: find-hanging's rule, one --max-transaction-timeout for all."""
+    last write there is older than that transaction's own timeout plus `hanging_timeout_margin_s` (the cluster's
+    transaction.max.timeout.ms, read with DescribeConfigs, when the coordinator cannot describe it). Set:
+    find-hanging's rule, one --max-transaction-timeout for all."""
     hanging_timeout_margin_s: NonNegativeFloat = 10.0
     """Added to each transaction's own timeout (the coordinator checks for timed-out transactions every 10 s
     by default: transaction.abort.timed.out.transaction.cleanup.interval.ms)."""

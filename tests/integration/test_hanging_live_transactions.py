@@ -1,0 +1,150 @@
+"""`txnguard hanging` leaves live transactions alone, on real brokers (issue 30, items 2, 3 and 6).
+
+1. Kafka 2.8.2 in ZooKeeper mode has no ListTransactions: a finding rests on the producer's last timestamp. A
+   producer that stamps event time (as Kafka Streams and MirrorMaker keep their input's) two hours back, its
+   transaction open and healthy:
+
+       producer ─begin, produce p0 (CreateTime now - 2 h)─▶ broker         the transaction is open, live
+       operator ─hanging --json─▶ found, unconfirmed, past the cluster's transaction.max.timeout.ms (60 s)
+       operator ─hanging --abort --yes─▶ "left alone": no WriteTxnMarkers, the high watermark does not move
+       producer ─commit─▶ read_committed reads the record back
+
+2. A follower that lags: three Kafka 3.5.2 nodes (the follower's ISR removal after 2 s, its fencing after 60 s),
+   a replication-factor-2 topic. The follower has the transaction's records, is stopped (SIGSTOP), and the
+   transaction commits on the leader; while it is stopped, `--broker-id <follower>` must ask the leader only:
+
+       producer ─begin, produce p0 (acks=all: the follower has it)─▶ leader
+       follower: SIGSTOP                                       its log: the transaction still open
+       producer ─commit─▶ leader (the follower leaves the ISR): the marker on the leader only
+       operator ─hanging --topic --broker-id <follower> --max-transaction-timeout 0─▶ the leader: nothing open
+       follower: SIGCONT
+
+   Asked, the stopped follower would not answer at all (a running one that lags would answer "open"): the scan
+   must not need it. The cluster is this test's own and stops with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_hanging import lso_and_hw, txnguard
+
+from txnguard.testing import clients, kafka, raw
+from txnguard.testing.fixtures import ClusterPool, fresh_topic
+from txnguard.testing.freezes import txn_id_coordinated_by
+
+pytestmark = [pytest.mark.integration]
+
+NameFactory = Callable[[str], str]
+EVENT_TIME_BACK = datetime.timedelta(hours=2)
+TRANSACTION_MAX_TIMEOUT_MS = 60_000  # the harness's brokers (testing/kafka.py _base_config)
+
+
+class Producer:
+    """A confluent-kafka transactional producer, step by step (clients.ConfluentKafkaClient runs a whole one)."""
+
+    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+        from confluent_kafka import Producer as Confluent
+
+        self.failures: list[str] = []
+        self.p = Confluent({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                            "transaction.timeout.ms": TRANSACTION_MAX_TIMEOUT_MS})
+        self.p.init_transactions(30)
+        self.p.begin_transaction()
+
+    def send(self, topic: str, value: bytes, timestamp_ms: int | None = None) -> None:
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                self.failures.append(str(err))
+
+        self.p.produce(topic, value=value, partition=0, timestamp=timestamp_ms or 0, on_delivery=delivered)
+        assert self.p.flush(30) == 0 and self.failures == [], self.failures
+
+    def commit(self) -> None:
+        self.p.commit_transaction(60)
+
+
+def test_zookeeper_2_8_an_event_time_transaction_is_found_unconfirmed_and_abort_yes_leaves_it_to_commit(
+    kafka_pool: ClusterPool, unique_name: NameFactory,
+) -> None:
+    cluster = kafka_pool.get("2.8.2", 1, zookeeper=True)  # test_kafka_28.py's cluster
+    bootstrap = cluster.bootstrap_servers
+    topic = fresh_topic(cluster, unique_name("eventtime"))
+    event_time = datetime.datetime.now(datetime.UTC) - EVENT_TIME_BACK
+    producer = Producer(bootstrap, unique_name("tid"))
+    producer.send(topic, b"event-0", int(event_time.timestamp() * 1000))
+    assert lso_and_hw(bootstrap, topic) == (0, 1)  # open: the last stable offset waits at its first record
+
+    scan = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json")
+    assert scan.returncode == 0, scan.stderr
+    report = json.loads(scan.stdout)
+    (finding,) = report["findings"]
+    assert (finding["reason"], finding["start_offset"]) == ("unconfirmed_coordinator_cannot_be_asked", 0)
+    assert finding["last_timestamp_ms"] == int(event_time.timestamp() * 1000)
+
+    done = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--abort", "--yes")
+    print(f"\n--abort --yes said:\n{done.stdout}{done.stderr}")
+    assert lso_and_hw(bootstrap, topic) == (0, 1)  # no abort marker was written
+    assert done.returncode == 0, done.stderr
+    assert "left alone" in done.stdout and "may be a live transaction" in done.stdout
+
+    producer.commit()
+    assert clients.ConfluentKafkaClient().consume_committed(bootstrap, topic) == [b"event-0"]
+    assert lso_and_hw(bootstrap, topic) == (2, 2)  # the record and the commit marker
+    # The threshold it passed is the cluster's transaction.max.timeout.ms, read with DescribeConfigs.
+    assert (finding["threshold_ms"], report["unknown_transaction_timeout_ms"]) == (TRANSACTION_MAX_TIMEOUT_MS,) * 2
+    assert finding["confirmed"] is False
+
+
+@pytest.fixture
+def lagging_cluster(tmp_path: Path) -> Iterator[kafka.Cluster]:
+    """Three 3.5.2 nodes of this test's own: a stopped follower leaves the ISR after 2 s (so a commit does not wait
+    for it) and is fenced only after 60 s (so it stays in the metadata, as a follower that lags does)."""
+    cluster = kafka.up("3.5.2", 3, tmp_path / "lagging", {"replica.lag.time.max.ms": "2000",
+                                                           "broker.session.timeout.ms": "60000"},
+                       die_with_parent=True, quick_jit=True)
+    try:
+        yield cluster
+    finally:
+        cluster.down(grace_s=0)
+
+
+def test_a_scan_asks_the_leader_not_a_follower_that_lags(lagging_cluster: kafka.Cluster,
+                                                          unique_name: NameFactory) -> None:
+    cluster = lagging_cluster
+    topic = fresh_topic(cluster, unique_name("lag"), replication_factor=2)
+    _, follower = _replicas(cluster, topic)
+    txn_id, _ = txn_id_coordinated_by(cluster, unique_name("tid"), lambda c: c != follower)
+    through = ",".join(n.address for n in cluster.nodes if n.id != follower)  # the nodes that answer
+
+    producer = Producer(cluster.bootstrap_servers, txn_id)
+    producer.send(topic, b"committed-0")  # acks=all: the follower has the open transaction's record
+    cluster.pause_node(follower)
+    try:
+        producer.commit()  # the follower leaves the ISR; the marker is on the leader only
+        scan = txnguard("hanging", "--bootstrap", through, "--topic", topic, "--broker-id", str(follower),
+                        "--max-transaction-timeout", "0", "--timeout", "5", "--json")
+        still_stopped = cluster.paused(follower)
+    finally:
+        cluster.resume_node(follower)
+
+    assert still_stopped  # the scan ran while the follower could not have answered
+    assert scan.returncode == 0, scan.stderr
+    report = json.loads(scan.stdout)
+    assert (report["findings"], report["described_partitions"], report["errors"]) == ([], 1, {})
+    assert clients.ConfluentKafkaClient().consume_committed(through, topic) == [b"committed-0"]
+
+
+def _replicas(cluster: kafka.Cluster, topic: str) -> tuple[int, int]:
+    """(leader, follower) of the topic's partition 0 (replication factor 2)."""
+    _, host, port = raw.leader_of(cluster.bootstrap_servers, topic, 0)
+    with raw.RawClient(host, port) as client:
+        (t,) = client.metadata([topic]).topics
+    (p,) = t.partitions
+    (follower,) = {int(r) for r in p.replica_nodes} - {int(p.leader_id)}
+    return int(p.leader_id), follower
