@@ -72,7 +72,7 @@ def add_parser(sub: Any) -> None:
                         "no coordinator was asked, the age is the producer's last timestamp). Without it --abort "
                         "leaves them alone, --yes or not: each may be a live transaction (event-time timestamps, a "
                         "producer clock behind, a timeout above the threshold). Give it only after checking each one "
-                        "as the docs say (Hanging transactions: before aborting an unconfirmed finding)")
+                        "as the docs say (Hanging transactions: Unconfirmed findings)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (default 30)")
 
 
