@@ -1,4 +1,5 @@
-"""Which __consumer_offsets partition holds a group: Utils.abs(groupId.hashCode) % partitions."""
+"""Which coordinator partition holds a key: Utils.abs(key.hashCode) % partitions, for a group's
+__consumer_offsets partition and a transactional id's __transaction_state partition alike."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ def java_string_hash(s: str) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
-def offsets_partition_for(group_id: str, partitions: int) -> int:
+def coordinator_partition_for(key: str, partitions: int) -> int:
+    """GroupMetadataManager.partitionFor and TransactionStateManager.partitionFor: the same formula."""
     # Kafka's Utils.abs maps Integer.MIN_VALUE to 0 rather than overflowing.
-    h = java_string_hash(group_id)
+    h = java_string_hash(key)
     return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def offsets_partition_for(group_id: str, partitions: int) -> int:
+    return coordinator_partition_for(group_id, partitions)

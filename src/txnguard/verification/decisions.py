@@ -98,7 +98,7 @@ LAST_CLIENT_ADD_PARTITIONS_VERSION = 3  # v4+ is the broker-to-coordinator batch
 FORWARDED = "forwarded"  # a VerdictRecord's decision when the partition passed
 
 # From least to most exposed to a change between check and append.
-_EVIDENCE_ORDER = ("local", "cache", "leader", "coordinator", "request")
+_EVIDENCE_ORDER = ("local", "log", "cache", "leader", "coordinator", "request")
 
 
 # What an observed life-cycle request leaves for its answer: the request as read, or a forwarded EndTxn in doubt.

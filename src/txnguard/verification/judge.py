@@ -42,37 +42,40 @@ def coordinator_unreachable(why: str) -> Verdict:
 ENDED = frozenset({"CompleteCommit", "CompleteAbort"})
 
 
-def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, tp: TopicPartition) -> Verdict:
+def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, tp: TopicPartition,
+                      evidence: Evidence = Evidence.COORDINATOR) -> Verdict:
+    """The coordinator's rules on its description of the transaction: answered now (`coordinator`), or as
+    the coordinator's own log holds it (`log`: verification/transaction_log.py)."""
     code = desc.error_code
     if code != ErrorCode.none:
         if code in COORDINATOR_RETRIABLE_ERRORS:
-            return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+            return Verdict(Outcome.COORDINATOR_RETRIABLE, evidence,
                            f"coordinator answered {error_name(code)}", error_name(code))
         if code == ErrorCode.transactional_id_not_found:
-            return Verdict(Outcome.PRODUCER_ID_MAPPING, Evidence.COORDINATOR, "the coordinator knows no such id")
+            return Verdict(Outcome.PRODUCER_ID_MAPPING, evidence, "the coordinator knows no such id")
         if code == ErrorCode.transactional_id_authorization_failed:
             # The broker maps its own CLUSTER_AUTHORIZATION_FAILED to INVALID_TXN_STATE: fail closed.
-            return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
+            return Verdict(Outcome.NOT_IN_TRANSACTION, evidence,
                            "the proxy may not DESCRIBE this transactional id")
-        return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+        return Verdict(Outcome.COORDINATOR_RETRIABLE, evidence,
                        f"coordinator answered {error_name(code)}", error_name(code))
     if desc.producer_id != producer_id:
-        return Verdict(Outcome.PRODUCER_ID_MAPPING, Evidence.COORDINATOR,
+        return Verdict(Outcome.PRODUCER_ID_MAPPING, evidence,
                        f"the coordinator maps the id to producer {desc.producer_id}")
     if desc.producer_epoch != epoch:
-        return Verdict(Outcome.FENCED, Evidence.COORDINATOR,
+        return Verdict(Outcome.FENCED, evidence,
                        f"the coordinator has epoch {desc.producer_epoch}, the write {epoch}")
     if desc.state in PREPARING:
-        return Verdict(Outcome.COORDINATOR_RETRIABLE, Evidence.COORDINATOR,
+        return Verdict(Outcome.COORDINATOR_RETRIABLE, evidence,
                        f"transaction is in {desc.state}", "CONCURRENT_TRANSACTIONS")
     if desc.state == "Ongoing" and tp in desc.partitions:
-        return passed(Evidence.COORDINATOR, f"Ongoing since {desc.start_time_ms}")
+        return passed(evidence, f"Ongoing since {desc.start_time_ms}")
     if desc.state in ENDED:
         # The same refusal as any write outside a transaction; named for what it is: the producer's last
         # transaction ended and no AddPartitionsToTxn has started another (KIP-890's late write).
-        return Verdict(Outcome.LATE_WRITE, Evidence.COORDINATOR,
+        return Verdict(Outcome.LATE_WRITE, evidence,
                        f"transaction is {desc.state} and no new one started: a write after EndTxn")
-    return Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR,
+    return Verdict(Outcome.NOT_IN_TRANSACTION, evidence,
                    f"transaction is {desc.state} and {tp[0]}-{tp[1]} is not in it")
 
 

@@ -17,6 +17,7 @@ __all__ = ["Evidence", "Outcome", "Verdict", "passed"]
 
 class Evidence(enum.Enum):
     LOCAL = "local"              # an AddPartitionsToTxn/AddOffsetsToTxn/EndTxn this proxy forwarded
+    LOG = "log"                  # the coordinator's own log, __transaction_state, as this proxy's follower read it
     LEADER = "leader"            # DescribeProducers on the partition leader: an open transaction there
     COORDINATOR = "coordinator"  # DescribeTransactions answered now
     CACHE = "cache"              # a coordinator answer within its staleness bound

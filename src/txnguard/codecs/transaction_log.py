@@ -1,0 +1,185 @@
+"""The transaction coordinator's own log, `__transaction_state`, read by hand.
+
+The coordinator appends one record per change of a transactional id (InitProducerId, each
+AddPartitionsToTxn/AddOffsetsToTxn, EndTxn's PrepareCommit/PrepareAbort and the Complete* that
+follows, a timeout's abort) and replicates it with acks=all before it answers the client: the log
+says what DescribeTransactions would say, as of each record. Compacted, keyed by transactional id;
+a null value is a tombstone (the id expired).
+
+Record formats, from Kafka's own schemas (TransactionLogKey.json, TransactionLogValue.json, the same
+bytes in every broker from 2.8 to 4.4):
+
+* key: int16 version 0, then the transactional id (int16-length string);
+* value v0 (2.8 and later): producer id int64, epoch int16, timeout int32, status int8, partitions
+  (nullable int32-count array of {topic string, int32-count array of int32}), last update int64,
+  start int64;
+* value v1 (flexible, 3.x brokers whose metadata version allows it): the same fields with compact
+  arrays and strings, and tagged fields (previous/next producer id, next epoch, client transaction
+  version) that verification does not need and skips.
+
+A version this module does not know is `UnknownVersion`: the caller logs it, counts it and asks the
+coordinator instead; it never guesses. The coordinator writes its log uncompressed
+(TransactionLog.EnforcedCompressionType); a compressed batch is refused the same way.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kio.records.readers import read_batch
+
+from txnguard.codecs.errors import DecodeFailed
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_BATCH_HEAD = struct.Struct(">qi")  # base offset, batch length (after this field)
+_ATTRIBUTES_AT = 21                 # the batch's int16 attributes
+_COMPRESSION = 0x07
+_CONTROL = 0x20
+
+TOPIC = "__transaction_state"
+KEY_VERSION = 0
+VALUE_VERSIONS = (0, 1)
+
+# TransactionState.id() in Apache Kafka, the byte the log stores, and the names DescribeTransactions gives.
+STATES = {0: "Empty", 1: "Ongoing", 2: "PrepareCommit", 3: "PrepareAbort", 4: "CompleteCommit",
+          5: "CompleteAbort", 6: "Dead", 7: "PrepareEpochFence"}
+
+
+class UnknownVersion(DecodeFailed):
+    """A key or value version, a status or a batch format this reader does not know: never guessed at."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnLogValue:
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str
+    partitions: frozenset[tuple[str, int]]
+    last_update_ms: int
+    start_ms: int
+
+
+def records(data: bytes | memoryview) -> Iterator[LogRecord]:
+    """The records of a Fetch answer's record set, in offset order. A partial batch at the end (Fetch cuts
+    at its byte limit) ends the iteration; control batches (none in this topic) are skipped."""
+    view = memoryview(data)
+    pos, end = 0, len(view)
+    while pos + _BATCH_HEAD.size <= end:
+        _, length = _BATCH_HEAD.unpack_from(view, pos)
+        stop = pos + _BATCH_HEAD.size + length
+        if length <= 0 or stop > end:
+            return
+        if view[pos + 16] != 2:
+            raise UnknownVersion(f"record batch magic {view[pos + 16]} at byte {pos}")
+        (attributes,) = _I16.unpack_from(view, pos + _ATTRIBUTES_AT)
+        if attributes & _COMPRESSION:
+            raise UnknownVersion(f"a compressed batch (attributes {attributes:#x}): the coordinator writes none")
+        if not attributes & _CONTROL:
+            try:
+                batch, _ = read_batch(view[pos:stop], 0)
+            except (ValueError, IndexError, struct.error) as e:
+                raise DecodeFailed(f"record batch at byte {pos}: {e}") from None
+            for r in batch.records:
+                yield LogRecord(int(r.offset), r.key, r.value)
+        pos = stop
+
+
+def transactional_id(key: bytes) -> str:
+    """The transactional id a record is about."""
+    if len(key) < 4:
+        raise DecodeFailed("transaction log key shorter than its version and length")
+    (version,) = _I16.unpack_from(key, 0)
+    if version != KEY_VERSION:
+        raise UnknownVersion(f"transaction log key version {version}")
+    (n,) = _I16.unpack_from(key, 2)
+    if n < 0 or 4 + n > len(key):
+        raise DecodeFailed(f"transaction log key: a {n}-byte id in {len(key)} bytes")
+    try:
+        return key[4:4 + n].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DecodeFailed(f"transaction log key: {e}") from None
+
+
+class _Reader:
+    def __init__(self, data: bytes, flexible: bool) -> None:
+        self.data, self.pos, self.flexible = data, 2, flexible
+
+    def fixed(self, s: struct.Struct) -> int:
+        if self.pos + s.size > len(self.data):
+            raise DecodeFailed("transaction log value ends early")
+        (v,) = s.unpack_from(self.data, self.pos)
+        self.pos += s.size
+        return int(v)
+
+    def uvarint(self) -> int:
+        value, shift = 0, 0
+        while True:
+            if self.pos >= len(self.data) or shift > 28:
+                raise DecodeFailed("transaction log value: a bad varint")
+            b = self.data[self.pos]
+            self.pos += 1
+            value |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return value
+            shift += 7
+
+    def count(self) -> int:
+        """An array's length; -1 for null."""
+        return self.uvarint() - 1 if self.flexible else self.fixed(_I32)
+
+    def string(self) -> str:
+        n = self.uvarint() - 1 if self.flexible else self.fixed(_I16)
+        if n < 0 or self.pos + n > len(self.data):
+            raise DecodeFailed("transaction log value: a bad string")
+        try:
+            s = self.data[self.pos:self.pos + n].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DecodeFailed(f"transaction log value: {e}") from None
+        self.pos += n
+        return s
+
+    def skip_tags(self) -> None:
+        if self.flexible:
+            for _ in range(self.uvarint()):
+                self.uvarint()
+                self.pos += self.uvarint()
+            if self.pos > len(self.data):
+                raise DecodeFailed("transaction log value: tagged fields run past its end")
+
+
+def transaction(value: bytes) -> TxnLogValue:
+    """A transaction log value (not a tombstone: the caller checks for None first)."""
+    if len(value) < 2:
+        raise DecodeFailed("transaction log value shorter than its version")
+    (version,) = _I16.unpack_from(value, 0)
+    if version not in VALUE_VERSIONS:
+        raise UnknownVersion(f"transaction log value version {version}")
+    r = _Reader(value, flexible=version >= 1)
+    producer_id, epoch = r.fixed(_I64), r.fixed(_I16)
+    timeout_ms = r.fixed(_I32)
+    status = value[r.pos] if r.pos < len(value) else -1
+    r.pos += 1
+    state = STATES.get(status)
+    if state is None:
+        raise UnknownVersion(f"transaction status {status}")
+    partitions: set[tuple[str, int]] = set()
+    for _ in range(max(r.count(), 0)):
+        topic = r.string()
+        for _ in range(max(r.count(), 0)):
+            partitions.add((topic, r.fixed(_I32)))
+        r.skip_tags()
+    last_update_ms, start_ms = r.fixed(_I64), r.fixed(_I64)
+    r.skip_tags()
+    return TxnLogValue(producer_id, epoch, timeout_ms, state, frozenset(partitions), last_update_ms, start_ms)

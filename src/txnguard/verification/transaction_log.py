@@ -1,0 +1,135 @@
+"""What the coordinator's own log says of each transactional id, as this proxy's follower read it. Pure.
+
+The follower (proxy/log_follower.py) feeds every record of `__transaction_state` in; this view keeps
+each transactional id's latest state (a tombstone removes it), where it read up to in each partition,
+and answers one question: what would the coordinator's own verification say of this write, as of the
+records read? The answer goes through the same rules as a DescribeTransactions answer
+(judge.judge_description), with the evidence `log`.
+
+The race, and the rule that bounds it (docs/concepts/verification.md, "The coordinator's log"):
+
+* a write the log lets pass (Ongoing, this producer and epoch, the partition added) passes at once. The
+  record that ends the transaction may be appended and not read yet: the window is the follower's lag,
+  beside the check-to-append window every other source has;
+* anything else (not there yet, another state, another epoch) is decided only once the follower has
+  read up to the log end offset as of the write's arrival (`caught_up`): a refusal rests on the records
+  that were there when the write came, never on a record not yet read; until then nothing is decided
+  (the shell waits, bounded, then asks the next source);
+* an id whose latest record could not be read (a version this reader does not know) has no entry
+  until a record it can read: never a guess from an older state;
+* an id the log does not hold is not a refusal (the view is bounded, and the follower may have started
+  late): the next source decides.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.codecs.errors import DecodeFailed
+from txnguard.codecs.groups import coordinator_partition_for
+from txnguard.codecs.transaction_log import LogRecord, TxnLogValue, UnknownVersion, transaction, transactional_id
+from txnguard.verification.judge import judge_description
+from txnguard.verification.outcomes import Evidence, Verdict
+
+TopicPartition = tuple[str, int]
+
+
+class Applied(enum.Enum):
+    """What one record did to the view (a metric label)."""
+
+    STATE = "state"            # an id's new latest state
+    TOMBSTONE = "tombstone"    # an id removed (expired by the coordinator)
+    UNKNOWN = "unknown_version"  # a version or status this reader does not know: the id's entry dropped
+    MALFORMED = "malformed"    # bytes that do not decode: likewise
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    value: TxnLogValue
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class LogViewLimits:
+    # Transactional ids kept at most (the least recently changed go first). A cluster's live ids are
+    # bounded by transactional.id.expiration.ms (7 days by default); this bounds the proxy's memory.
+    max_entries: int = 1_000_000
+
+
+class TransactionLogView:
+    def __init__(self, limits: LogViewLimits | None = None) -> None:
+        self.limits = limits or LogViewLimits()
+        self._ids: OrderedDict[str, Logged] = OrderedDict()
+        self.positions: dict[int, int] = {}  # partition -> the next offset to read
+        self.partition_count: int | None = None  # __transaction_state's, once the follower learned it
+        self.counts: dict[Applied, int] = dict.fromkeys(Applied, 0)
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, txn_id: str) -> Logged | None:
+        return self._ids.get(txn_id)
+
+    def partition_of(self, txn_id: str) -> int | None:
+        return None if self.partition_count is None else coordinator_partition_for(txn_id, self.partition_count)
+
+    def apply(self, partition: int, record: LogRecord) -> Applied:
+        """One record, in offset order within its partition."""
+        self.positions[partition] = record.offset + 1
+        try:
+            if record.key is None:
+                raise DecodeFailed("a transaction log record without a key")
+            txn_id = transactional_id(record.key)
+        except UnknownVersion:
+            return self._count(Applied.UNKNOWN)
+        except DecodeFailed:
+            return self._count(Applied.MALFORMED)
+        if record.value is None:
+            self._ids.pop(txn_id, None)
+            return self._count(Applied.TOMBSTONE)
+        try:
+            value = transaction(record.value)
+        except UnknownVersion:
+            self._ids.pop(txn_id, None)  # its latest state is not known: no older one stands in for it
+            return self._count(Applied.UNKNOWN)
+        except DecodeFailed:
+            self._ids.pop(txn_id, None)
+            return self._count(Applied.MALFORMED)
+        self._ids[txn_id] = Logged(value, partition, record.offset)
+        self._ids.move_to_end(txn_id)
+        while len(self._ids) > self.limits.max_entries:
+            self._ids.popitem(last=False)
+            self.evicted += 1
+        return self._count(Applied.STATE)
+
+    def _count(self, applied: Applied) -> Applied:
+        self.counts[applied] += 1
+        return applied
+
+    def describe(self, txn_id: str) -> DescribedTransaction | None:
+        """The log's latest state of the id, as DescribeTransactions would give it; None when not held."""
+        logged = self._ids.get(txn_id)
+        if logged is None:
+            return None
+        v = logged.value
+        return DescribedTransaction(0, txn_id, v.state, v.timeout_ms, v.start_ms, v.producer_id, v.producer_epoch,
+                                    v.partitions)
+
+    def verdict(self, txn_id: str, producer_id: int, epoch: int, tp: TopicPartition, *,
+                caught_up: bool) -> Verdict | None:
+        """The coordinator's rules applied to the log's latest state of the id; None: not decided here yet.
+
+        `caught_up`: the follower has read the id's partition up to its end as of the write's arrival. Only
+        then does anything but a pass stand (see the module's rule)."""
+        desc = self.describe(txn_id)
+        if desc is None:
+            return None
+        v = judge_description(desc, producer_id, epoch, tp, Evidence.LOG)
+        if v.passed or caught_up:
+            return v
+        return None
