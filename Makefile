@@ -1,17 +1,25 @@
 # txnguard: `make run` starts a local real Kafka with the proxy in front; `make test` runs everything.
+# What each target needs from the machine (the README's "Two commands" says the same):
+# - run, demo (setup-run): Python 3.11 with venv, Java 17, Maven; PyPI and Maven Central reachable once.
+# - test, setup: all of that, plus Go, a JDK with javac, root or sudo with apt (kcat, Chromium, Prometheus,
+#   podman, buildah, mmdebstrap), the Go module proxy; `make test` installs these itself.
+# - dist: Python with venv; PyPI reachable (build's isolated environment gets setuptools from it).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-steps debs run demo test test-unit test-integration lint fmt bench clean kcat jars spark-jars \
+.PHONY: setup setup-run setup-steps debs run demo dist test test-unit test-integration lint fmt bench clean kcat jars jars-run spark-jars \
 	chromium docs container-tools image prometheus helm kube-schemas sarama kroxylicious
 
 # The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
 # second `make setup` does nothing. Debian's packages come in one apt step (one `apt-get update`, not four).
 setup:
 	@$(MAKE) --no-print-directory -j4 setup-steps
+# The light set up `make run` and `make demo` depend on: the venv and the Kafka jars, nothing from apt, Go or a
+# container engine (tests/unit/test_makefile.py checks it on `make -n -B run`).
+setup-run: $(STAMP) jars-run
 setup-steps: $(STAMP) jars debs spark-jars helm kube-schemas sarama kroxylicious
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
@@ -24,6 +32,9 @@ $(STAMP): requirements.lock pyproject.toml
 # Kafka servers and tools from Maven Central into ~/.cache/txnguard (Maven's ~/.m2 underneath).
 jars: $(STAMP)
 	$(BIN)/txnguard kafka fetch > /dev/null
+# Only the server `make run` and `make demo` start (Kafka 3.5.2), into the same cache.
+jars-run: $(STAMP)
+	$(BIN)/python -m txnguard.testing.jars kafka_2.13:3.5.2 > /dev/null
 
 # Kroxylicious (io.kroxylicious:kroxylicious-runtime), the benchmarks' peer proxy, with its runtime dependencies
 # into the same jar cache, and our launcher for it compiled there (txnguard.testing.kroxylicious); cached.
@@ -104,11 +115,18 @@ docs: $(STAMP)
 
 # About a minute: a real Kafka 3.5.2, a hanging transaction direct, the same write refused through txnguard,
 # the metric and the audit record; then everything it started is stopped and its temporary folder removed.
-demo: $(STAMP) jars
+demo: setup-run
 	$(BIN)/txnguard demo
 
-run: setup
+run: setup-run
 	$(BIN)/txnguard dev --version 3.5.2 --dir .run/kafka --listen 127.0.0.1:19092 --admin 127.0.0.1:19000
 
+# The release: an sdist and a wheel of txnguard (the version is pyproject.toml's) into $(DIST). `python -m build`
+# builds the sdist, then the wheel from the unpacked sdist, in an isolated environment: a file the sdist lacks
+# fails here, and nothing is written into the working tree but src/txnguard.egg-info.
+DIST ?= dist
+dist: $(STAMP)
+	$(BIN)/python -m build --outdir $(DIST) .
+
 clean:
-	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache site dist

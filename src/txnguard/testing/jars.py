@@ -123,5 +123,9 @@ def resolve_all() -> list[Path]:
 
 
 if __name__ == "__main__":
-    for folder in resolve_all():
+    # `python -m txnguard.testing.jars [ARTIFACT:VERSION ...]`: those (`make run`: kafka_2.13:3.5.2 only), or all.
+    import sys
+
+    wanted = [arg.split(":", 1) for arg in sys.argv[1:]]
+    for folder in [resolve(artifact, version) for artifact, version in wanted] if wanted else resolve_all():
         print(folder)
