@@ -25,18 +25,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from test_hanging import lso_and_hw, txnguard
 
+from txnguard.proxy import hanging
+from txnguard.proxy.config import HostPort
 from txnguard.testing import clients, kafka, raw
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.freezes import txn_id_coordinated_by
+from txnguard.verification.hanging import OwnTimeout
 
 pytestmark = [pytest.mark.integration]
 
@@ -101,12 +104,12 @@ def test_zookeeper_2_8_an_event_time_transaction_is_found_unconfirmed_and_abort_
     assert finding["confirmed"] is False
 
 
-@pytest.fixture
-def lagging_cluster(tmp_path: Path) -> Iterator[kafka.Cluster]:
-    """Three 3.5.2 nodes of this test's own: a stopped follower leaves the ISR after 2 s (so a commit does not wait
-    for it) and is fenced only after 60 s (so it stays in the metadata, as a follower that lags does)."""
-    cluster = kafka.up("3.5.2", 3, tmp_path / "lagging", {"replica.lag.time.max.ms": "2000",
-                                                           "broker.session.timeout.ms": "60000"},
+@pytest.fixture(scope="module")
+def lagging_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka.Cluster]:
+    """Three 3.5.2 nodes of this module's own: a stopped follower leaves the ISR after 2 s (so a commit does not
+    wait for it) and is fenced only after 60 s (so it stays in the metadata, as a follower that lags does)."""
+    cluster = kafka.up("3.5.2", 3, tmp_path_factory.mktemp("lagging"), {"replica.lag.time.max.ms": "2000",
+                                                                         "broker.session.timeout.ms": "60000"},
                        die_with_parent=True, quick_jit=True)
     try:
         yield cluster
@@ -138,6 +141,33 @@ def test_a_scan_asks_the_leader_not_a_follower_that_lags(lagging_cluster: kafka.
     report = json.loads(scan.stdout)
     assert (report["findings"], report["described_partitions"], report["errors"]) == ([], 1, {})
     assert clients.ConfluentKafkaClient().consume_committed(through, topic) == [b"committed-0"]
+
+
+def test_each_sidecar_scans_what_its_broker_leads(lagging_cluster: kafka.Cluster, unique_name: NameFactory) -> None:
+    """A sidecar's scan learns its broker's id (DescribeConfigs: a broker describes only itself) and covers the
+    partitions that broker leads: over the three sidecars, each partition once (a follower's view is no one's)."""
+    cluster = lagging_cluster
+    topic = fresh_topic(cluster, unique_name("sidecars"), partitions=3, replication_factor=2)
+
+    async def sidecar_scan(node: kafka.Node) -> hanging.ScanResult:
+        admin = hanging.ClusterAdmin([HostPort(node.host, node.port)])  # a sidecar's upstream: its own broker
+        try:
+            return await hanging.scan(admin, hanging.Scope(topic=topic, local_broker=True), OwnTimeout())
+        finally:
+            await admin.close()
+
+    async def own_id(node: kafka.Node) -> int:
+        admin = hanging.ClusterAdmin([HostPort(node.host, node.port)])
+        try:
+            return await admin.own_broker_id(await admin.metadata(topic))
+        finally:
+            await admin.close()
+
+    scans = {n.id: asyncio.run(sidecar_scan(n)) for n in cluster.nodes}
+    leads = {n.id: sum(cluster.leader(topic, p) == n.id for p in range(3)) for n in cluster.nodes}
+    assert {n: result.partitions for n, result in scans.items()} == leads
+    assert all(result.errors == {} and result.findings == () for result in scans.values())
+    assert {n.id: asyncio.run(own_id(n)) for n in cluster.nodes} == {n.id: n.id for n in cluster.nodes}
 
 
 def _replicas(cluster: kafka.Cluster, topic: str) -> tuple[int, int]:
