@@ -228,6 +228,24 @@ def test_the_unconfirmed_threshold_is_the_clusters_transaction_max_timeout(
     assert status == 0
 
 
+def test_a_periodic_scan_reads_transaction_max_timeout_once_not_every_scan() -> None:
+    # The proxy's scan may run every second with candidates every time: the brokers' read-only setting is read
+    # once (and again after MAX_TIMEOUT_TTL_S, or after the admin was closed on a failure).
+    cluster = FakeCluster(brokers=2).like_kafka_2_8()
+    cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]
+    admin = cluster.admin()
+
+    async def two_scans() -> list[hanging.ScanResult]:
+        return [await hanging.scan(admin, hanging.Scope(topic=TOPIC), OwnTimeout()) for _ in range(2)]
+
+    results = asyncio.run(two_scans())
+    assert [r.unknown_timeout_ms for r in results] == [60_000, 60_000]
+    assert sorted(b for b, what in cluster.asked if what == "DescribeConfigsRequest") == [1, 2]  # each broker once
+    asyncio.run(admin.close())
+    asyncio.run(hanging.scan(admin, hanging.Scope(topic=TOPIC), OwnTimeout()))
+    assert len([b for b, what in cluster.asked if what == "DescribeConfigsRequest"]) == 4
+
+
 # -- item 3: leaders only, the second look to the leader of that moment --------------------------------------------
 
 

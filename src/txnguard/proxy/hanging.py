@@ -91,6 +91,9 @@ BACKOFF_S = 0.2
 DESCRIBE_CONCURRENCY = 16  # transactional ids described at once
 BROKER_RESOURCE = 4        # DescribeConfigs' resource type of a broker (ConfigResource.Type.BROKER)
 TRANSACTION_MAX_TIMEOUT = "transaction.max.timeout.ms"
+# transaction.max.timeout.ms is read-only (a broker restart changes it): the periodic scan, which may need it every
+# second, reads it again after this long rather than asking every broker each time.
+MAX_TIMEOUT_TTL_S = 300.0
 
 
 def now_ms() -> int:
@@ -178,9 +181,11 @@ class ClusterAdmin:
         self._connections = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=timeout_s, auth=auth)
         self._broker_ids: dict[HostPort, int] = {}  # from the last metadata: to name a broker in an error
         self._own_id: int | None = None             # a sidecar's broker (bootstrap[0]), once learned
+        self._max_timeout: tuple[float, tuple[int, str]] | None = None  # (monotonic time read, answer)
 
     async def close(self) -> None:
         self._connections.close()
+        self._own_id = self._max_timeout = None  # after a failure the next scan learns both again
 
     def name_of(self, address: HostPort) -> str:
         broker_id = self._broker_ids.get(address)
@@ -254,7 +259,10 @@ class ClusterAdmin:
 
     async def transaction_max_timeout_ms(self, view: ClusterView) -> tuple[int, str]:
         """The cluster's transaction.max.timeout.ms (the largest any broker gives, each asked for its own), and
-        where it came from; Kafka's default (15 minutes) when no broker answers."""
+        where it came from; Kafka's default (15 minutes) when no broker answers (never kept: the next scan asks)."""
+        if self._max_timeout is not None and time.monotonic() - self._max_timeout[0] < MAX_TIMEOUT_TTL_S:
+            return self._max_timeout[1]
+
         async def one(broker_id: int, address: HostPort) -> int | str:
             try:
                 values, errors = await self.broker_config(address, [broker_id], TRANSACTION_MAX_TIMEOUT)
@@ -267,7 +275,9 @@ class ClusterAdmin:
                            strict=True))
         known = {b: v for b, v in answers.items() if isinstance(v, int)}
         if known:
-            return max(known.values()), f"{TRANSACTION_MAX_TIMEOUT} of brokers {sorted(known)} (DescribeConfigs)"
+            answer = max(known.values()), f"{TRANSACTION_MAX_TIMEOUT} of brokers {sorted(known)} (DescribeConfigs)"
+            self._max_timeout = time.monotonic(), answer
+            return answer
         return (DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN * MINUTE_MS,
                 f"Kafka's default {TRANSACTION_MAX_TIMEOUT}: no broker described it ({answers})")
 
