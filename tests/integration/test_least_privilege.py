@@ -356,6 +356,14 @@ def test_txnguard_hanging_with_the_proxys_config_finds_and_aborts_as_the_proxys_
     assert found.returncode == 0, found.stderr
     [finding] = json.loads(found.stdout)["findings"]
     assert (finding["producer_id"], finding["start_offset"]) == (made.producer_id, made.start_offset)
+    # Default flags: the scan also asks DescribeConfigs for transaction.max.timeout.ms, which this principal may not
+    # (no DESCRIBE_CONFIGS on the cluster): Kafka's default is used and named, and the scan does not fail.
+    own = txnguard("hanging", "--config", config(PROXY[1]), "--topic", topic, "--json")
+    assert own.returncode == 0, own.stderr
+    report = json.loads(own.stdout)
+    assert [f["start_offset"] for f in report["findings"]] == [made.start_offset]
+    assert report["unknown_transaction_timeout_ms"] == 15 * 60_000
+    assert "CLUSTER_AUTHORIZATION_FAILED" in report["unknown_transaction_timeout_source"]
 
     wrong = txnguard("hanging", "--config", config("not-the-password"), "--topic", topic)
     assert wrong.returncode == 1 and "SASL" in wrong.stderr.upper(), (wrong.returncode, wrong.stderr)
