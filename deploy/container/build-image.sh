@@ -5,6 +5,8 @@
 #      the wheels (txnguard's and its pinned runtime dependencies), downloaded here with the project's pip.
 # Both are cached: the base by its package list, the image by the hash of everything it is built from
 # (Containerfile, this script, lock, pyproject, README, src/). A rerun with nothing changed only checks that both exist.
+# The image is tagged with the package's version (pyproject.toml's, the only place it is written), which its OCI
+# labels carry too (org.opencontainers.image.version), as well as with the content hash and latest.
 # Prints the image reference on stdout (also written to $CACHE/current); timings go to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +34,7 @@ image_key=$( { cat Containerfile deploy/container/build-image.sh requirements.lo
                find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort | xargs cat; } \
              | sha256sum | cut -c1-12)
 IMAGE=localhost/txnguard:$image_key
+VERSION=$(python3 -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")
 if ! "${PODMAN[@]}" image exists "$IMAGE"; then
   started=$(date +%s)
   # The build context: the Containerfile and a wheelhouse made with this machine's pip (its index and
@@ -48,11 +51,13 @@ if ! "${PODMAN[@]}" image exists "$IMAGE"; then
     | tar -x -C "$context/tree"
   "$PIP" wheel --quiet --no-deps -w "$context/wheels" "$context/tree" >&2
   nice "${PODMAN[@]}" build --quiet --isolation=chroot --network=host --build-arg "BASE=$BASE" \
-    -t "$IMAGE" -t localhost/txnguard:latest "$context" >&2
+    --build-arg "VERSION=$VERSION" -t "$IMAGE" -t "localhost/txnguard:$VERSION" -t localhost/txnguard:latest \
+    "$context" >&2
   rm -rf "$context"
   # Keep the cache bounded: earlier builds of this image and this stage's builder leftovers go.
   "${PODMAN[@]}" images --format '{{.Repository}}:{{.Tag}}' localhost/txnguard \
-    | grep -vxF -e "$IMAGE" -e localhost/txnguard:latest | xargs -r "${PODMAN[@]}" rmi >&2 || true
+    | grep -vxF -e "$IMAGE" -e "localhost/txnguard:$VERSION" -e localhost/txnguard:latest \
+    | xargs -r "${PODMAN[@]}" rmi >&2 || true
   "${PODMAN[@]}" image prune --force --filter label=org.txnguard.stage=builder >&2 || true
   echo "image $IMAGE built in $(( $(date +%s) - started )) s" >&2
 fi

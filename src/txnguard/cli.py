@@ -8,6 +8,7 @@
   hanging transactions as `kafka-transactions.sh find-hanging` does, and abort them (proxy/hanging_cli.py).
 * `txnguard kafka up|down|status|run|fetch` and `txnguard dev`: real Kafka clusters for tests and demos.
 * `txnguard demo`: on a real Kafka 3.5.2, the hanging transaction txnguard prevents, direct and proxied.
+* `txnguard --version`: the installed package's version (pyproject.toml's, through the package metadata).
 
 The last three live with the test harness (`txnguard.testing.cli`) and are loaded by name only
 when asked for: the proxy's own commands never import the harness (an import contract says so
@@ -99,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         harness = importlib.import_module("txnguard.testing.cli")
         return int(harness.main(argv))
     parser = argparse.ArgumentParser(prog="txnguard")
+    import txnguard
+
+    parser.add_argument("--version", action="version", version=f"txnguard {txnguard.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _proxy_parsers(sub)
     from txnguard.pipeline import options as report_options  # argparse only: pyspark loads in run()

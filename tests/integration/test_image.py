@@ -13,6 +13,7 @@ isolation runs the image's entrypoint environment as the image's USER, which is 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import txnguard
 from txnguard.testing import clients
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.scenarios import TxnActor, error_name
@@ -93,6 +95,25 @@ def test_image_is_small_runs_as_non_root_and_has_no_build_tools(image, container
                          "ls -d /opt/txnguard/bin/pip* /wheels /root/.cache 2>/dev/null; true", stdout=subprocess.PIPE)
     out = probe.communicate(timeout=120)[0].decode()
     assert out.splitlines() == ["10001"], out
+
+
+def test_the_image_carries_the_packages_version_in_its_tag_labels_and_command(image, container):
+    # build-image.sh ─▶ podman build --build-arg VERSION=<pyproject's> -t localhost/txnguard:<version>
+    #   image labels: org.opencontainers.image.version ══ txnguard.__version__ ══ `txnguard --version` inside it
+    version = txnguard.__version__
+    labels = json.loads(subprocess.run([*PODMAN, "image", "inspect", "--format", "{{json .Labels}}", image],
+                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    print(f"\nimage labels: {labels}")
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.title"] == "txnguard"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    ids = {ref: subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
+                               text=True, timeout=60, check=True).stdout.strip()
+           for ref in (image, f"localhost/txnguard:{version}")}
+    assert len(set(ids.values())) == 1, ids  # the version tag is this very image
+    probe = _buildah_run(container, "txnguard", "--version", stdout=subprocess.PIPE)
+    assert probe.communicate(timeout=120)[0].decode() == f"txnguard {version}\n"
+    assert probe.returncode == 0
 
 
 def test_transactional_round_trip_through_the_container(kafka_pool, container, unique_name, tmp_path):

@@ -293,7 +293,14 @@ def _fate(side: Side) -> str:
 
 def main(version: str = VERSION, records: int = 3, watch_s: float = 5.0, temp_dir: str | None = None,
          out: TextIO | None = None) -> int:
-    """0 when the demo ran; 1 when something failed (said on stderr, after the clean-up); 130 on Ctrl-C."""
+    """0 when the demo ran; 1 when something failed (said on stderr, after the clean-up); 130 on Ctrl-C; 2 when
+    confluent-kafka (the demo's consumer, an optional dependency) is not installed, before anything starts."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        print("txnguard demo: needs confluent-kafka, the read_committed consumer it shows: "
+              "pip install 'txnguard[demo]'", file=sys.stderr)
+        return 2
     try:
         Demo(out or sys.stdout, version=version, records=records, watch_s=watch_s, temp_dir=temp_dir).run()
     except KeyboardInterrupt:
