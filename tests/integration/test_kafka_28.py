@@ -1,16 +1,19 @@
 """Kafka 2.8.2 in ZooKeeper mode: brokers without DescribeTransactions or ListTransactions (KIP-664 came in 3.0).
 
 The proxy reads each broker's ApiVersions on every connection it opens and never sends an API the broker
-does not list (2.8 closes the connection on one: `Unexpected api key: 65` in its log). Without the
-coordinator's answer, evidence comes from what the proxy saw (a gateway sees every AddPartitionsToTxn of a
-transaction it saw begin) and from the leader (DescribeProducers: an open transaction of this producer on
-the partition). A write with neither is refused at once as not added, with the error each client family
-aborts on (INVALID_TXN_STATE; TRANSACTION_ABORTABLE for kafka-python), never held:
+does not list (2.8 closes the connection on one: `Unexpected api key: 65` in its log). Evidence comes from
+what the proxy saw (a gateway sees every AddPartitionsToTxn of a transaction it saw begin), from the
+coordinator's own log, `__transaction_state`, which every proxy follows (every AddPartitionsToTxn and EndTxn
+is there, wherever it went through), and from the leader (DescribeProducers). Without the log
+(`verification.transaction_log: false`), a write with neither of the others is refused at once as not
+added, with the error each client family aborts on (INVALID_TXN_STATE; TRANSACTION_ABORTABLE for
+kafka-python), never held:
 
     client ─InitProducerId/AddPartitionsToTxn(p0)─▶ broker            (not through the proxy)
-    client ─Produce p0─▶ gateway: no local evidence, the coordinator lacks DescribeTransactions
-        gateway ─▶ client: INVALID_TXN_STATE at once (evidence "none"); nothing written, nothing held
-    client ─AbortTxn, then AddPartitionsToTxn(p0), Produce p0, EndTxn─▶ gateway: local evidence, committed
+    client ─Produce p0─▶ gateway: no local evidence
+        the log shows p0 added ─▶ forwarded (evidence "log")
+        without the log: the coordinator lacks DescribeTransactions ─▶ INVALID_TXN_STATE at once (evidence "none")
+    sidecars: client ─AddPartitionsToTxn─▶ coordinator's sidecar; ─Produce─▶ leader's sidecar: the log passes it
 
 Every test ends by counting `Unexpected api key` in the brokers' logs: 0.
 """
@@ -65,6 +68,12 @@ def unexpected_api_key_lines(cluster: Cluster) -> int:
 def _never_held(proxy: ProxyThread) -> None:
     assert proxy.metric("txnguard_verification_hold_endings_total", {"ending": "timeout"}) == 0
     assert proxy.metric("txnguard_verification_hold_endings_total", {"ending": "decided"}) == 0
+
+
+def _no_hold_ran_out(proxy: ProxyThread) -> None:
+    """A hold may end decided: a write that meets its transaction in PrepareCommit in the log waits for the
+    Complete record, as the broker's own verification waits on CONCURRENT_TRANSACTIONS. None may run out."""
+    assert proxy.metric("txnguard_verification_hold_endings_total", {"ending": "timeout"}) == 0
 
 
 def _readyz(proxy: ProxyThread) -> tuple[int, str]:
@@ -196,12 +205,40 @@ def test_gateway_s1_s2_s5_prevented_on_2_8_without_asking_the_coordinator(cluste
           f"{s5_ms:.0f} ms")
 
 
-def test_gateway_write_without_local_evidence_is_refused_at_once_and_the_redone_transaction_commits(
+def test_gateway_write_added_elsewhere_passes_on_the_coordinators_log_and_the_late_write_is_refused(
         cluster: Cluster, start_proxy, unique_name) -> None:
-    """The transaction began before the gateway saw it (a restarted proxy, a client moved between replicas):
-    no local evidence, no DescribeTransactions to ask. Refused at once; the client's abort and redo pass."""
-    topic = fresh_topic(cluster, unique_name("nolocal"))
+    """    client ─InitProducerId, AddPartitionsToTxn p0─▶ broker (a restarted proxy, another replica: not seen here)
+           client ─Produce p0─▶ gateway: __transaction_state shows p0 added ─▶ forwarded (evidence "log")
+           client ─EndTxn(commit)─▶ broker
+           client ─Produce p0 (late)─▶ gateway: the log, read to its end, shows CompleteCommit ─▶ INVALID_TXN_STATE"""
+    topic = fresh_topic(cluster, unique_name("logged"))
     proxy = gateway_for(cluster, start_proxy)
+    actor = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
+    actor.init()
+    assert actor.add_partitions(topic, 0) == {0: 0}   # directly: the gateway never saw it
+    actor.bootstrap = proxy.bootstrap
+    assert actor.produce(topic, 0, [b"added elsewhere"]).error_code == ErrorCode.none
+    actor.bootstrap = cluster.bootstrap_servers
+    assert actor.end(commit=True) == ErrorCode.none
+    wait_stable(cluster.bootstrap_servers, topic)
+    actor.bootstrap = proxy.bootstrap
+    assert error_name(actor.produce(topic, 0, [b"late"]).error_code) == "INVALID_TXN_STATE"
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "log", "outcome": "pass", "decision": "forwarded"}) == 1
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "log", "outcome": "late_write", "decision": "rejected"}) == 1
+    assert offsets(cluster.bootstrap_servers, topic, 0) == (2, 2)  # the record and its commit marker
+    _no_hold_ran_out(proxy)
+    assert unexpected_api_key_lines(cluster) == 0
+
+
+def test_gateway_without_the_log_refuses_a_write_added_elsewhere_at_once_and_the_redone_transaction_commits(
+        cluster: Cluster, start_proxy, unique_name) -> None:
+    """The transaction began before the gateway saw it (a restarted proxy, a client moved between replicas),
+    and the coordinator's log is not followed: no local evidence, no DescribeTransactions to ask. Refused at
+    once; the client's abort and redo pass."""
+    topic = fresh_topic(cluster, unique_name("nolocal"))
+    proxy = gateway_for(cluster, start_proxy, verification={"transaction_log": False})
     actor = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
     actor.init()
     assert actor.add_partitions(topic, 0) == {0: 0}   # directly: the gateway never saw it
@@ -275,71 +312,86 @@ def sidecars(cluster3: Cluster, start_proxy) -> dict[int, ProxyThread]:
             for n in cluster3.nodes}
 
 
-def test_sidecar_leader_evidence_passes_and_a_first_write_is_refused_at_once(cluster3: Cluster, sidecars,
-                                                                             unique_name) -> None:
-    """A sidecar sees a producer's writes, not its AddPartitionsToTxn. The leader's DescribeProducers shows a
-    transaction already open on the partition (a later write: passes); a first write has no evidence at all
-    on 2.8 and is refused as not added, at once (S1 and S2 included)."""
+def test_sidecar_first_write_passes_on_the_coordinators_log_and_s1_s2_are_refused(cluster3: Cluster, sidecars,
+                                                                                 unique_name) -> None:
+    """    client ─AddPartitionsToTxn─▶ coordinator's sidecar ─▶ __transaction_state: Ongoing {p0}
+           client ─Produce p0 (first write)─▶ leader's sidecar: its follower read the add ─▶ forwarded ("log")
+           client ─EndTxn(commit)─▶ coordinator's sidecar
+           client ─Produce p0 (late, S2)─▶ leader's sidecar: the log read to its end: CompleteCommit ─▶ refused
+           another id, never added (S1) ─▶ refused: its log record shows no p0"""
     bootstrap = cluster3.sidecar_bootstrap
     topic = fresh_topic(cluster3, unique_name("sc"), replication_factor=3)
     leader = sidecars[cluster3.leader(topic, 0)]
     actor = TxnActor(bootstrap, unique_name("txn"))
     actor.init()
     assert actor.add_partitions(topic, 0) == {0: 0}
-    # The first write straight to the leader's own port (Metadata names only sidecars): it opens the
-    # transaction on the leader, as a write verified earlier in this transaction would have.
-    real = cluster3.node(cluster3.leader(topic, 0))
-    actor._leader = lambda topic, partition: actor._client(real.host, real.port)  # type: ignore[method-assign]
-    assert actor.produce(topic, 0, [b"first, direct"]).error_code == ErrorCode.none
-    del actor._leader
-    assert actor.produce(topic, 0, [b"second, through the sidecar"]).error_code == ErrorCode.none
+    assert actor.produce(topic, 0, [b"first"]).error_code == ErrorCode.none
+    assert actor.produce(topic, 0, [b"second"]).error_code == ErrorCode.none
     assert leader.metric("txnguard_verifications_total",
-                         {"evidence": "leader", "outcome": "pass", "decision": "forwarded"}) == 1
+                         {"evidence": "log", "outcome": "pass", "decision": "forwarded"}) == 2
     assert actor.end(commit=True) == ErrorCode.none
     wait_stable(bootstrap, topic)
 
-    # S2 through the sidecars: after the commit, a late write is a first write: refused.
     started = time.monotonic()
-    late = actor.produce(topic, 0, [b"late"], sequence=0)
+    late = actor.produce(topic, 0, [b"late"])
     waited = time.monotonic() - started
     assert error_name(late.error_code) == "INVALID_TXN_STATE"
-    # S1: never added.
     never = TxnActor(bootstrap, unique_name("txn"))
     never.init()
     assert error_name(never.produce(topic, 0, [b"never-added"]).error_code) == "INVALID_TXN_STATE"
     hw, lso = offsets(bootstrap, topic, 0)
     assert hw == lso == 3  # two committed records and their marker: nothing hangs
-    print(f"first write through a sidecar on {VERSION}: INVALID_TXN_STATE after {waited * 1000:.0f} ms")
+    print(f"late write through a sidecar on {VERSION}: INVALID_TXN_STATE after {waited * 1000:.0f} ms")
     assert leader.metric("txnguard_verifications_total",
-                         {"evidence": "none", "outcome": "not_in_transaction", "decision": "rejected"}) == 2
+                         {"evidence": "log", "outcome": "late_write", "decision": "rejected"}) == 1
+    assert leader.metric("txnguard_verifications_total",
+                         {"evidence": "log", "outcome": "not_in_transaction", "decision": "rejected"}) == 1
     for p in sidecars.values():
-        _never_held(p)
+        _no_hold_ran_out(p)
     assert unexpected_api_key_lines(cluster3) == 0
 
 
 @pytest.mark.parametrize("client_name", list(clients.PYTHON_CLIENTS))
-def test_sidecar_first_writes_of_real_clients_get_their_abortable_error_not_a_stall(
-        cluster3: Cluster, sidecars, unique_name, client_name: str) -> None:
-    """What each family sees through 2.8 sidecars: every transaction's first write to a partition has no
-    evidence the sidecar can get (the coordinator cannot be asked), so it is refused at once with the error
-    the family aborts on. Nothing is committed, nothing hangs, no request waits for a timeout."""
+def test_sidecars_carry_each_client_family_exactly_on_2_8(cluster3: Cluster, sidecars, unique_name,
+                                                          client_name: str) -> None:
+    """Real clients through 2.8 sidecars: the leader's sidecar never sees AddPartitionsToTxn and cannot ask the
+    coordinator, but its follower of __transaction_state read the add: an aborted transaction and a committed
+    one, exactly the committed records read back, nothing refused, nothing hangs."""
     client = clients.PYTHON_CLIENTS[client_name]
     topic = fresh_topic(cluster3, unique_name("scfam"), replication_factor=3)
-    started = time.monotonic()
-    with pytest.raises(Exception) as failed:  # each family raises its own type
-        client.run_transaction(cluster3.sidecar_bootstrap, topic, unique_name("txn"), [b"a", b"b"], commit=True,
-                               partition=0, timeout_s=60)
-    waited = time.monotonic() - started
-    text = f"{type(failed.value).__name__}: {failed.value}"
-    print(f"{client_name} through 2.8 sidecars: {text[:300]} after {waited:.1f} s")
+    values = [f"{client_name}-{i}".encode() for i in range(10)]
+    client.run_transaction(cluster3.sidecar_bootstrap, topic, unique_name("txn"), values[:5], commit=False,
+                           partition=0, timeout_s=60)
+    client.run_transaction(cluster3.sidecar_bootstrap, topic, unique_name("txn"), values[5:], commit=True,
+                           partition=0, timeout_s=60)
+    assert client.consume_committed(cluster3.bootstrap_servers, topic) == values[5:]
     leader = sidecars[cluster3.leader(topic, 0)]
-    assert leader.metric("txnguard_verification_failures_total", {"reason": "not_in_transaction"}) >= 1
-    assert leader.metric("txnguard_error_rewrites_total", {
-        "api": "produce", "from_error": "UNSUPPORTED_VERSION", "to_error": ABORTABLE[client_name],
-        "client_family": "kafka-python" if client_name == "kafka-python" else
-        ("librdkafka" if client_name == "confluent-kafka" else "aiokafka")}) >= 1
+    refused = sum(p.metric("txnguard_verification_failures_total", {"reason": r}) for p in sidecars.values()
+                  for r in ("not_in_transaction", "late_write", "coordinator_unavailable", "producer_fenced"))
+    passed = leader.metric("txnguard_verifications_total", {"evidence": "log", "outcome": "pass",
+                                                            "decision": "forwarded"})
+    print(f"{client_name} through 2.8 sidecars: committed {len(values[5:])} of {len(values[5:])}, "
+          f"refusals {refused:.0f}, passed on the log {passed:.0f}")
+    assert refused == 0 and passed >= 2
     hw, lso = offsets(cluster3.bootstrap_servers, topic, 0)
     assert hw == lso, "nothing may hang"
     for p in sidecars.values():
-        _never_held(p)
+        _no_hold_ran_out(p)
+    assert unexpected_api_key_lines(cluster3) == 0
+
+
+def test_sidecars_carry_the_java_2_8_copier_exactly_on_2_8(cluster3: Cluster, sidecars, unique_name) -> None:
+    source, sink = fresh_topic(cluster3, unique_name("src")), fresh_topic(cluster3, unique_name("sink"))
+    values = [f"java-{i}".encode() for i in range(300)]
+    clients.PYTHON_CLIENTS["confluent-kafka"].produce(cluster3.bootstrap_servers, source, values, partition=0)
+    result = clients.java_transactional_copier(cluster3.sidecar_bootstrap, source, sink, unique_name("tid"),
+                                               unique_name("group"), max_messages=len(values), java_version="2.8.2",
+                                               transaction_size=50, timeout_s=120)
+    assert (result.total_processed, result.remaining) == (len(values), 0)
+    out = clients.PYTHON_CLIENTS["confluent-kafka"].consume_committed(cluster3.bootstrap_servers, sink)
+    refused = sum(p.metric("txnguard_verification_failures_total", {"reason": r}) for p in sidecars.values()
+                  for r in ("not_in_transaction", "late_write"))
+    print(f"java 2.8.2 copier through 2.8 sidecars: copied {len(out)} of {len(values)}, duplicates "
+          f"{len(out) - len(set(out))}, refusals {refused:.0f}")
+    assert sorted(out) == sorted(values) and refused == 0
     assert unexpected_api_key_lines(cluster3) == 0

@@ -10,6 +10,10 @@ would refuse every transaction. So it reads its broker's ApiVersions at start an
 
 In `monitor` mode nothing is refused: 200, and the body says the same. A broker that cannot be reached at
 start is retried (not a crash, not a start that never ends) and the sidecar is not ready until it is read.
+
+All of that is without the coordinator's log (`verification.transaction_log: false`). Following
+`__transaction_state`, a sidecar on 2.8 has the evidence DescribeTransactions would give, and is ready once
+it has read the log (tests/integration/test_kafka_28.py carries transactions through such sidecars).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ pytestmark = pytest.mark.integration
 
 VERSION = "2.8.2"
 # What /readyz says while its answer is not settled yet: no Metadata answer, or the broker's ApiVersions unread.
-UNSETTLED = ("no successful Metadata request", "not read yet")
+UNSETTLED = ("no successful Metadata request", "not read yet", "transaction log: catching up")
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +57,11 @@ def settled_readyz(proxy: ProxyThread, timeout: float = 60.0) -> tuple[int, str]
     return readyz(proxy)
 
 
-def sidecar(cluster: Cluster, start_proxy, stream: io.StringIO, mode: str, upstream: str | None = None) -> ProxyThread:
+def sidecar(cluster: Cluster, start_proxy, stream: io.StringIO, mode: str, upstream: str | None = None, *,
+            log: bool = False) -> ProxyThread:
     node = cluster.node(1)
     return start_proxy(mode="sidecar", upstream=upstream or f"{node.host}:{node.port}", listen="127.0.0.1:0",
-                       policy={"mode": mode}, log_stream=stream)
+                       policy={"mode": mode}, log_stream=stream, verification={"transaction_log": log})
 
 
 def lines(stream: io.StringIO, event: str) -> list[dict]:
@@ -123,4 +128,23 @@ def test_a_broker_unreachable_at_start_is_retried_and_the_sidecar_is_not_ready_u
         status, body = settled_readyz(proxy)
         assert status == 503 and "DescribeTransactions" in body and broker in body, body
         assert proxy.metric("txnguard_broker_api_missing", {"broker": broker, "api": "DescribeTransactions"}) == 1
+    assert no_client_came(proxy)
+
+
+def test_an_enforcing_sidecar_on_2_8_that_follows_the_coordinators_log_is_ready_once_it_has_read_it(
+        cluster: Cluster, start_proxy) -> None:
+    """    sidecar ─ApiVersions─▶ broker 2.8.2: lacks DescribeTransactions (the metric says so, as without the log)
+           sidecar ─Metadata, Fetch __transaction_state─▶ read to its end once ─▶ /readyz 200"""
+    stream = io.StringIO()
+    proxy = sidecar(cluster, start_proxy, stream, "enforce", log=True)
+    broker = f"{cluster.node(1).host}:{cluster.node(1).port}"
+
+    status, body = settled_readyz(proxy)
+
+    assert status == 200, body
+    assert proxy.metric("txnguard_broker_api_missing", {"broker": broker, "api": "DescribeTransactions"}) == 1
+    assert proxy.metric("txnguard_transaction_log_lag_seconds") >= 0  # caught up once (-1 before)
+    assert lines(stream, "proxy_not_ready") == [] or all(
+        "transaction log" in d["reason"] or "not read yet" in d["reason"] or "Metadata" in d["reason"]
+        for d in lines(stream, "proxy_not_ready"))
     assert no_client_came(proxy)

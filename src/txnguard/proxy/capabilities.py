@@ -34,15 +34,20 @@ class BrokerCapabilities:
         self._own: frozenset[str] = frozenset()
         self._sidecar = False
         self._enforcing: Callable[[], bool] = lambda: True
+        self._log_evidence: Callable[[], bool] = lambda: False
         self._blocked: tuple[NotReady, ...] = ()     # what the log last said keeps the proxy unready
         self.log = logs.get(component="capabilities")
 
-    def watch(self, own: Iterable[Any], *, sidecar: bool, enforcing: Callable[[], bool]) -> None:
+    def watch(self, own: Iterable[Any], *, sidecar: bool, enforcing: Callable[[], bool],
+              log_evidence: Callable[[], bool] | None = None) -> None:
         """What readiness depends on: the proxy's own brokers (`upstream`), its mode and whether it may refuse
-        (read again at every decision: SIGHUP swaps the policy, then calls `reconsider`)."""
+        (read again at every decision: SIGHUP swaps the policy, then calls `reconsider`), and whether the
+        coordinator's log gives evidence now (the follower calls `reconsider` when that changes)."""
         self._own = frozenset(str(a) for a in own)
         self._sidecar = sidecar
         self._enforcing = enforcing
+        if log_evidence is not None:
+            self._log_evidence = log_evidence
         for address in self._own:
             self.expect(address)
 
@@ -92,7 +97,8 @@ class BrokerCapabilities:
     def readiness(self) -> Readiness:
         brokers = [BrokerApis(a, lacks, a in self._own) for a, lacks in self._lacks.items()]
         brokers += [BrokerApis(a, None, a in self._own, error) for a, error in self._unread.items()]
-        return readiness(brokers, sidecar=self._sidecar, enforcing=self._enforcing())
+        return readiness(brokers, sidecar=self._sidecar, enforcing=self._enforcing(),
+                         log_evidence=self._log_evidence())
 
     def reconsider(self) -> None:
         """Log each reason that newly keeps the proxy unready, at the moment it does (not when /readyz is

@@ -336,6 +336,13 @@ class Verification(_Section):
     """An unanswered EndTxn stops being waited for after this long."""
     end_txn_hold_ms: PositiveInt = 1_000
     """One held request waits at most this long; then CONCURRENT_TRANSACTIONS (and it is held again)."""
+    transaction_log: Bool = True
+    """Follow the coordinator's own log, __transaction_state (DESCRIBE and READ on that topic), as evidence
+    between this proxy's own and the coordinator's answer: every sidecar and gateway replica sees every
+    AddPartitionsToTxn and EndTxn there, on Kafka 2.8 too. Not ready until it has read the log once."""
+    transaction_log_wait_ms: PositiveInt = 500
+    """A write the log does not pass at once waits at most this long for the follower to read the log up to its
+    end as of the write's arrival; then the next source (the leader, the coordinator) decides."""
 
 
 class Audit(_Section):

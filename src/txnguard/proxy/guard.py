@@ -24,6 +24,7 @@ from txnguard.policies.enforcement import Mode
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig, ProxyMode
+from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.verifier import Verifier
 from txnguard.verification.audit import (
@@ -66,6 +67,7 @@ from txnguard.verification.in_doubt import Ending, EndTxnLedger, InDoubtLimits, 
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Verdict
 from txnguard.verification.registry import Registry, RegistryLimits
+from txnguard.verification.transaction_log import TransactionLogView
 
 if TYPE_CHECKING:
     from txnguard.proxy.audit_sink import AuditPublisher
@@ -203,6 +205,17 @@ class TransactionGuard:
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence, auth=config.upstream_auth)
+        # The coordinator's own log (verification/transaction_log.py), read by every proxy when on.
+        self.follower: LogFollower | None = None
+        if v.transaction_log and v.enabled:
+            verifier = self.verifier
+            self.follower = LogFollower(
+                TransactionLogView(), metrics, lambda: verifier.bootstrap, verifier.address_of,
+                ssl_context=upstream_ssl, auth=config.upstream_auth, connect_timeout_s=config.limits.connect_timeout_s,
+                timeout_s=v.timeout_s, metadata_refresh_s=config.metadata_refresh_s,
+                on_refused=verifier.access.refused, on_proved=verifier.access.proved)
+            verifier.transaction_log = self.follower
+            verifier.transaction_log_wait_s = v.transaction_log_wait_ms / 1000
         self._passed_templates: dict[tuple[Any, ...], tuple[ClientInfo, Verdict, tuple[str, str, str, str]]] = {}
         self.audit = AuditLog(config.audit_path, on_enabled=self._audit_enabled)
         self.log = logs.get(component="guard")
@@ -232,6 +245,8 @@ class TransactionGuard:
             self._ledger_timer.cancel()
             self._ledger_timer = None
         self.flush_ledger()
+        if self.follower is not None:
+            await self.follower.close()
         await self.verifier.close()
         self.audit.close()
 

@@ -209,6 +209,22 @@ class ProxyMetrics:
             "evidence needs (DescribeTransactions, ListTransactions: Kafka < 3.0), else 0; never sent to it",
             ["broker", "api"], registry=r)
 
+        # The follower of the coordinator's log, __transaction_state (proxy/log_follower.py).
+        self.log_follower_lag_records = Gauge(
+            "txnguard_transaction_log_lag_records", "Records of __transaction_state appended and not read yet by the "
+            "proxy's follower (high watermark minus position, summed over partitions)", registry=r)
+        self.log_follower_lag_seconds = Gauge(
+            "txnguard_transaction_log_lag_seconds", "Seconds since every partition of __transaction_state was last "
+            "read up to its high watermark; -1 until the follower caught up once", registry=r)
+        self.log_follower_ids = Gauge(
+            "txnguard_transaction_log_transactional_ids", "Transactional ids the follower holds the latest state of",
+            registry=r)
+        self.log_follower_records = Counter(
+            "txnguard_transaction_log_records", "Records of __transaction_state read, by what they did: state, "
+            "tombstone, unknown_version or malformed (the id is then asked of the coordinator)", ["outcome"],
+            registry=r)
+        self.log_follower_records.labels("state")  # the rest appear with their first record
+
         # The proxy's own principal refused by Kafka (proxy/access.py): each names one missing ACL.
         self.authorization_failures = Counter(
             "txnguard_verification_authorization_failures", "The proxy's own verification requests refused by "

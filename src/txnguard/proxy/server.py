@@ -41,7 +41,8 @@ from txnguard.verification.capabilities import LACKS_API, UNREAD
 
 TLS_HANDSHAKE = 0x16
 # /readyz's reasons, each a label of txnguard_not_ready (exported at 0 from the start).
-NOT_READY_REASONS = ("draining", "not_authorized", "no_metadata", "stale_metadata", UNREAD, LACKS_API)
+LOG_CATCHING_UP = "transaction_log_catching_up"
+NOT_READY_REASONS = ("draining", "not_authorized", "no_metadata", "stale_metadata", UNREAD, LACKS_API, LOG_CATCHING_UP)
 API_VERSIONS_FIRST_RETRY_S = 0.25  # a broker whose ApiVersions could not be read: retried after this, doubling
 
 
@@ -83,8 +84,12 @@ class Proxy:
             self.metrics.not_ready.labels(reason).set_function(functools.partial(self._not_ready_because, reason))
         # What each broker lacks decides readiness: read at start and for each broker Metadata names
         # (`_read_api_versions`), not first when a client's write needs it.
+        follower = self.guard.follower
         self.guard.verifier.capabilities.watch(config.upstream, sidecar=config.mode is ProxyMode.SIDECAR,
-                                               enforcing=self._may_refuse)
+                                               enforcing=self._may_refuse,
+                                               log_evidence=(lambda: follower.gives_evidence) if follower else None)
+        if follower is not None:
+            follower.on_usable = self.guard.verifier.capabilities.reconsider
         self._api_version_reads: dict[HostPort, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._serving: set[asyncio.Task[None]] = set()
@@ -109,6 +114,8 @@ class Proxy:
             self._tasks.append(loop.create_task(self.hanging.run()))
         for target in self.config.upstream:
             self.read_api_versions(target)
+        if self.guard.follower is not None:
+            self.guard.follower.start()
         self.log.info("proxy_started", listen=str(self.config.listen),
                       upstream=[str(u) for u in self.config.upstream])
 
@@ -425,6 +432,11 @@ class Proxy:
         elif (age := time.monotonic() - self.last_metadata_ok) > self.config.ready_max_metadata_age_s:
             reasons.append(("stale_metadata", f"last successful Metadata request {age:.0f}s ago"))
         reasons += [(n.reason, n.text) for n in self.guard.verifier.capabilities.readiness().blocked]
+        follower = self.guard.follower
+        if follower is not None and not follower.caught_up_once and not follower.denied:
+            # Until it has read the log once, the log's evidence is missing: a sidecar would refuse or ask for
+            # what it will know in a moment.
+            reasons.append((LOG_CATCHING_UP, follower.detail()))
         return reasons
 
     def _not_ready_because(self, reason: str) -> float:
@@ -437,6 +449,9 @@ class Proxy:
         if reasons == [("draining", "draining")]:
             return False, "draining"
         notes = list(self.guard.verifier.capabilities.readiness().notes)
+        follower = self.guard.follower
+        if follower is not None and follower.problem is not None and (follower.caught_up_once or follower.denied):
+            notes.append(follower.detail())  # healthy, it says nothing here: its lag is a metric
         if not reasons:
             return True, "; ".join(["ok", *notes])
         return False, "; ".join([text for _, text in reasons] + notes)

@@ -46,6 +46,7 @@ from txnguard.proxy.access import AccessMonitor
 from txnguard.proxy.capabilities import BrokerCapabilities
 from txnguard.proxy.config import CoordinatorEvidence, HostPort, UpstreamAuth
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamAuthError, UpstreamError
+from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.access import MissingAcl, missing_acl, refused
 from txnguard.verification.capabilities import DESCRIBE_TRANSACTIONS
@@ -141,6 +142,9 @@ class Verifier:
         self._verify_only_versions: dict[HostPort, int] = {}
         self._offsets_partitions: int | None = None
         self.log = logs.get(component="verifier")
+        # The coordinator's log, asked first (proxy/log_follower.py); None: not followed.
+        self.transaction_log: LogFollower | None = None
+        self.transaction_log_wait_s = 0.5
 
     async def close(self) -> None:
         self._connections.close()
@@ -370,6 +374,22 @@ class Verifier:
         questions are cheap: they join the coordinator's batch, one request in flight per broker.
         """
         pending = list(pending)
+        if self.transaction_log is not None:
+            # The coordinator's own log first: what it decides needs no question, on Kafka 2.8 too.
+            logged = await self.transaction_log.verdicts(txn_id, producer_id, epoch, pending,
+                                                         self.transaction_log_wait_s)
+            if logged:
+                if len(logged) == len(pending):
+                    return logged, None
+                rest, answered = await self._verify_asking(txn_id, producer_id, epoch,
+                                                           [tp for tp in pending if tp not in logged], leader)
+                return {**logged, **rest}, answered
+        return await self._verify_asking(txn_id, producer_id, epoch, pending, leader)
+
+    async def _verify_asking(self, txn_id: str, producer_id: int, epoch: int, pending: list[TopicPartition],
+                             leader: HostPort | None,
+                             ) -> tuple[dict[TopicPartition, Verdict], DescribedTransaction | None]:
+        """The leader and the coordinator, for what neither this proxy nor the log decided."""
         if leader is None:
             return await self._ask_coordinator(txn_id, producer_id, epoch, pending)
         coordinator = asyncio.ensure_future(self._ask_coordinator(txn_id, producer_id, epoch, pending))

@@ -39,6 +39,9 @@ _MISSING: dict[tuple[str, int], tuple[str, str, bool]] = {
     ("metadata", ErrorCode.topic_authorization_failed): ("DESCRIBE", "Topic", True),
     ("describe_producers", ErrorCode.topic_authorization_failed): ("READ", "Topic", False),
     ("add_partitions_to_txn_verify_only", ErrorCode.cluster_authorization_failed): ("CLUSTER_ACTION", "Cluster", True),
+    # The follower of the coordinator's log (proxy/log_follower.py): without it, verification works as before.
+    ("transaction_log_metadata", ErrorCode.topic_authorization_failed): ("DESCRIBE", "Topic", False),
+    ("transaction_log_fetch", ErrorCode.topic_authorization_failed): ("READ", "Topic", False),
 }
 # Authentication itself: every request of the proxy fails, whatever it asked.
 _SASL_ERRORS = frozenset({ErrorCode.sasl_authentication_failed, ErrorCode.unsupported_sasl_mechanism,

@@ -107,7 +107,8 @@ _NOR = ("nor can it confirm a coordinator's transaction timeout (a KIP-588 rewri
         "see a producer move on past an EndTxn in doubt (that hold lasts until the EndTxn is answered or its bound)")
 
 
-def readiness(brokers: Iterable[BrokerApis], *, sidecar: bool, enforcing: bool) -> Readiness:
+def readiness(brokers: Iterable[BrokerApis], *, sidecar: bool, enforcing: bool,
+              log_evidence: bool = False) -> Readiness:
     """Is the proxy fit for clients, as far as its brokers' APIs go, and what should /readyz say besides?
 
     Not ready while none of its own brokers' ApiVersions has been read: what they lack is unknown, so
@@ -124,7 +125,9 @@ def readiness(brokers: Iterable[BrokerApis], *, sidecar: bool, enforcing: bool) 
     - a gateway: it verifies every write of a transaction it saw begin from its own evidence, exactly as on
       3.x; only a write whose AddPartitionsToTxn it did not forward cannot be verified. Out of a Service it
       would protect nothing at all, so it stays ready and its body says what it cannot verify;
-    - `monitor` (or `off`, or verification disabled): nothing is refused; the body says the same.
+    - `monitor` (or `off`, or verification disabled): nothing is refused; the body says the same;
+    - `log_evidence`: the proxy follows the coordinator's own log (__transaction_state) and has read it once:
+      every AddPartitionsToTxn is there, wherever it went through, so a first write has its evidence.
     """
     brokers = sorted(brokers, key=lambda b: b.address)
     blocked: list[NotReady] = []
@@ -142,6 +145,10 @@ def readiness(brokers: Iterable[BrokerApis], *, sidecar: bool, enforcing: bool) 
         if not b.lacks:
             continue
         consequence = _consequence(b.lacks, own=b.own, sidecar=sidecar, enforcing=enforcing)
+        if consequence is not None and log_evidence:
+            notes.append(summary(b.address, b.lacks) + ": the coordinator's log (__transaction_state) gives the "
+                         "evidence DescribeTransactions would")
+            continue
         if sidecar and enforcing and b.own and consequence is not None:
             blocked.append(NotReady(LACKS_API, b.address, "DescribeTransactions", (
                 f"broker {b.address} lacks DescribeTransactions (Kafka before 3.0): {consequence}; use a gateway, "

@@ -1,0 +1,355 @@
+"""The follower of the coordinator's log: reads `__transaction_state` and keeps the pure view current.
+
+Every proxy runs one (gateway and sidecar alike): the topic is small, and each record is what the
+coordinator decided before it answered its client (verification/transaction_log.py says what the
+records may decide). It reads with the proxy's own principal (DESCRIBE and READ on the topic), on its
+own connections, without a consumer group (plain Fetch at offsets it keeps itself):
+
+* a background loop per partition leader long-polls Fetch (v12, every broker from 2.8 to 4.4 takes it)
+  for all the partitions that broker leads, from the position the view holds;
+* `sync(partition)` answers "has the view read everything appended before now?": one Fetch that does
+  not wait (on a second connection, so it never queues behind a long poll), applied, repeated until the
+  position reaches the high watermark it reports. The coordinator answers its client only once its
+  record is replicated (acks=all), so anything the client heard of before its write is below that
+  high watermark;
+* Metadata is read again on a leader error, a connection error or every `metadata_refresh_s`; a new
+  leader continues from the view's position (the log is the same log).
+
+Health: `caught_up_once` (readiness), per-partition lag in records and the age of the last caught-up
+moment (metrics, /readyz detail), the records it could not read (`Applied`, a metric and a log line).
+Denied READ or DESCRIBE: a log line, the access metric, /readyz detail; the proxy works as without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.types import TopicName
+from kio.static.primitive import i32, i32Timedelta, i64
+
+from txnguard.codecs.errors import CodecError, DecodeFailed
+from txnguard.codecs.transaction_log import TOPIC, UnknownVersion, records
+from txnguard.proxy import logs
+from txnguard.proxy.config import HostPort
+from txnguard.proxy.kafka_client import BrokerConnections, UpstreamError
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.access import missing_acl
+from txnguard.verification.outcomes import Verdict
+from txnguard.verification.transaction_log import Applied, TransactionLogView
+
+TopicPartition = tuple[str, int]
+
+FETCH_MAX_BYTES = 4 * 1024 * 1024
+PARTITION_MAX_BYTES = 1024 * 1024
+LEADER_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
+                           ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch,
+                           ErrorCode.leader_not_available, ErrorCode.kafka_storage_error})
+
+
+class LogFollower:
+    def __init__(self, view: TransactionLogView, metrics: ProxyMetrics, bootstrap: Callable[[], tuple[HostPort, ...]],
+                 address_of: Callable[[str, int], HostPort], *, ssl_context: Any = None, auth: Any = None,
+                 connect_timeout_s: float = 5.0, timeout_s: float = 5.0, max_wait_ms: int = 500,
+                 metadata_refresh_s: float = 30.0, on_refused: Callable[[Any], None] | None = None,
+                 on_proved: Callable[[tuple[str, str, str]], None] | None = None) -> None:
+        self.view = view
+        self.metrics = metrics
+        self.bootstrap = bootstrap
+        self.address_of = address_of
+        self.timeout_s = timeout_s
+        self.max_wait_ms = max_wait_ms
+        self.metadata_refresh_s = metadata_refresh_s
+        self.on_refused, self.on_proved = on_refused, on_proved
+        self._polls = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
+        self._syncs = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
+        self.leaders: dict[int, HostPort] = {}       # partition -> its leader's address
+        self.high_watermarks: dict[int, int] = {}
+        self.caught_up_at: dict[int, float] = {}     # partition -> monotonic time it last reached the watermark
+        self._behind: set[int] = set()               # partitions whose last Fetch ended below the high watermark
+        self.caught_up_once = False
+        self.topic_exists: bool | None = None
+        self.problem: str | None = None              # why it cannot follow now (/readyz detail)
+        self.denied = False                          # the proxy's principal may not read the topic: not followed
+        self.on_usable: Callable[[], None] | None = None  # told when `usable` changes (readiness is reconsidered)
+        self._metadata_stale = asyncio.Event()
+        self._loops: dict[HostPort, asyncio.Task[None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.log = logs.get(component="log_follower")
+        self._register_metrics()
+
+    # -- life cycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._task, *self._loops.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._polls.close()
+        self._syncs.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._refresh_metadata()
+            except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+                self._say_problem(f"no Metadata for {TOPIC}: {e!r}")
+            self._metadata_stale.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._metadata_stale.wait(), self.metadata_refresh_s)
+
+    async def _refresh_metadata(self) -> None:
+        answer = await self._any_broker(MetadataRequest(
+            topics=(MetadataRequestTopic(name=TopicName(TOPIC)),), allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False, include_topic_authorized_operations=False))
+        brokers = {int(b.node_id): self.address_of(str(b.host), int(b.port)) for b in answer.brokers}
+        topic = answer.topics[0] if answer.topics else None
+        code = int(topic.error_code) if topic is not None else ErrorCode.unknown_topic_or_partition
+        if code == ErrorCode.unknown_topic_or_partition:
+            # No transaction yet on this cluster: the coordinator creates the topic with its first one. Nothing
+            # to read is caught up; Metadata is asked again until the topic appears.
+            self.topic_exists = False
+            was = self.usable
+            self.caught_up_once = True
+            self.problem = None
+            if not was and self.on_usable is not None:
+                self.on_usable()
+            asyncio.get_running_loop().call_later(min(self.metadata_refresh_s, 2.0), self._metadata_stale.set)
+            return
+        missing = missing_acl("transaction_log_metadata", code, TOPIC)
+        if missing is not None:
+            if self.on_refused is not None:
+                self.on_refused(missing)
+            self._deny()
+            self._say_problem(f"the proxy may not DESCRIBE {TOPIC}: the coordinator's log is not followed")
+            return
+        self.denied = False
+        self.topic_exists = True
+        self.view.partition_count = len(topic.partitions)  # type: ignore[union-attr]
+        leaders = {int(p.partition_index): brokers[int(p.leader_id)] for p in topic.partitions  # type: ignore[union-attr]
+                   if int(p.leader_id) in brokers}
+        self.leaders = leaders
+        for p in leaders:
+            self.view.positions.setdefault(p, 0)
+        for address in set(leaders.values()):
+            task = self._loops.get(address)
+            if task is None or task.done():
+                self._loops[address] = asyncio.get_running_loop().create_task(self._follow(address))
+
+    async def _any_broker(self, payload: Any) -> Any:
+        last: Exception | None = None
+        for address in self.bootstrap():
+            try:
+                conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), self.timeout_s)
+                return await conn.request(payload, self.timeout_s)
+            except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+                last = e
+                self._syncs.drop(address)
+        raise UpstreamError(f"no bootstrap broker answered: {last!r}")
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    async def _follow(self, address: HostPort) -> None:
+        """Long-poll the partitions `address` leads, while it leads any."""
+        backoff = 0.1
+        while True:
+            partitions = sorted(p for p, a in self.leaders.items() if a == address)
+            if not partitions:
+                return
+            try:
+                conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
+                answer = await conn.request(self._fetch(partitions, self.max_wait_ms),
+                                            self.timeout_s + self.max_wait_ms / 1000)
+                self._apply(answer)
+                backoff = 0.1
+            except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+                self._polls.drop(address)
+                self._say_problem(f"reading {TOPIC} from {address}: {e!r}")
+                self._metadata_stale.set()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _fetch(self, partitions: list[int], max_wait_ms: int) -> FetchRequest:
+        return FetchRequest(
+            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=max_wait_ms)), min_bytes=i32(1),
+            max_bytes=i32(FETCH_MAX_BYTES),
+            topics=(FetchTopic(topic=TopicName(TOPIC), partitions=tuple(
+                FetchPartition(partition=i32(p), fetch_offset=i64(self.view.positions.get(p, 0)),
+                               partition_max_bytes=i32(PARTITION_MAX_BYTES)) for p in partitions)),),
+            forgotten_topics_data=())
+
+    def _apply(self, answer: Any) -> None:
+        now = time.monotonic()
+        for topic in answer.responses:
+            for part in topic.partitions:
+                p, code = int(part.partition_index), int(part.error_code)
+                if code == ErrorCode.offset_out_of_range:
+                    # Compaction or retention removed the start of the log: continue at its start (what was
+                    # removed was superseded: compaction keeps each id's latest record).
+                    self.view.positions[p] = max(self.view.positions.get(p, 0), int(part.log_start_offset))
+                    continue
+                if code in LEADER_ERRORS:
+                    self._metadata_stale.set()
+                    continue
+                if code != ErrorCode.none:
+                    missing = missing_acl("transaction_log_fetch", code, TOPIC)
+                    if missing is not None:
+                        self._deny()
+                        if self.on_refused is not None:
+                            self.on_refused(missing)
+                    self._say_problem(f"Fetch of {TOPIC}-{p} answered {code}")
+                    continue
+                self.denied = False
+                if self.on_proved is not None:
+                    self.on_proved(("READ", "Topic", TOPIC))
+                self._read(p, part.records)
+                hw = int(part.high_watermark)
+                self.high_watermarks[p] = hw
+                if self.view.positions.get(p, 0) >= hw:
+                    self.caught_up_at[p] = now
+                    self._behind.discard(p)
+                else:
+                    self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
+        if self.leaders and all(p in self.caught_up_at for p in self.leaders) and not self._behind & set(
+                self.leaders) and (not self.caught_up_once or self.problem is not None):
+            self.caught_up_once = True
+            self.problem = None
+            if self.on_usable is not None:
+                self.on_usable()
+            self.log.info("transaction_log_caught_up", partitions=len(self.leaders), ids=len(self.view),
+                          records=sum(self.view.counts.values()))
+
+    def _read(self, partition: int, data: bytes | None) -> None:
+        if not data:
+            return
+        position = self.view.positions.get(partition, 0)
+        try:
+            for record in records(data):
+                if record.offset < position:
+                    continue  # read already (a sync and a long poll may both carry it)
+                applied = self.view.apply(partition, record)
+                self._counted[applied].inc()
+                position = record.offset + 1
+                if applied in (Applied.UNKNOWN, Applied.MALFORMED):
+                    self.log.warning("transaction_log_record_unreadable", partition=partition, offset=record.offset,
+                                     outcome=applied.value, detail="its id is asked of the coordinator instead")
+        except (UnknownVersion, DecodeFailed) as e:
+            # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
+            # the log's; so stop this partition here and say so (writes of its ids go to the next source).
+            self._say_problem(f"{TOPIC}-{partition} at offset {position}: {e}")
+
+    async def sync(self, partition: int, budget_s: float) -> bool:
+        """Read `partition` up to the high watermark as of now; True once there, False past the budget."""
+        address = self.leaders.get(partition)
+        if address is None or not self.caught_up_once:
+            return False
+        deadline = time.monotonic() + budget_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
+                answer = await conn.request(self._fetch([partition], 0), left)
+                self._apply(answer)
+                if self.view.positions.get(partition, 0) >= self.high_watermarks.get(partition, 1 << 62):
+                    return True
+        except (UpstreamError, OSError, CodecError, TimeoutError):
+            self._syncs.drop(address)
+            return False
+
+    # -- evidence -----------------------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Caught up once and reading: its view may decide."""
+        return self.caught_up_once and self.problem is None
+
+    @property
+    def gives_evidence(self) -> bool:
+        """Readiness's view: followed (catching up, or back after a transient error), not denied. A transient
+        error makes writes ask the next source for a moment; it does not take the proxy out of service."""
+        return not self.denied
+
+    async def verdicts(self, txn_id: str, producer_id: int, epoch: int, tps: list[TopicPartition],
+                       wait_s: float) -> dict[TopicPartition, Verdict]:
+        """The log's verdicts on a write's partitions: passes at once; the rest once the follower has read the
+        id's partition up to its end as of now (at most `wait_s`). A partition left out is not decided here."""
+        if not self.caught_up_once and not self.denied:
+            await self._caught_up(wait_s)  # a proxy just started: the first read is a moment away
+        if not self.usable:
+            return {}
+        view = self.view
+        found: dict[TopicPartition, Verdict] = {}
+        for tp in tps:
+            v = view.verdict(txn_id, producer_id, epoch, tp, caught_up=False)
+            if v is not None:
+                found[tp] = v
+        rest = [tp for tp in tps if tp not in found]
+        partition = view.partition_of(txn_id)
+        if not rest or partition is None or not await self.sync(partition, wait_s):
+            return found
+        for tp in rest:
+            v = view.verdict(txn_id, producer_id, epoch, tp, caught_up=True)
+            if v is not None:
+                found[tp] = v
+        return found
+
+    def _deny(self) -> None:
+        if not self.denied:
+            self.denied = True
+            if self.on_usable is not None:
+                self.on_usable()  # readiness without the log's evidence (an enforcing 2.8 sidecar is not ready)
+
+    async def _caught_up(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while not self.caught_up_once and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    # -- health -------------------------------------------------------------------------------------------
+
+    def _say_problem(self, problem: str) -> None:
+        if problem != self.problem:
+            self.log.warning("transaction_log_not_followed", detail=problem)
+        was = self.usable
+        self.problem = problem
+        if was and self.on_usable is not None:
+            self.on_usable()
+
+    def lag_records(self) -> int:
+        return sum(max(self.high_watermarks.get(p, 0) - self.view.positions.get(p, 0), 0) for p in self.leaders)
+
+    def lag_seconds(self) -> float:
+        """How long since the least recent partition was last read to its high watermark."""
+        if not self.leaders:
+            return 0.0
+        now = time.monotonic()
+        return max(now - self.caught_up_at.get(p, 0.0) for p in self.leaders) if self.caught_up_once else float("inf")
+
+    def detail(self) -> str:
+        """/readyz's words on the follower."""
+        if self.problem is not None:
+            return f"transaction log: {self.problem}"
+        if not self.caught_up_once:
+            return f"transaction log: catching up ({self.lag_records()} records behind)"
+        return f"transaction log: {len(self.view)} ids, {self.lag_records()} records behind"
+
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        m.log_follower_lag_records.set_function(lambda: float(self.lag_records()))
+        m.log_follower_lag_seconds.set_function(
+            lambda: self.lag_seconds() if self.caught_up_once else -1.0)
+        m.log_follower_ids.set_function(lambda: float(len(self.view)))
+        self._counted = {a: m.log_follower_records.labels(a.value) for a in Applied}
