@@ -1,9 +1,8 @@
 """The coordinator's log, as the follower reads it: records in, each id's latest state out, and what the log
 may decide about a write (the coordinator's own rules, only a pass before the follower caught up).
 
-The bytes are written here by an encoder of the test's own, from Kafka's TransactionLogKey/TransactionLogValue
-schemas (v0: Kafka 2.8 and later; v1, flexible: what 4.x brokers write); a real broker's log is read in
-tests/integration/test_log_follower.py.
+The bytes are written by the harness's own encoder (txnguard.testing.transaction_log, from Kafka's schemas); real
+brokers' logs (2.8.2, 3.5.2, 4.4.0) are read in tests/integration/test_log_follower.py.
 """
 
 from __future__ import annotations
@@ -17,42 +16,12 @@ from hypothesis import strategies as st
 
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue, UnknownVersion, transaction, transactional_id
+from txnguard.testing.transaction_log import key, value
+from txnguard.testing.transaction_log import uvarint as _uvarint
 from txnguard.verification.outcomes import Evidence, Outcome
 from txnguard.verification.transaction_log import Applied, LogViewLimits, TransactionLogView
 
-STATUS = {"Empty": 0, "Ongoing": 1, "PrepareCommit": 2, "PrepareAbort": 3, "CompleteCommit": 4, "CompleteAbort": 5}
 P0, P1 = ("orders", 0), ("orders", 1)
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def key(txn_id: str) -> bytes:
-    raw = txn_id.encode()
-    return struct.pack(">hh", 0, len(raw)) + raw
-
-
-def value(v: TxnLogValue, version: int = 0, tags: bytes = b"\x00") -> bytes:
-    flexible = version >= 1
-    by_topic: dict[str, list[int]] = {}
-    for topic, p in sorted(v.partitions):
-        by_topic.setdefault(topic, []).append(p)
-    out = struct.pack(">hqhib", version, v.producer_id, v.producer_epoch, v.timeout_ms, STATUS[v.state])
-    out += _uvarint(len(by_topic) + 1) if flexible else struct.pack(">i", len(by_topic))
-    for topic, ps in by_topic.items():
-        raw = topic.encode()
-        out += (_uvarint(len(raw) + 1) if flexible else struct.pack(">h", len(raw))) + raw
-        out += _uvarint(len(ps) + 1) if flexible else struct.pack(">i", len(ps))
-        out += b"".join(struct.pack(">i", p) for p in ps)
-        out += b"\x00" if flexible else b""
-    out += struct.pack(">qq", v.last_update_ms, v.start_ms)
-    return out + (tags if flexible else b"")
 
 
 def state(state: str, *partitions: tuple[str, int], epoch: int = 0, pid: int = 7) -> TxnLogValue:
