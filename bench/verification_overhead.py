@@ -117,7 +117,8 @@ PROXY_ENV: dict[str, str] = {}  # --proxy-rev: PYTHONPATH to that revision's src
 
 
 def start_proxy(name: str, upstream: str, tmp: Path, mode: str = "gateway", policy_mode: str = "enforce",
-                listen: str | None = None, audit_on: bool = True, env: dict[str, str] | None = None) -> Side:
+                listen: str | None = None, audit_on: bool = True, env: dict[str, str] | None = None,
+                verification: dict[str, Any] | None = None) -> Side:
     port = free_port() if listen is None else int(listen.rsplit(":", 1)[1])
     admin = f"127.0.0.1:{free_port()}"
     audit = tmp / f"{name}-audit.jsonl"
@@ -125,6 +126,7 @@ def start_proxy(name: str, upstream: str, tmp: Path, mode: str = "gateway", poli
     config.write_text(json.dumps({
         "mode": mode, "upstream": upstream, "listen": listen or f"127.0.0.1:{port}", "admin": admin,
         **({"audit_path": str(audit)} if audit_on else {}), "policy": {"mode": policy_mode}, "log_level": "warning",
+        **({"verification": verification} if verification else {}),
     }))
     proc = ProxyProcess(["--config", str(config)], tmp / f"{name}.log",
                         env=(PROXY_ENV if env is None else env) or None).start(wait_port=("127.0.0.1", port))
@@ -170,6 +172,9 @@ def verification_figures(side: Side) -> dict[str, Any]:
         "transactions": int(transactions),
         "coordinator_requests": int(coordinator),
         "coordinator_requests_per_transaction": round(coordinator / transactions, 3) if transactions else None,
+        "describe_transactions_per_transaction": round(total(
+            m, 'txnguard_coordinator_requests_total{api="describe_transactions"') / transactions, 3)
+        if transactions else None,
         "window_ms": {e: {"p50": _r(window_quantile(m, e, 0.5)), "p99": _r(window_quantile(m, e, 0.99))}
                       for e in latencies},
     }
@@ -251,23 +256,33 @@ class RoundTrips(threading.Thread):
 
 
 def sidecar_phase(tmp: Path, records: int, rate: int) -> dict[str, Any]:
+    """The same load through a sidecar, following the coordinator's log and not (one cluster, log off first)."""
     cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka-sidecar", sidecars=True)
     node = cluster.nodes[0]
-    side = None
+    out: dict[str, Any] = {}
     try:
-        side = start_proxy("sidecar", f"{node.host}:{node.port}", tmp, mode="sidecar",
-                           listen=f"{node.host}:{node.sidecar_port}")
-        probe = RoundTrips(f"{node.host}:{node.port}")
-        probe.start()
-        res = run_load(side, cluster, records, rate)
-        rtt = probe.figures()
-        print(f"  sidecar  {res.records_per_sec:9.1f} rec/s  avg {res.avg_latency_ms:6.2f} ms  "
-              f"broker round trip p50 {rtt.get('p50')} / p99 {rtt.get('p99')} ms", flush=True)
-        return {"throughput_records_per_sec": res.records_per_sec, "broker_round_trip_ms": rtt,
-                **verification_figures(side)}
+        for log in (False, True):
+            name = f"sidecar-log-{'on' if log else 'off'}"
+            side = start_proxy(name, f"{node.host}:{node.port}", tmp, mode="sidecar",
+                               listen=f"{node.host}:{node.sidecar_port}", verification={"transaction_log": log})
+            try:
+                probe = RoundTrips(f"{node.host}:{node.port}")
+                probe.start()
+                res = run_load(side, cluster, records, rate)
+                rtt = probe.figures()
+                print(f"  {name}  {res.records_per_sec:9.1f} rec/s  avg {res.avg_latency_ms:6.2f} ms  "
+                      f"broker round trip p50 {rtt.get('p50')} / p99 {rtt.get('p99')} ms", flush=True)
+                figures = verification_figures(side)
+                shown = ("describe_transactions_per_transaction", "coordinator_requests_per_transaction",
+                         "window_ms", "verification_time_ms")
+                print("    " + json.dumps({k: figures.get(k) for k in shown}), flush=True)
+                out[name] = {"throughput_records_per_sec": res.records_per_sec, "broker_round_trip_ms": rtt,
+                             **figures}
+            finally:
+                if side.proc is not None:
+                    side.proc.terminate()
+        return out
     finally:
-        if side is not None and side.proc is not None:
-            side.proc.terminate()
         cluster.down()
 
 
