@@ -39,6 +39,7 @@ from txnguard.proxy.config import HostPort
 from txnguard.testing import clients, kafka, raw
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.freezes import txn_id_coordinated_by
+from txnguard.testing.scenarios import wait_stable
 from txnguard.verification.hanging import OwnTimeout
 
 pytestmark = [pytest.mark.integration]
@@ -97,8 +98,9 @@ def test_zookeeper_2_8_an_event_time_transaction_is_found_unconfirmed_and_abort_
     assert "left alone" in done.stdout and "may be a live transaction" in done.stdout
 
     producer.commit()
-    assert clients.ConfluentKafkaClient().consume_committed(bootstrap, topic) == [b"event-0"]
+    wait_stable(bootstrap, topic)  # EndTxn returns before the marker is written
     assert lso_and_hw(bootstrap, topic) == (2, 2)  # the record and the commit marker
+    assert clients.ConfluentKafkaClient().consume_committed(bootstrap, topic) == [b"event-0"]
     # The threshold it passed is the cluster's transaction.max.timeout.ms, read with DescribeConfigs.
     assert (finding["threshold_ms"], report["unknown_transaction_timeout_ms"]) == (TRANSACTION_MAX_TIMEOUT_MS,) * 2
     assert finding["confirmed"] is False
@@ -120,8 +122,7 @@ def lagging_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka.
 def test_a_scan_asks_the_leader_not_a_follower_that_lags(lagging_cluster: kafka.Cluster,
                                                           unique_name: NameFactory) -> None:
     cluster = lagging_cluster
-    topic = fresh_topic(cluster, unique_name("lag"), replication_factor=2)
-    _, follower = _replicas(cluster, topic)
+    topic, follower = _topic_followed_by_a_non_controller(cluster, unique_name)
     txn_id, _ = txn_id_coordinated_by(cluster, unique_name("tid"), lambda c: c != follower)
     through = ",".join(n.address for n in cluster.nodes if n.id != follower)  # the nodes that answer
 
@@ -130,6 +131,7 @@ def test_a_scan_asks_the_leader_not_a_follower_that_lags(lagging_cluster: kafka.
     cluster.pause_node(follower)
     try:
         producer.commit()  # the follower leaves the ISR; the marker is on the leader only
+        wait_stable(through, topic)  # EndTxn returns before the marker is written: the scan comes after it
         scan = txnguard("hanging", "--bootstrap", through, "--topic", topic, "--broker-id", str(follower),
                         "--max-transaction-timeout", "0", "--timeout", "5", "--json")
         still_stopped = cluster.paused(follower)
@@ -168,6 +170,21 @@ def test_each_sidecar_scans_what_its_broker_leads(lagging_cluster: kafka.Cluster
     assert {n: result.partitions for n, result in scans.items()} == leads
     assert all(result.errors == {} and result.findings == () for result in scans.values())
     assert {n.id: asyncio.run(own_id(n)) for n in cluster.nodes} == {n.id: n.id for n in cluster.nodes}
+
+
+def _topic_followed_by_a_non_controller(cluster: kafka.Cluster, unique_name: NameFactory) -> tuple[str, int]:
+    """A fresh replication-factor-2 topic whose follower is not the KRaft quorum's leader: stopping the active
+    controller would hold every ISR change (AlterPartition) until a new one is elected and the old one's requests
+    time out, and the commit with them (seen once: a 60 s commit timeout)."""
+    states = [json.loads((cluster.node_dir(n.id) / "data" / "__cluster_metadata-0" / "quorum-state").read_text())
+              for n in cluster.nodes]
+    controller = max(states, key=lambda state: int(state["leaderEpoch"]))["leaderId"]
+    for _ in range(10):
+        topic = fresh_topic(cluster, unique_name("lag"), replication_factor=2)
+        _, follower = _replicas(cluster, topic)
+        if follower != controller:
+            return topic, follower
+    raise AssertionError(f"every topic's follower was the active controller ({controller})")
 
 
 def _replicas(cluster: kafka.Cluster, topic: str) -> tuple[int, int]:
