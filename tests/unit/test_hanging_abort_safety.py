@@ -25,9 +25,10 @@ from kio.schema.errors import ErrorCode
 
 from txnguard import cli
 from txnguard.codecs.api_keys import ApiKey
-from txnguard.proxy import hanging, hanging_cli
+from txnguard.proxy import config, hanging, hanging_cli, hanging_monitor
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import UnsupportedApi
+from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.hanging import OwnTimeout, ProducerState
 
 MIN = 60_000
@@ -239,8 +240,8 @@ def test_a_periodic_scan_reads_transaction_max_timeout_once_not_every_scan() -> 
         return [await hanging.scan(admin, hanging.Scope(topic=TOPIC), OwnTimeout()) for _ in range(2)]
 
     results = asyncio.run(two_scans())
-    assert [r.unknown_timeout_ms for r in results] == [60_000, 60_000]
     assert sorted(b for b, what in cluster.asked if what == "DescribeConfigsRequest") == [1, 2]  # each broker once
+    assert [r.unknown_timeout_ms for r in results] == [60_000, 60_000]
     asyncio.run(admin.close())
     asyncio.run(hanging.scan(admin, hanging.Scope(topic=TOPIC), OwnTimeout()))
     assert len([b for b, what in cluster.asked if what == "DescribeConfigsRequest"]) == 4
@@ -344,3 +345,23 @@ def test_without_describe_configs_the_threshold_is_kafkas_default_and_says_so(
     assert "no broker described it" in report["unknown_transaction_timeout_source"]
     assert [f["threshold_ms"] for f in report["findings"]] == [15 * MIN]
     assert status == 0
+
+
+def test_the_proxys_scan_logs_an_unconfirmed_finding_as_unconfirmed_past_the_clusters_threshold() -> None:
+    # The proxy's periodic scan never aborts; its log line says whether a person must check before anyone does.
+    cfg = config.from_mapping({"upstream": "b1:9001", "health": {"hanging_scan_interval_s": 1}})
+    records: list[dict[str, Any]] = []
+    monitor = hanging_monitor.attach(cfg, ProxyMetrics(), NS(proxy_id="gw", write=records.append), None)  # type: ignore[arg-type]
+    assert monitor is not None
+    cluster = FakeCluster().like_kafka_2_8()
+    cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]
+    monitor.admin = cluster.admin()
+    logged: list[tuple[str, dict[str, Any]]] = []
+    monitor.log = NS(warning=lambda event, **facts: logged.append((event, facts)), info=None)  # type: ignore[assignment]
+
+    asyncio.run(monitor.scan_once())
+
+    [facts] = [facts for event, facts in logged if event == "hanging_transaction_found"]
+    assert (facts["reason"], facts.get("confirmed"), facts["threshold_ms"]) == \
+        ("unconfirmed_coordinator_cannot_be_asked", False, 60_000)
+    assert [r["reason"] for r in records] == ["unconfirmed_coordinator_cannot_be_asked"]

@@ -2,7 +2,8 @@
 
 Each scan is proxy/hanging.py's `scan` on the proxy's own connections; this module turns its findings
 into the gauges, a log line per new and per resolved finding, and one audit record per new finding.
-It finds; it never aborts. The server starts it; it knows nothing of the server.
+It finds; it never aborts. A sidecar's scan covers the partitions its broker leads (proxy/hanging.py), so each
+finding is reported once across the sidecars. The server starts it; it knows nothing of the server.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _facts(f: Finding, now: int) -> dict[str, Any]:
             "producer_epoch": f.producer_epoch, "coordinator_epoch": f.coordinator_epoch,
             "start_offset": f.start_offset, "last_timestamp_ms": f.last_timestamp_ms,
             "age_s": round((now - f.last_timestamp_ms) / 1000, 1), "transactional_id": f.transactional_id,
-            "reason": f.reason, "coordinator_state": f.coordinator_state, "threshold_ms": f.threshold_ms,
+            "reason": f.reason, "confirmed": f.confirmed,  # unconfirmed: check before aborting (docs)
+            "coordinator_state": f.coordinator_state, "threshold_ms": f.threshold_ms,
             "transaction_timeout_ms": f.transaction_timeout_ms}
 
 
