@@ -9,5 +9,7 @@ acl --operation Describe --transactional-id "'$TXN'" $(pattern "$TXN")      # Fi
 acl --operation Describe --topic "'$TOPIC'" $(pattern "$TOPIC")             # Metadata; partitions in DescribeTransactions
 acl --operation Describe --topic __consumer_offsets                         # offsets sent in transactions
 acl --operation Read --topic "'$TOPIC'" $(pattern "$TOPIC")                 # optional: the leader's evidence (DescribeProducers)
+acl --operation Describe --topic __transaction_state                        # the coordinator's log (verification.transaction_log)
+acl --operation Read --topic __transaction_state                            # (its records: every transactional id's state)
 # Only with verification.coordinator_evidence: verify_only:
 # acl --operation ClusterAction --cluster

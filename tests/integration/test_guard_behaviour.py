@@ -26,7 +26,8 @@ def test_monitor_mode_decides_counts_and_audits_but_forwards(cluster, start_prox
     actor.init()
     assert actor.produce(topic, 0, [b"x"]).error_code == 0
     assert offsets(cluster.bootstrap_servers, topic, 0)[0] == 1  # written: monitor does not protect
-    assert proxy.metric("txnguard_verifications_total", {"evidence": "coordinator", "outcome": "not_in_transaction",
+    # Decided by the coordinator's own log (its follower read the InitProducerId: no partition added).
+    assert proxy.metric("txnguard_verifications_total", {"evidence": "log", "outcome": "not_in_transaction",
                                                          "decision": "forwarded_unenforced"}) == 1
     record = [r for r in map(json.loads, audit.read_text().splitlines()) if r["kind"] == "decision"][-1]
     assert (record["decision"], record["error_sent"], record["mode"]) == ("forwarded_unenforced", None, "monitor")
@@ -61,12 +62,12 @@ def test_every_decision_leaves_one_audit_record(cluster, start_proxy, unique_nam
     records = [r for r in map(json.loads, audit.read_text().splitlines()) if r["kind"] == "decision"]
     assert [(r["target"], r["outcome"], r["decision"], r["evidence"], r["error_name"]) for r in records] == [
         (f"{topic}-0", "pass", "forwarded", "local", None),
-        (f"{topic}-1", "not_in_transaction", "rejected", "coordinator", "INVALID_TXN_STATE"),
+        (f"{topic}-1", "not_in_transaction", "rejected", "log", "INVALID_TXN_STATE"),  # the coordinator's log
     ]
     r = records[1]
     assert r["schema_version"] == 2 and r["transactional_id"] == txn_id
     assert (r["producer_id"], r["producer_epoch"]) == (actor.producer.producer_id, actor.producer.producer_epoch)
     assert r["api"] == "produce" and r["api_version"] == 9 and r["client_id"] == "txnguard-scenario"
     assert r["latency_ms"] >= 0 and r["mode"] == "enforce"
-    # The local decision was taken without waiting: its CPU time is known; the coordinator's was not.
+    # The local decision was taken without waiting: its CPU time is known; the log's (read to its end first) was not.
     assert records[0]["cpu_ms"] is not None and records[0]["cpu_ms"] >= 0 and r["cpu_ms"] is None

@@ -70,12 +70,14 @@ def acl_cluster(kafka_pool):
     return cluster
 
 
-def _proxy(start_proxy, cluster, password=PROXY[1]):
+def _proxy(start_proxy, cluster, password=PROXY[1], log=False):
     return start_proxy(
         upstream=",".join(f"{n.host}:{n.sasl_port}" for n in cluster.nodes), mode="gateway", client_auth="sasl",
         upstream_auth={"mechanism": "SCRAM-SHA-512", "username": PROXY[0], "password": password},
-        # A check the proxy cannot decide is held a short while (0.1 of the request's 5 s), then answered.
-        verification={"hold_share": 0.1})
+        # A check the proxy cannot decide is held a short while (0.1 of the request's 5 s), then answered. These
+        # tests are about the questions the proxy asks as itself: the coordinator's log is followed only where a
+        # test says so (`log`), as its own rights (DESCRIBE and READ on __transaction_state) decide it.
+        verification={"hold_share": 0.1, "transaction_log": log})
 
 
 def _readyz(proxy) -> tuple[int, str]:
@@ -128,6 +130,43 @@ def test_the_least_privilege_principal_verifies_and_rejects(acl_cluster, start_p
         ("READ", "Topic", topic, False)}
     assert proxy.metric("txnguard_verification_authorization_failures_total",
                         {"api": "find_coordinator", "operation": "DESCRIBE", "resource_type": "TransactionalId"}) == 0
+
+
+def test_the_coordinators_log_needs_describe_and_read_on_it_and_without_them_the_proxy_works_as_before(
+        acl_cluster, start_proxy, unique_name, capsys):
+    """    proxy (no right on __transaction_state) ─Metadata─▶ TOPIC_AUTHORIZATION_FAILED: not followed; a log line,
+           the metric, /readyz 200 with a note; writes verified with the coordinator as before
+           operator: ALLOW DESCRIBE, READ on Topic __transaction_state
+           a proxy started then reads the log: a write added elsewhere passes on it (evidence "log")"""
+    topic, txn = fresh_topic(acl_cluster, unique_name("acl")), unique_name("txn")
+    _acls(acl_cluster, add=[(PROXY[0], "DESCRIBE", "TRANSACTIONAL_ID", txn), (PROXY[0], "DESCRIBE", "TOPIC", topic)])
+    denied = _proxy(start_proxy, acl_cluster, log=True)
+    denied.wait_for(lambda: denied.metric("txnguard_verification_authorization_failures_total", {
+        "api": "transaction_log_metadata", "operation": "DESCRIBE", "resource_type": "Topic"}) >= 1, 30,
+        "the follower refused")
+    status, body = _readyz(denied)
+    assert status == 200 and "may not DESCRIBE __transaction_state" in body, body
+    assert _warnings(capsys, "transaction_log_not_followed")
+    direct, actor = _actors(denied, acl_cluster, txn)
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    assert actor.produce(topic, 0, [b"by the coordinator"]).error_code == ErrorCode.none
+    assert denied.metric("txnguard_verifications_total",
+                         {"evidence": "coordinator", "outcome": "pass", "decision": "forwarded"}) == 1
+    assert direct.end(commit=True) == ErrorCode.none
+
+    rights = [(PROXY[0], op, "TOPIC", "__transaction_state") for op in ("DESCRIBE", "READ")]
+    _acls(acl_cluster, add=rights)
+    try:
+        following = _proxy(start_proxy, acl_cluster, log=True)
+        following.wait_for(lambda: _readyz(following) == (200, "ok\n"), 30, "the log read once")
+        direct, actor = _actors(following, acl_cluster, unique_name("txn"))
+        assert direct.add_partitions(topic, 0) == {0: 0}
+        assert actor.produce(topic, 0, [b"by the log"]).error_code == ErrorCode.none
+        assert following.metric("txnguard_verifications_total",
+                                {"evidence": "log", "outcome": "pass", "decision": "forwarded"}) == 1
+        assert direct.end(commit=True) == ErrorCode.none
+    finally:
+        _acls(acl_cluster, remove=rights)
 
 
 def test_a_real_client_with_its_own_identity_commits_through_the_proxy(acl_cluster, start_proxy, unique_name):

@@ -26,8 +26,11 @@ pytestmark = pytest.mark.integration
 def sidecars(request, kafka_pool):
     version, config = request.param
     cluster = kafka_pool.get(version, 3, config, sidecars=True)
+    # The leader's and the coordinator's answers, as these tests pin them: the coordinator's log, which would
+    # answer first, is not followed here (test_kafka_28.py and the ZooKeeper matrix carry sidecars with it).
     proxies = [ProxyThread.from_settings(mode="sidecar", upstream=f"{n.host}:{n.port}",
-                                         listen=f"{n.host}:{n.sidecar_port}").start() for n in cluster.nodes]
+                                         listen=f"{n.host}:{n.sidecar_port}",
+                                         verification={"transaction_log": False}).start() for n in cluster.nodes]
     yield cluster, proxies
     for p in proxies:
         p.stop()

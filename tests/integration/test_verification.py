@@ -173,7 +173,8 @@ def test_valid_transactions_pass_with_local_evidence(cluster, start_proxy, uniqu
 
 
 def test_verify_only_asks_the_coordinator_the_brokers_own_question(cluster, start_proxy, unique_name):
-    """The VerifyOnly option, with nothing the proxy saw to go on: every write is the coordinator's call.
+    """The VerifyOnly option, with nothing the proxy saw to go on (nor the coordinator's log, not followed here):
+    every write is the coordinator's call.
     (Kafka 3.5.2 offers v4 to brokers only, so there the proxy asks DescribeTransactions, with the same answers.)
 
         client ─Init/AddPartitions(p0)/AddOffsets(g)─▶ coordinator           (direct: the proxy never sees them)
@@ -183,7 +184,7 @@ def test_verify_only_asks_the_coordinator_the_brokers_own_question(cluster, star
     """
     topic = fresh_topic(cluster, unique_name("vo"), partitions=2)
     proxy = gateway_for(cluster, start_proxy, verification={"coordinator_evidence": "verify_only",
-                                                           "leader_evidence": False})
+                                                           "leader_evidence": False, "transaction_log": False})
     actor = TxnActor(cluster.bootstrap_servers, unique_name("txn"))
     actor.init()
     assert actor.add_partitions(topic, 0) == {0: 0}

@@ -164,8 +164,8 @@ def test_kcat_produces_lists_and_consumes_through_the_gateway(
 def test_sarama_paced_transactions_through_sidecars(
     cluster: Cluster, sidecars: dict[int, ProxyThread], unique_name: NameFactory,
 ) -> None:
-    """One Produce per record: each transaction's first write to the partition is verified with the
-    coordinator (the leader's sidecar never sees AddPartitionsToTxn), the rest from what that answer showed."""
+    """One Produce per record: the leader's sidecar never sees AddPartitionsToTxn; each write passes on the
+    coordinator's own log, which its follower read (no question to the coordinator)."""
     direct = direct_bootstrap(cluster)
     topic = fresh_topic(cluster, unique_name("sarama"), replication_factor=3)
     txn_id = unique_name("tid")
@@ -180,7 +180,7 @@ def test_sarama_paced_transactions_through_sidecars(
     assert clients.ConfluentKafkaClient().consume_committed(direct, topic) == expected
     leader = sidecars[cluster.leader(topic, 0)]
     assert _verified_and_clean(cluster, [leader]) == 30  # every write, each through the leader's sidecar
-    assert _sum(list(sidecars.values()), "txnguard_coordinator_requests_total", api="describe_transactions") >= 3
+    assert _sum([leader], "txnguard_verifications_total", evidence="log", outcome="pass", decision="forwarded") >= 3
 
 
 @pytest.mark.java
@@ -210,14 +210,15 @@ def test_java_3_5_2_copier_through_sidecars(
     _verified_and_clean(cluster, list(sidecars.values()))
 
 
-# -- S1, S2, S5 through sidecars: the coordinator's answer ----------------------------------------------------
+# -- S1, S2, S5 through sidecars: the coordinator's log ----------------------------------------------------
 
 
-def test_s1_s2_s5_are_refused_by_the_sidecars_with_the_coordinators_answer(
+def test_s1_s2_s5_are_refused_by_the_sidecars_with_the_coordinators_log(
     cluster: Cluster, sidecars: dict[int, ProxyThread], unique_name: NameFactory,
 ) -> None:
     """A sidecar sees neither AddPartitionsToTxn nor EndTxn of a write it is asked to forward (they go to the
-    coordinator's sidecar): from 3.0 it asks the coordinator (DescribeTransactions) and refuses at once."""
+    coordinator's sidecar): its follower of the coordinator's log has read both, and once it has read the log
+    to its end as of the write, it refuses."""
     bootstrap, direct = cluster.sidecar_bootstrap, direct_bootstrap(cluster)
     # Partition 1 carries only the S5 actor's transaction, so partition 0's offsets do not depend on when its
     # abort marker lands (the coordinator writes markers after it has answered EndTxn).
@@ -251,9 +252,9 @@ def test_s1_s2_s5_are_refused_by_the_sidecars_with_the_coordinators_answer(
     assert offsets(direct, topic, 0) == (2, 2)  # S2's aborted record and its marker: S1 and S5 wrote nothing
     proxies = list(sidecars.values())
     assert _sum(proxies, "txnguard_verification_failures_total") == 3
-    assert _sum(proxies, "txnguard_coordinator_requests_total", api="describe_transactions") >= 1
-    # Whether a write waits a moment for the coordinator's answer (a hold) depends on the machine's load; the
-    # refusals above came from that answer either way.
+    assert _sum(proxies, "txnguard_verifications_total", evidence="log", decision="rejected") == 3
+    # Whether a write waits a moment (a hold: the transaction in PrepareAbort in the log, or the log not read to
+    # its end yet) depends on the machine's load; the refusals above came from the log either way.
     print(f"\nthrough sidecars on {VERSION} zookeeper: S1 INVALID_TXN_STATE after {s1_ms:.0f} ms, "
           f"S2 INVALID_TXN_STATE after {s2_ms:.0f} ms, S5 INVALID_TXN_STATE after {s5_ms:.0f} ms; nothing written")
 

@@ -15,9 +15,13 @@ own connections, without a consumer group (plain Fetch at offsets it keeps itsel
 * Metadata is read again on a leader error, a connection error or every `metadata_refresh_s`; a new
   leader continues from the view's position (the log is the same log).
 
-Health: `caught_up_once` (readiness), per-partition lag in records and the age of the last caught-up
-moment (metrics, /readyz detail), the records it could not read (`Applied`, a metric and a log line).
-Denied READ or DESCRIBE: a log line, the access metric, /readyz detail; the proxy works as without it.
+Health is per partition: the log decides for a transactional id only once the follower has read that id's
+partition to its high watermark, and while its leader answers. `caught_up_once` is readiness: every
+partition read once (a gateway), or every partition its own broker leads (a sidecar: the others are read
+through the other sidecars, which may not be up yet; a sidecar waiting for them would wait forever in a
+rollout that starts sidecars one at a time). Lag in records and the age of the last caught-up moment are
+metrics, the records it could not read are counted and logged (`Applied`). Denied READ or DESCRIBE: a log
+line, the access metric, /readyz detail; the proxy works as without it.
 """
 
 from __future__ import annotations
@@ -74,6 +78,10 @@ class LogFollower:
         self.high_watermarks: dict[int, int] = {}
         self.caught_up_at: dict[int, float] = {}     # partition -> monotonic time it last reached the watermark
         self._behind: set[int] = set()               # partitions whose last Fetch ended below the high watermark
+        self._failing: set[HostPort] = set()         # leaders whose last Fetch failed: their partitions decide nothing
+        self.own: set[int] = set()                   # partitions its own broker leads (a sidecar's readiness)
+        # A sidecar: its own listener's address (as Metadata names it) -> its broker's, read directly.
+        self.local: Callable[[HostPort], HostPort | None] | None = None
         self.caught_up_once = False
         self.topic_exists: bool | None = None
         self.problem: str | None = None              # why it cannot follow now (/readyz detail)
@@ -140,7 +148,12 @@ class LogFollower:
         self.view.partition_count = len(topic.partitions)  # type: ignore[union-attr]
         leaders = {int(p.partition_index): brokers[int(p.leader_id)] for p in topic.partitions  # type: ignore[union-attr]
                    if int(p.leader_id) in brokers}
+        if self.local is not None:
+            mapped = {p: self.local(a) for p, a in leaders.items()}
+            self.own = {p for p, a in mapped.items() if a is not None}
+            leaders = {p: mapped[p] or a for p, a in leaders.items()}
         self.leaders = leaders
+        self._check_caught_up()
         for p in leaders:
             self.view.positions.setdefault(p, 0)
         for address in set(leaders.values()):
@@ -172,9 +185,11 @@ class LogFollower:
                 conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
                 answer = await conn.request(self._fetch(partitions, self.max_wait_ms),
                                             self.timeout_s + self.max_wait_ms / 1000)
+                self._failing.discard(address)
                 self._apply(answer)
                 backoff = 0.1
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+                self._failing.add(address)
                 self._polls.drop(address)
                 self._say_problem(f"reading {TOPIC} from {address}: {e!r}")
                 self._metadata_stale.set()
@@ -222,14 +237,30 @@ class LogFollower:
                     self._behind.discard(p)
                 else:
                     self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
-        if self.leaders and all(p in self.caught_up_at for p in self.leaders) and not self._behind & set(
-                self.leaders) and (not self.caught_up_once or self.problem is not None):
+        self._check_caught_up()
+
+    def _readiness_partitions(self) -> set[int]:
+        return self.own if self.local is not None else set(self.leaders)
+
+    def _check_caught_up(self) -> None:
+        """Caught up once: every partition readiness waits for read to its high watermark (see the module)."""
+        wanted = self._readiness_partitions()
+        if all(self.partition_usable(p) for p in wanted) and (not self.caught_up_once or self.problem is not None):
+            first = not self.caught_up_once
             self.caught_up_once = True
             self.problem = None
+            if first:
+                self.log.info("transaction_log_caught_up", partitions=len(wanted), ids=len(self.view),
+                              records=sum(self.view.counts.values()))
             if self.on_usable is not None:
                 self.on_usable()
-            self.log.info("transaction_log_caught_up", partitions=len(self.leaders), ids=len(self.view),
-                          records=sum(self.view.counts.values()))
+
+    def partition_usable(self, partition: int) -> bool:
+        """The log may decide for the ids of `partition`: read to its high watermark once, not stopped below it
+        (a batch it could not read), and its leader answering."""
+        leader = self.leaders.get(partition)
+        return (not self.denied and leader is not None and leader not in self._failing
+                and partition in self.caught_up_at and partition not in self._behind)
 
     def _read(self, partition: int, data: bytes | None) -> None:
         if not data:
@@ -253,7 +284,7 @@ class LogFollower:
     async def sync(self, partition: int, budget_s: float) -> bool:
         """Read `partition` up to the high watermark as of now; True once there, False past the budget."""
         address = self.leaders.get(partition)
-        if address is None or not self.caught_up_once:
+        if address is None or partition not in self.caught_up_at:
             return False
         deadline = time.monotonic() + budget_s
         try:
@@ -287,19 +318,21 @@ class LogFollower:
                        wait_s: float) -> dict[TopicPartition, Verdict]:
         """The log's verdicts on a write's partitions: passes at once; the rest once the follower has read the
         id's partition up to its end as of now (at most `wait_s`). A partition left out is not decided here."""
-        if not self.caught_up_once and not self.denied:
-            await self._caught_up(wait_s)  # a proxy just started: the first read is a moment away
-        if not self.usable:
-            return {}
         view = self.view
+        partition = view.partition_of(txn_id)
+        if partition is None or not self.partition_usable(partition):
+            if self.denied or not await self._partition_read(txn_id, wait_s):
+                return {}  # a proxy just started waits a moment for the first read; then the next source
+            partition = view.partition_of(txn_id)
+            if partition is None or not self.partition_usable(partition):
+                return {}
         found: dict[TopicPartition, Verdict] = {}
         for tp in tps:
             v = view.verdict(txn_id, producer_id, epoch, tp, caught_up=False)
             if v is not None:
                 found[tp] = v
         rest = [tp for tp in tps if tp not in found]
-        partition = view.partition_of(txn_id)
-        if not rest or partition is None or not await self.sync(partition, wait_s):
+        if not rest or not await self.sync(partition, wait_s):
             return found
         for tp in rest:
             v = view.verdict(txn_id, producer_id, epoch, tp, caught_up=True)
@@ -313,10 +346,19 @@ class LogFollower:
             if self.on_usable is not None:
                 self.on_usable()  # readiness without the log's evidence (an enforcing 2.8 sidecar is not ready)
 
-    async def _caught_up(self, wait_s: float) -> None:
+    async def _partition_read(self, txn_id: str, wait_s: float) -> bool:
+        """Wait (at most `wait_s`) for the id's partition if the follower has not read it to its end yet (a
+        proxy just started); one read before and not usable now (its leader fails) is not waited for."""
+        partition = self.view.partition_of(txn_id)
+        if partition is not None and partition in self.caught_up_at:
+            return False
         deadline = time.monotonic() + wait_s
-        while not self.caught_up_once and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            partition = self.view.partition_of(txn_id)
+            if partition is not None and self.partition_usable(partition):
+                return True
             await asyncio.sleep(0.01)
+        return False
 
     # -- health -------------------------------------------------------------------------------------------
 

@@ -115,6 +115,11 @@ class Proxy:
         for target in self.config.upstream:
             self.read_api_versions(target)
         if self.guard.follower is not None:
+            if self.config.mode is ProxyMode.SIDECAR:
+                # Its own broker's partitions straight from the broker (readiness waits for those only); the
+                # others through the sidecars Metadata names, as the verifier asks them.
+                upstream = self.config.upstream[0]
+                self.guard.follower.local = lambda a: upstream if self._is_own_listener(a) else None
             self.guard.follower.start()
         self.log.info("proxy_started", listen=str(self.config.listen),
                       upstream=[str(u) for u in self.config.upstream])
@@ -381,13 +386,17 @@ class Proxy:
     def _read_brokers_named_in(self, body: Any) -> None:
         """A broker Metadata names is read too (where the verifier will ask it: a coordinator, a leader). A
         sidecar skips its own listener (its broker is its upstream, read already): it would only relay to it."""
-        own = self.listeners.get(None)
         for _, host, port in addresses.broker_addresses(addresses.METADATA, body):
             address = self.guard.verifier.address_of(host, port)
-            if (self.config.mode is ProxyMode.SIDECAR and own is not None and address.port == own.address.port
-                    and address.host in (self.config.advertised, own.address.host)):
+            if self.config.mode is ProxyMode.SIDECAR and self._is_own_listener(address):
                 continue
             self.read_api_versions(address)
+
+    def _is_own_listener(self, address: HostPort) -> bool:
+        """A sidecar's own listener, as its broker advertises it (the address Metadata names for that broker)."""
+        own = self.listeners.get(None)
+        return own is not None and address.port == own.address.port and \
+            address.host in (self.config.advertised, own.address.host)
 
     async def refresh_metadata(self) -> bool:
         for target in self.config.upstream:

@@ -55,8 +55,9 @@ MODES = ("gateway", "sidecar", "relay")
 # A refusal the client retries (the coordinator did not answer, or answered CONCURRENT_TRANSACTIONS and the like).
 RETRIABLE = "coordinator_unavailable"
 # What an answer from Kafka itself is ("cache": a coordinator answer within its staleness bound, which a
-# restarted process can only have asked for itself); "local" evidence is what this process observed.
-KAFKA_EVIDENCE = frozenset({"coordinator", "cache", "leader", "request"})
+# restarted process can only have asked for itself; "log": the coordinator's own log, read to its end before a
+# refusal); "local" evidence is what this process observed.
+KAFKA_EVIDENCE = frozenset({"coordinator", "cache", "leader", "request", "log"})
 
 
 def free_port() -> int:
