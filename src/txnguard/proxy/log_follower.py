@@ -83,6 +83,9 @@ class LogFollower:
         # A sidecar: its own listener's address (as Metadata names it) -> its broker's, read directly.
         self.local: Callable[[HostPort], HostPort | None] | None = None
         self.caught_up_once = False
+        self._said: set[tuple[int, Applied]] = set()
+        self._sync_current: dict[int, asyncio.Task[bool]] = {}  # the one read-to-the-end Fetch per partition
+        self._sync_next: dict[int, asyncio.Task[bool]] = {}     # the one after it, for the writes that came since
         self.topic_exists: bool | None = None
         self.problem: str | None = None              # why it cannot follow now (/readyz detail)
         self.denied = False                          # the proxy's principal may not read the topic: not followed
@@ -99,7 +102,8 @@ class LogFollower:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._loops.values()) if t is not None]
+        tasks = [t for t in (self._task, *self._loops.values(), *self._sync_current.values(),
+                             *self._sync_next.values()) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -273,7 +277,8 @@ class LogFollower:
                 applied = self.view.apply(partition, record)
                 self._counted[applied].inc()
                 position = record.offset + 1
-                if applied in (Applied.UNKNOWN, Applied.MALFORMED):
+                if applied in (Applied.UNKNOWN, Applied.MALFORMED) and (partition, applied) not in self._said:
+                    self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
                     self.log.warning("transaction_log_record_unreadable", partition=partition, offset=record.offset,
                                      outcome=applied.value, detail="its id is asked of the coordinator instead")
         except (UnknownVersion, DecodeFailed) as e:
@@ -282,9 +287,36 @@ class LogFollower:
             self._say_problem(f"{TOPIC}-{partition} at offset {position}: {e}")
 
     async def sync(self, partition: int, budget_s: float) -> bool:
-        """Read `partition` up to the high watermark as of now; True once there, False past the budget."""
+        """Read `partition` up to the high watermark as of now; True once there, False past the budget.
+
+        At most one such Fetch per partition is in flight: a write that comes while one is on its way (it may
+        have been sent before the write came) waits for the next, which starts when the current one ends and
+        serves every write that came meanwhile. Under load that is one Fetch per round trip, not one per write."""
+        if self.leaders.get(partition) is None or partition not in self.caught_up_at:
+            return False
+        loop = asyncio.get_running_loop()
+        current = self._sync_current.get(partition)
+        if current is None or current.done():
+            task = self._sync_current[partition] = loop.create_task(self._read_to_end(partition, budget_s))
+        else:
+            task = self._sync_next.get(partition)  # type: ignore[assignment]
+            if task is None or task.done():
+                task = self._sync_next[partition] = loop.create_task(self._after(current, partition, budget_s))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), budget_s)
+        except TimeoutError:
+            return False
+
+    async def _after(self, current: asyncio.Task[bool], partition: int, budget_s: float) -> bool:
+        await asyncio.wait([current])
+        self._sync_current[partition] = asyncio.current_task()  # type: ignore[assignment]
+        if self._sync_next.get(partition) is asyncio.current_task():
+            del self._sync_next[partition]
+        return await self._read_to_end(partition, budget_s)
+
+    async def _read_to_end(self, partition: int, budget_s: float) -> bool:
         address = self.leaders.get(partition)
-        if address is None or partition not in self.caught_up_at:
+        if address is None:
             return False
         deadline = time.monotonic() + budget_s
         try:
