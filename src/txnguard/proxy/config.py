@@ -458,8 +458,9 @@ class ProxyConfig(_Section):
     model_config = ConfigDict(title="txnguard configuration")
 
     mode: ProxyMode = ProxyMode.GATEWAY
-    listen: Address = HostPort("127.0.0.1", 9192)
-    """The bootstrap listener clients connect to."""
+    listen: Address = HostPort("127.0.0.1", 9292)
+    """The bootstrap listener clients connect to (the default's port, and the broker ports after it, are used by
+    no shipped layout: the sidecar layouts give 9192 to the broker's loopback listener)."""
     upstream: Addresses = ()
     """Required: the bootstrap host:port list of the real cluster (sidecar: exactly one, its own broker)."""
     advertised_host: Annotated[NonEmptyStr | None, _wants("a host name")] = None
