@@ -1,13 +1,20 @@
 """`txnguard hanging` leaves live transactions alone, on real brokers (issue 30, items 2, 3 and 6).
 
-1. Kafka 2.8.2 in ZooKeeper mode has no ListTransactions: a finding rests on the producer's last timestamp. A
-   producer that stamps event time (as Kafka Streams and MirrorMaker keep their input's) two hours back, its
-   transaction open and healthy:
+1. Kafka 2.8.2 in ZooKeeper mode has no ListTransactions or DescribeTransactions: the scan reads the coordinator's
+   own log, `__transaction_state`, to its end instead (issue 31 item 5). A producer that stamps event time (as
+   Kafka Streams and MirrorMaker keep their input's) two hours back, its transaction open and healthy:
 
        producer ─begin, produce p0 (CreateTime now - 2 h)─▶ broker         the transaction is open, live
-       operator ─hanging --json─▶ found, unconfirmed, past the cluster's transaction.max.timeout.ms (60 s)
-       operator ─hanging --abort --yes─▶ "left alone": no WriteTxnMarkers, the high watermark does not move
+       operator ─hanging --json─▶ __transaction_state: Ongoing, p0 added, 60 s timeout: nothing found
+       operator ─hanging --abort --yes─▶ nothing to abort: no WriteTxnMarkers, the high watermark does not move
        producer ─commit─▶ read_committed reads the record back
+
+   Beside it, a real hanging transaction (a transactional batch on a partition its transaction never added,
+   stamped 30 minutes back):
+
+       operator ─hanging --json─▶ __transaction_state: the producer id's transaction lists no such partition:
+                                  found, confirmed_by_transaction_log
+       operator ─hanging --abort --yes─▶ WriteTxnMarkers (abort): the last stable offset reaches the high watermark
 
 2. A follower that lags: three Kafka 3.5.2 nodes (the follower's ISR removal after 2 s, its fencing after 60 s),
    a replication-factor-2 topic. The follower has the transaction's records, is stopped (SIGSTOP), and the
@@ -32,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from test_hanging import lso_and_hw, txnguard
+from test_hanging import lso_and_hw, make_open_transaction, txnguard
 
 from txnguard.proxy import hanging
 from txnguard.proxy.config import HostPort
@@ -73,7 +80,7 @@ class Producer:
         self.p.commit_transaction(60)
 
 
-def test_zookeeper_2_8_an_event_time_transaction_is_found_unconfirmed_and_abort_yes_leaves_it_to_commit(
+def test_zookeeper_2_8_an_event_time_transaction_is_not_hanging_on_the_coordinators_log_and_commits(
     kafka_pool: ClusterPool, unique_name: NameFactory,
 ) -> None:
     cluster = kafka_pool.get("2.8.2", 1, zookeeper=True)  # test_kafka_28.py's cluster
@@ -87,23 +94,50 @@ def test_zookeeper_2_8_an_event_time_transaction_is_found_unconfirmed_and_abort_
     scan = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json")
     assert scan.returncode == 0, scan.stderr
     report = json.loads(scan.stdout)
-    (finding,) = report["findings"]
-    assert (finding["reason"], finding["start_offset"]) == ("unconfirmed_coordinator_cannot_be_asked", 0)
-    assert finding["last_timestamp_ms"] == int(event_time.timestamp() * 1000)
+    # Two hours old by its timestamp, but the log says Ongoing with this partition, within its 60 s timeout.
+    assert report["findings"] == []
+    assert report["described_partitions"] == 1 and report["unconfirmed"] is False
+    assert report["transaction_log"] == "read"
 
     done = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--abort", "--yes")
-    print(f"\n--abort --yes said:\n{done.stdout}{done.stderr}")
-    assert lso_and_hw(bootstrap, topic) == (0, 1)  # no abort marker was written
     assert done.returncode == 0, done.stderr
-    assert "left alone" in done.stdout and "may be a live transaction" in done.stdout
+    assert clients.parse_find_hanging(done.stdout) == []
+    assert lso_and_hw(bootstrap, topic) == (0, 1)  # no abort marker was written
 
     producer.commit()
     wait_stable(bootstrap, topic)  # EndTxn returns before the marker is written
     assert lso_and_hw(bootstrap, topic) == (2, 2)  # the record and the commit marker
     assert clients.ConfluentKafkaClient().consume_committed(bootstrap, topic) == [b"event-0"]
-    # The threshold it passed is the cluster's transaction.max.timeout.ms, read with DescribeConfigs.
-    assert (finding["threshold_ms"], report["unknown_transaction_timeout_ms"]) == (TRANSACTION_MAX_TIMEOUT_MS,) * 2
-    assert finding["confirmed"] is False
+
+
+def test_zookeeper_2_8_a_hanging_transaction_is_confirmed_by_the_coordinators_log_and_abort_yes_aborts_it(
+    kafka_pool: ClusterPool, unique_name: NameFactory,
+) -> None:
+    cluster = kafka_pool.get("2.8.2", 1, zookeeper=True)
+    bootstrap = cluster.bootstrap_servers
+    topic = fresh_topic(cluster, unique_name("hung"))
+    txn_id = unique_name("tid")
+    hung = make_open_transaction(bootstrap, topic, txn_id, before=3, after=2)  # p0 never added; a 2.8 broker appends
+    assert lso_and_hw(bootstrap, topic) == (3, 7)
+
+    scan = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--json")
+    assert scan.returncode == 0, scan.stderr
+    report = json.loads(scan.stdout)
+    (finding,) = report["findings"]
+    assert (finding["producer_id"], finding["start_offset"], finding["transactional_id"]) == \
+        (hung.producer_id, hung.start_offset, txn_id)
+    assert (finding["reason"], finding["confirmed"]) == ("confirmed_by_transaction_log", True)
+    # The log gave its state and its own timeout (InitProducerId's 60 s): the threshold is that plus the margin.
+    assert (finding["coordinator_state"], finding["transaction_timeout_ms"], finding["threshold_ms"]) == \
+        ("Empty", 60_000, 70_000)
+    assert report["unconfirmed"] is False and report["transaction_log"] == "read"
+
+    done = txnguard("hanging", "--bootstrap", bootstrap, "--topic", topic, "--abort", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert f"aborted the hanging transaction on topic {topic} partition 0 producer id {hung.producer_id}" in done.stdout
+    assert lso_and_hw(bootstrap, topic) == (8, 8)  # the abort marker at 7: the last stable offset reaches the end
+    assert clients.ConfluentKafkaClient().consume_committed(bootstrap, topic) == \
+        [b"before-0", b"before-1", b"before-2", b"after-0", b"after-1"]
 
 
 @pytest.fixture(scope="module")

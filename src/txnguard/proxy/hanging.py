@@ -20,9 +20,15 @@ own connections (never a client's):
   every broker's transaction.max.timeout.ms: the largest is the threshold for them (no transaction may
   ask for a longer timeout; Kafka's default, 15 minutes, when no broker answers);
 * on brokers that lack ListTransactions (Kafka < 3.0: each connection reads the broker's ApiVersions and
-  never sends what it does not list), the candidates are reported unconfirmed (verification/hanging.py
-  UNCONFIRMED): DescribeProducers alone cannot tell a hanging transaction from one whose abort marker
-  is still being written, nor from a live one whose producer writes old timestamps;
+  never sends what it does not list), the coordinator's own log instead: `__transaction_state` read to its
+  end, after DescribeProducers answered (a one-shot read with the log follower's own reading loop,
+  LogFollower.read_once; the proxy's periodic scan reads its running follower's partitions to their end
+  instead), gives each producer id's transactional id, state, partitions and timeout, judged as a
+  DescribeTransactions answer (verification/hanging.py CONFIRMED_BY_LOG). A producer id the log does not
+  hold, or every candidate when the log may not be read (no DESCRIBE or READ on the topic: one line says
+  so), is reported unconfirmed (UNCONFIRMED): DescribeProducers alone cannot tell a hanging transaction
+  from one whose abort marker is still being written, nor from a live one whose producer writes old
+  timestamps;
 * for an abort: DescribeProducers on the partition's leader to find the producer whose open
   transaction starts at the hanging transaction's start offset, then WriteTxnMarkers (abort,
   TransactionResult=false) to the leader with its producer id, epoch and coordinator epoch (0 when
@@ -39,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +67,11 @@ from kio.static.primitive import i8, i16, i32
 from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.schemas import api_name
+from txnguard.codecs.transaction_log import TOPIC as TRANSACTION_LOG
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamError
+from txnguard.proxy.log_follower import LogFollower
+from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.hanging import (
     DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN,
     MINUTE_MS,
@@ -81,7 +90,10 @@ from txnguard.verification.hanging import (
     TopicPartition,
     TransactionView,
     abort_spec,
+    producers_in_log,
+    transaction_view,
 )
+from txnguard.verification.transaction_log import TransactionLogView
 
 RETRIABLE_COORDINATOR = frozenset({ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available,
                                    ErrorCode.not_coordinator})
@@ -98,6 +110,48 @@ MAX_TIMEOUT_TTL_S = 300.0
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """The coordinator's log, read to its end for one scan: producer id -> its transactional id's description
+    (`producers_in_log`), and why it could not be read (None: read), or which of its partitions were not."""
+
+    producers: dict[int, TransactionView]
+    problem: str | None = None
+    unread_partitions: tuple[int, ...] = ()
+
+
+TransactionLogSource = Callable[[], Awaitable[LogRead]]
+
+
+class _Quiet:
+    """The one-shot reader's logger: the command says what went wrong in one line of its own (LogRead.problem)."""
+
+    def __getattr__(self, _name: str) -> Callable[..., None]:
+        return lambda *_args, **_kwargs: None
+
+
+def log_read_of(follower: LogFollower, read: set[int]) -> LogRead:
+    """What a follower (one-shot or running) read, for the scan."""
+    if follower.denied:
+        return LogRead({}, f"the principal may not DESCRIBE or READ {TRANSACTION_LOG} ({follower.problem})")
+    if follower.topic_exists is False:
+        return LogRead({})  # no transaction ever on this cluster: no producer id to know
+    if not read:
+        return LogRead({}, f"{TRANSACTION_LOG} was not read to its end: {follower.problem or 'no partition read'}")
+    count = follower.view.partition_count
+    unread = tuple(sorted(set(range(count) if count is not None else follower.leaders) - read))  # leaderless too
+    return LogRead(producers_in_log(follower.view, read), None, unread)
+
+
+async def read_from_follower(follower: LogFollower, budget_s: float) -> LogRead:
+    """The running follower's view, its partitions read to their end as of now (only those it reads healthily:
+    read once, leader answering)."""
+    if follower.denied:
+        return log_read_of(follower, set())
+    usable = [p for p in follower.leaders if follower.partition_usable(p)]
+    return log_read_of(follower, await follower.read_to_end(usable, budget_s))
 
 
 class HangingScanError(RuntimeError):
@@ -159,11 +213,17 @@ class ScanResult:
     described: int                        # partitions whose producers were described
     oldest_open_age_ms: int | None
     errors: dict[TopicPartition, str] = field(default_factory=dict)  # partitions that answered an error
-    unconfirmed: bool = False  # the brokers lack ListTransactions (Kafka < 3.0): candidates reported as they are
+    # The brokers lack ListTransactions (Kafka < 3.0) and the coordinator's log could not be read: candidates
+    # reported as they are.
+    unconfirmed: bool = False
     # The threshold of a transaction whose own timeout is unknown (own-timeout rule), and where it came from;
     # None when no candidate needed it.
     unknown_timeout_ms: int | None = None
     unknown_timeout_source: str | None = None
+    # Kafka < 3.0 with candidates: "read" when the coordinator's log was read in place of ListTransactions and
+    # DescribeTransactions, else why not; None when it was not needed.
+    transaction_log: str | None = None
+    transaction_log_unread: tuple[int, ...] = ()  # its partitions not read to their end (their ids unconfirmed)
 
 
 class ClusterAdmin:
@@ -224,6 +284,17 @@ class ClusterAdmin:
                 partitions[(str(t.name), int(p.partition_index))] = PartitionInfo(
                     int(p.leader_id), tuple(int(r) for r in p.replica_nodes))
         return ClusterView(brokers, partitions)
+
+    async def read_transaction_log(self) -> LogRead:
+        """`__transaction_state` read once to its end as of now, on connections of its own (the log follower's
+        reading loop, not followed after), with this admin's TLS, SASL and timeout."""
+        follower = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: self.bootstrap, self.address_of,
+                               ssl_context=self.ssl_context, auth=self.auth, connect_timeout_s=self.timeout_s,
+                               timeout_s=self.timeout_s, log=_Quiet())
+        try:
+            return log_read_of(follower, await follower.read_once(self.timeout_s))
+        finally:
+            await follower.close()
 
     async def broker_config(self, address: HostPort, broker_ids: Iterable[int], key: str,
                             ) -> tuple[dict[int, str | None], dict[int, str]]:
@@ -358,8 +429,7 @@ class ClusterAdmin:
             except (UpstreamError, OSError, CodecError, TimeoutError, ValueError) as e:
                 raise HangingScanError(f"DescribeTransactions {txn_id} at {address}: {e}") from e
             if desc.error_code == ErrorCode.none:
-                return TransactionView(txn_id, desc.state, desc.producer_id, desc.producer_epoch, desc.partitions,
-                                       desc.timeout_ms, desc.start_time_ms)
+                return transaction_view(desc)
             if desc.error_code == ErrorCode.transactional_id_not_found:
                 return None
             last = _error_name(desc.error_code)
@@ -407,9 +477,12 @@ def _leaders(admin: ClusterAdmin, view: ClusterView, own: int | None) -> Callabl
     return target
 
 
-async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[], int] = now_ms) -> ScanResult:
+async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[], int] = now_ms,
+               transaction_log: TransactionLogSource | None = None) -> ScanResult:
     """One scan of `scope` under `rule` (MaxTimeout: find-hanging's; OwnTimeout: each transaction's own
-    timeout): the pure HangingScan's steps, carried out, every DescribeProducers to the partition's leader."""
+    timeout): the pure HangingScan's steps, carried out, every DescribeProducers to the partition's leader.
+    `transaction_log`: how to read the coordinator's log where ListTransactions is missing (default: once, to its
+    end, `ClusterAdmin.read_transaction_log`)."""
     view = await admin.metadata(scope.topic)
     if scope.broker_id is not None and scope.broker_id not in view.brokers:
         raise HangingScanError(f"broker {scope.broker_id} is not in the cluster's metadata")
@@ -422,6 +495,7 @@ async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[]
     hs = HangingScan(partitions, rule)
     errors: dict[TopicPartition, str] = {}
     unconfirmed = False
+    log: LogRead | None = None
     unknown: tuple[int, str] | None = None
     step: Step = hs.start()
     while not isinstance(step, Done):
@@ -436,8 +510,12 @@ async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[]
                 hs.rule = dataclasses.replace(hs.rule, unknown_ms=unknown[0])
             try:
                 listings = await admin.list_transactions(view.brokers.values(), step.producer_ids)
-            except MissingApi:  # Kafka < 3.0: never sent; the candidates stand unconfirmed
-                step, unconfirmed = hs.transactional_ids_unavailable(), True
+            except MissingApi:  # Kafka < 3.0: never sent; the coordinator's log, read now, stands in for it
+                log = await (transaction_log or admin.read_transaction_log)()
+                if log.problem is None:
+                    step = hs.transaction_log_answered(log.producers)
+                else:  # the candidates stand unconfirmed
+                    step, unconfirmed = hs.transactional_ids_unavailable(), True
                 continue
             step = hs.transactional_ids_answered(listings)
         elif isinstance(step, AskDescriptions):
@@ -450,7 +528,9 @@ async def scan(admin: ClusterAdmin, scope: Scope, rule: Rule, clock: Callable[[]
     if scope.local_broker:  # partitions the local broker does not hold are not in its scope
         errors = {tp: e for tp, e in errors.items() if e not in NOT_HELD}
     return ScanResult(step.findings, clock(), len(partitions), hs.described_partitions, hs.oldest_open_age_ms, errors,
-                      unconfirmed, *(unknown or (None, None)))
+                      unconfirmed, unknown[0] if unknown else None, unknown[1] if unknown else None,
+                      transaction_log=None if log is None else log.problem or "read",
+                      transaction_log_unread=() if log is None else log.unread_partitions)
 
 
 async def _describe_batch(admin: ClusterAdmin, partitions: Sequence[TopicPartition],

@@ -13,6 +13,7 @@ import sys
 from typing import Any, NamedTuple
 
 from txnguard.codecs.errors import CodecError
+from txnguard.codecs.transaction_log import TOPIC as TRANSACTION_LOG
 from txnguard.proxy import hanging
 from txnguard.proxy.config import ConfigError, HostPort, load, parse_host_port
 from txnguard.proxy.kafka_client import UpstreamError
@@ -34,8 +35,10 @@ def add_parser(sub: Any) -> None:
                     "exactly as the tool with --max-transaction-timeout). Works against any cluster, "
                     "through a txnguard proxy or not. With neither --topic nor --broker-id every topic (internal ones "
                     "too) is searched. Each partition is asked of its leader only (a follower that lags shows "
-                    "committed transactions as open). Findings no coordinator could confirm (Kafka < 3.0) are never "
-                    "aborted by --abort --yes; see --abort-unconfirmed-i-checked.")
+                    "committed transactions as open). On Kafka < 3.0 (no ListTransactions) the coordinator's own log, "
+                    "__transaction_state, is read to its end instead (DESCRIBE and READ on it). Findings no "
+                    "coordinator or log could confirm are never aborted by --abort --yes; see "
+                    "--abort-unconfirmed-i-checked.")
     p.add_argument("--bootstrap", help="host:port[,host:port...] of the cluster (or of a proxy); default: the "
                                        "upstream of --config")
     p.add_argument("--config", help="a txnguard proxy config: its upstream, upstream_tls and upstream_auth (SASL "
@@ -69,7 +72,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="with --abort: only show what would be aborted")
     p.add_argument(UNCONFIRMED_FLAG, action="store_true",
                    help="with --abort: abort unconfirmed findings too (reason unconfirmed_coordinator_cannot_be_asked: "
-                        "no coordinator was asked, the age is the producer's last timestamp). Without it --abort "
+                        "no coordinator was asked and its log did not know the producer or could not be read, the "
+                        "age is the producer's last timestamp). Without it --abort "
                         "leaves them alone, --yes or not: each may be a live transaction (event-time timestamps, a "
                         "producer clock behind, a timeout above the threshold). Give it only after checking each one "
                         "as the docs say (Hanging transactions: Unconfirmed findings)")
@@ -141,6 +145,12 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
             return 1
         for tp, problem in sorted(result.errors.items()):
             print(f"txnguard hanging: {tp[0]}-{tp[1]}: {problem}", file=err)
+        if result.transaction_log not in (None, "read"):  # why the log could not stand in for the coordinator
+            print(f"txnguard hanging: the coordinator's log was not read, so nothing is confirmed: "
+                  f"{result.transaction_log}", file=err)
+        elif result.transaction_log_unread:
+            print(f"txnguard hanging: {TRANSACTION_LOG} partitions {list(result.transaction_log_unread)} were not read "
+                  "to their end: findings of the producers whose ids they hold are listed unconfirmed", file=err)
         if result.unconfirmed:
             limit = (f"{args.max_transaction_timeout} minutes (--max-transaction-timeout)"
                      if args.max_transaction_timeout is not None
@@ -172,6 +182,8 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
                 "timeout_margin_ms": None if args.max_transaction_timeout is not None
                 else int(args.timeout_margin * 1000),
                 "unconfirmed": result.unconfirmed,
+                "transaction_log": result.transaction_log,
+                "transaction_log_unread_partitions": list(result.transaction_log_unread),
                 "unknown_transaction_timeout_ms": result.unknown_timeout_ms,
                 "unknown_transaction_timeout_source": result.unknown_timeout_source,
                 "errors": {f"{t}-{p}": problem for (t, p), problem in sorted(result.errors.items())},

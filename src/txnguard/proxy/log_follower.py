@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -63,7 +63,7 @@ class LogFollower:
                  address_of: Callable[[str, int], HostPort], *, ssl_context: Any = None, auth: Any = None,
                  connect_timeout_s: float = 5.0, timeout_s: float = 5.0, max_wait_ms: int = 500,
                  metadata_refresh_s: float = 30.0, on_refused: Callable[[Any], None] | None = None,
-                 on_proved: Callable[[tuple[str, str, str]], None] | None = None) -> None:
+                 on_proved: Callable[[tuple[str, str, str]], None] | None = None, log: Any = None) -> None:
         self.view = view
         self.metrics = metrics
         self.bootstrap = bootstrap
@@ -93,7 +93,8 @@ class LogFollower:
         self._metadata_stale = asyncio.Event()
         self._loops: dict[HostPort, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
-        self.log = logs.get(component="log_follower")
+        # `log`: another logger (`txnguard hanging` reads the log once and says what went wrong in its own words).
+        self.log = log if log is not None else logs.get(component="log_follower")
         self._register_metrics()
 
     # -- life cycle -----------------------------------------------------------------------------------
@@ -122,7 +123,20 @@ class LogFollower:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._metadata_stale.wait(), self.metadata_refresh_s)
 
-    async def _refresh_metadata(self) -> None:
+    async def read_once(self, budget_s: float) -> set[int]:
+        """Read the whole log to its end as of now, once, without following it (`txnguard hanging`): Metadata, then
+        `read_to_end` of every partition. The partitions read to their end; `denied`, `topic_exists` and `problem`
+        say why others were not."""
+        try:
+            await self._refresh_metadata(follow=False)
+        except (UpstreamError, OSError, CodecError, TimeoutError) as e:
+            self._say_problem(f"no Metadata for {TOPIC}: {e!r}")
+            return set()
+        if self.denied or not self.topic_exists:
+            return set()
+        return await self.read_to_end(self.leaders, budget_s)
+
+    async def _refresh_metadata(self, *, follow: bool = True) -> None:
         answer = await self._any_broker(MetadataRequest(
             topics=(MetadataRequestTopic(name=TopicName(TOPIC)),), allow_auto_topic_creation=False,
             include_cluster_authorized_operations=False, include_topic_authorized_operations=False))
@@ -160,6 +174,8 @@ class LogFollower:
         self._check_caught_up()
         for p in leaders:
             self.view.positions.setdefault(p, 0)
+        if not follow:
+            return
         for address in set(leaders.values()):
             task = self._loops.get(address)
             if task is None or task.done():
@@ -209,8 +225,12 @@ class LogFollower:
                                partition_max_bytes=i32(PARTITION_MAX_BYTES)) for p in partitions)),),
             forgotten_topics_data=())
 
-    def _apply(self, answer: Any) -> None:
+    def _apply(self, answer: Any) -> tuple[set[int], set[int]]:
+        """One Fetch answer into the view: (the partitions it read to the high watermark it reported, those that
+        answered an error other than an offset out of range)."""
         now = time.monotonic()
+        reached: set[int] = set()
+        failed: set[int] = set()
         for topic in answer.responses:
             for part in topic.partitions:
                 p, code = int(part.partition_index), int(part.error_code)
@@ -221,8 +241,10 @@ class LogFollower:
                     continue
                 if code in LEADER_ERRORS:
                     self._metadata_stale.set()
+                    failed.add(p)
                     continue
                 if code != ErrorCode.none:
+                    failed.add(p)
                     missing = missing_acl("transaction_log_fetch", code, TOPIC)
                     if missing is not None:
                         self._deny()
@@ -239,9 +261,11 @@ class LogFollower:
                 if self.view.positions.get(p, 0) >= hw:
                     self.caught_up_at[p] = now
                     self._behind.discard(p)
+                    reached.add(p)
                 else:
                     self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
         self._check_caught_up()
+        return reached, failed
 
     def _readiness_partitions(self) -> set[int]:
         return self.own if self.local is not None else set(self.leaders)
@@ -315,23 +339,40 @@ class LogFollower:
         return await self._read_to_end(partition, budget_s)
 
     async def _read_to_end(self, partition: int, budget_s: float) -> bool:
-        address = self.leaders.get(partition)
-        if address is None:
-            return False
+        return partition in await self.read_to_end([partition], budget_s)
+
+    async def read_to_end(self, partitions: Iterable[int], budget_s: float) -> set[int]:
+        """Read each of `partitions` up to its high watermark as of now: Fetches that do not wait, to its leader on
+        the sync connections (never queued behind a long poll), applied, repeated while they make progress. The
+        partitions that got there within `budget_s`. Left out: one without a leader, one whose leader answers an
+        error or does not answer, one that stops short (a batch this reader cannot open). `sync` (one partition, a
+        write's) and the hanging scan (every partition, once) both read this way."""
         deadline = time.monotonic() + budget_s
+        by_leader: dict[HostPort, list[int]] = {}
+        for p in partitions:
+            address = self.leaders.get(p)
+            if address is not None:
+                by_leader.setdefault(address, []).append(p)
+        read = await asyncio.gather(*(self._read_leader_to_end(a, ps, deadline) for a, ps in by_leader.items()))
+        return set().union(*read)
+
+    async def _read_leader_to_end(self, address: HostPort, partitions: list[int], deadline: float) -> set[int]:
+        pending, reached = set(partitions), set[int]()
         try:
-            while True:
+            while pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    break
+                before = {p: self.view.positions.get(p, 0) for p in pending}
                 conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
-                answer = await conn.request(self._fetch([partition], 0), left)
-                self._apply(answer)
-                if self.view.positions.get(partition, 0) >= self.high_watermarks.get(partition, 1 << 62):
-                    return True
+                answer = await conn.request(self._fetch(sorted(pending), 0), left)
+                done, failed = self._apply(answer)
+                reached |= done & pending
+                # A partition that moved on is asked again; one that did not (an unreadable batch) is not.
+                pending = {p for p in pending - done - failed if self.view.positions.get(p, 0) > before[p]}
         except (UpstreamError, OSError, CodecError, TimeoutError):
             self._syncs.drop(address)
-            return False
+        return reached
 
     # -- evidence -----------------------------------------------------------------------------------------
 

@@ -27,6 +27,12 @@ and feeds the answers to a `HangingScan`, which says what to ask next:
    between the two answers (the coordinator drops a partition from a PrepareCommit/PrepareAbort list
    only once its marker is written) would read as a partition the coordinator does not list.
 
+Without ListTransactions (Kafka 2.8), `transaction_log_answered` takes steps 2 and 3 from the coordinator's own
+log, `__transaction_state`, read to its end once DescribeProducers answered (the IO half reads it; the pure
+TransactionLogView holds each id's latest state, `producers_in_log` maps producer ids to it): each candidate whose
+producer id the log holds is judged by step 4 (and 5) exactly as from a DescribeTransactions answer, reason
+CONFIRMED_BY_LOG; one the log does not hold, or every candidate when the log may not be read, is UNCONFIRMED.
+
 Why the own timeout is enough. A coordinator aborts an ongoing transaction once it is older than its
 own transactionTimeoutMs (measured from the transaction's start, checked every
 transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default), fencing its producer
@@ -46,8 +52,11 @@ timeout abort: TransactionStateManager.timedOutTransactions and the coordinator'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.verification.transaction_log import TransactionLogView
 
 TopicPartition = tuple[str, int]
 
@@ -70,6 +79,12 @@ NOT_IN_TRANSACTION = "partition_not_in_transaction"    # the coordinator's trans
 # old (event-time timestamps that Kafka Streams and MirrorMaker keep from their input, a producer clock
 # behind). Reported, never aborted without a person's word (`Finding.confirmed`).
 UNCONFIRMED = "unconfirmed_coordinator_cannot_be_asked"
+# Kafka 2.8 again, with the coordinator's own log instead (issue 31 item 5): `__transaction_state`, read to its end
+# after DescribeProducers answered, holds what DescribeTransactions would answer for every transactional id (each
+# change is appended and replicated before the coordinator answers its client). A candidate whose producer id the
+# log holds is judged from that description exactly as from DescribeTransactions' (`HangingScan._judge`); one it
+# reports carries this reason, and counts as confirmed. A producer id the log does not hold stays UNCONFIRMED.
+CONFIRMED_BY_LOG = "confirmed_by_transaction_log"
 # Findings no coordinator confirmed: `txnguard hanging --abort` leaves them alone unless told, by a flag of its own,
 # that a person checked each one (see `Finding.confirmed`). Every such class is listed here.
 UNCONFIRMED_REASONS = frozenset({UNCONFIRMED})
@@ -105,6 +120,26 @@ class TransactionView:
     partitions: frozenset[TopicPartition]
     timeout_ms: int = -1        # transactionTimeoutMs (-1: not known)
     start_time_ms: int = -1     # transactionStartTimeMs, the coordinator's clock (-1: no transaction started)
+
+
+def transaction_view(desc: DescribedTransaction) -> TransactionView:
+    """A description (DescribeTransactions' answer, or the log's: TransactionLogView.describe) as the scan uses it."""
+    return TransactionView(desc.transactional_id, desc.state, desc.producer_id, desc.producer_epoch, desc.partitions,
+                           desc.timeout_ms, desc.start_time_ms)
+
+
+def producers_in_log(view: TransactionLogView, read: Container[int]) -> dict[int, TransactionView]:
+    """Producer id -> its transactional id's description, from the coordinator's log: what ListTransactions and
+    DescribeTransactions together give on 3.x. Only ids whose `__transaction_state` partition is in `read` (read to
+    its end after DescribeProducers answered): a partition read less far could miss the AddPartitionsToTxn that
+    makes a live transaction's partition legitimate. Were one producer id under two ids (the coordinator never
+    allocates one twice), the id changed last wins."""
+    out: dict[int, TransactionView] = {}
+    for txn_id, logged in view.items():
+        desc = view.describe(txn_id) if logged.partition in read else None
+        if desc is not None:
+            out[desc.producer_id] = transaction_view(desc)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +211,8 @@ class Finding:
 
     @property
     def confirmed(self) -> bool:
-        """A coordinator was asked and does not list this partition in the producer's transaction. An unconfirmed
+        """A coordinator was asked (or its log read: CONFIRMED_BY_LOG) and does not list this partition in the
+        producer's transaction. An unconfirmed
         finding rests on the producer's last timestamp alone, which a live transaction can show too (event-time
         timestamps, a clock behind, a timeout above the threshold): it is never aborted by default."""
         return self.reason not in UNCONFIRMED_REASONS
@@ -315,6 +351,23 @@ class HangingScan:
         undescribed transaction, unconfirmed (see UNCONFIRMED)."""
         limit = threshold_ms(self.rule, None)
         return Done(tuple(_finding(c, UNCONFIRMED, None, None, limit) for c in self.candidates if c.age_ms > limit))
+
+    def transaction_log_answered(self, producers: Mapping[int, TransactionView]) -> Step:
+        """The brokers lack ListTransactions, and the coordinator's log was read instead: `producers` maps each
+        producer id it holds to its transactional id's description (`producers_in_log`). A candidate whose producer
+        id is there is judged as a DescribeTransactions answer is, and a finding says the log confirmed it
+        (CONFIRMED_BY_LOG); one whose producer id is not there is UNCONFIRMED, as without the log (same threshold:
+        that of an undescribed transaction). Then, under `OwnTimeout`, the second look, for both."""
+        for c in self.candidates:
+            desc = producers.get(c.producer.producer_id)
+            if desc is not None:
+                self._transactional_ids[c.producer.producer_id] = desc.transactional_id
+        judged = self._judge({d.transactional_id: d for d in producers.values()
+                              if d.transactional_id in self._transactional_ids.values()})
+        # _judge names a candidate without a transactional id NO_TRANSACTIONAL_ID: here that is "not in the log",
+        # which says nothing of the coordinator (an id expired, a log partition not read): unconfirmed.
+        return self._second_look(tuple(
+            replace(f, reason=UNCONFIRMED if f.transactional_id is None else CONFIRMED_BY_LOG) for f in judged))
 
     def descriptions_answered(self, descriptions: Mapping[str, TransactionView | None]) -> Step:
         """Every asked id: its description, or None for TRANSACTIONAL_ID_NOT_FOUND."""

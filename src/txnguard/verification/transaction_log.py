@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
@@ -71,6 +72,10 @@ class TransactionLogView:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    def items(self) -> Iterator[tuple[str, Logged]]:
+        """Every id held and its latest state, the least recently changed first."""
+        return iter(self._ids.items())
 
     def get(self, txn_id: str) -> Logged | None:
         return self._ids.get(txn_id)
