@@ -27,7 +27,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -659,6 +659,7 @@ def create(
     scram_users: Mapping[str, str] | None = None,
     acls: bool = False,
     zookeeper: bool = False,
+    listener_config: Callable[[Node], Mapping[str, str]] | None = None,
 ) -> Cluster:
     """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
 
@@ -667,7 +668,10 @@ def create(
     and ACLs are KRaft-only here (they need the metadata log or StandardAuthorizer).
 
     With `sidecars`, every broker advertises a sidecar port for clients (see
-    deploy/sidecar/README.md): the layout a txnguard sidecar deployment uses.
+    deploy/sidecar/README.md): the layout a txnguard sidecar deployment uses. `listener_config(node)`
+    replaces settings of that layout per node (a page's own `listeners`/`advertised.listeners`, with the
+    node's ports put in); the harness still reaches each broker on `node.port`, so that is where the
+    broker must listen for plaintext clients.
 
     With `scram_users`, the SASL listener offers SCRAM-SHA-512 (and PLAIN) for these users, their
     credentials written into the metadata log at format time (`kafka-storage format --add-scram`,
@@ -709,7 +713,8 @@ def create(
         (nd / "data").mkdir(parents=True)
         (nd / "logs").mkdir()
         _log_config(nd)
-        props = {**_listener_layout(cluster, n, voters, sidecars), "log.dirs": str(nd / "data"), **settings}
+        props = {**_listener_layout(cluster, n, voters, sidecars), "log.dirs": str(nd / "data"), **settings,
+                 **(listener_config(n) if listener_config else {})}
         _security(props, n, tls, sasl_users, scram_users, acls)
         scram = [a for u, pw in (scram_users or {}).items()
                  for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={pw}]")]
@@ -743,10 +748,11 @@ def up(
     acls: bool = False,
     zookeeper: bool = False,
     quick_jit: bool = False,
+    listener_config: Callable[[Node], Mapping[str, str]] | None = None,
 ) -> Cluster:
     """Create, start and wait until every broker is registered and transactions and groups work."""
     cluster = create(version, nodes, directory, config, sidecars=sidecars, tls=tls, sasl_users=sasl_users,
-                     scram_users=scram_users, acls=acls, zookeeper=zookeeper)
+                     scram_users=scram_users, acls=acls, zookeeper=zookeeper, listener_config=listener_config)
     cluster.die_with_parent = die_with_parent
     cluster.quick_jit = quick_jit
     try:
