@@ -6,9 +6,14 @@ real connection does (`UnsupportedApi`, nothing sent). The integration tests (te
 test_hanging_live_transactions.py) show the same on real brokers.
 
     operator ─hanging --abort --yes─▶ leader: DescribeProducers ─▶ an open transaction, 2 h by its timestamp
-                                      ListTransactions: not offered (Kafka 2.8) ─▶ unconfirmed
+                                      ListTransactions: not offered (Kafka 2.8)
+                                      __transaction_state: the principal may not read it ─▶ unconfirmed
                                       DescribeConfigs: transaction.max.timeout.ms ─▶ the threshold
               ◀─ "left alone ... may be a live transaction": no WriteTxnMarkers
+
+Where the coordinator's log can be read (issue 31 item 5), it confirms or clears each finding instead: the last
+tests. `FakeCluster.transaction_log` is what reading it gave (the reading itself, on real brokers:
+tests/integration/test_hanging_live_transactions.py).
 """
 
 from __future__ import annotations
@@ -25,17 +30,23 @@ from kio.schema.errors import ErrorCode
 
 from txnguard import cli
 from txnguard.codecs.api_keys import ApiKey
+from txnguard.codecs.transaction_log import LogRecord, TxnLogValue
 from txnguard.proxy import config, hanging, hanging_cli, hanging_monitor
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import UnsupportedApi
+from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
-from txnguard.verification.hanging import OwnTimeout, ProducerState
+from txnguard.testing.transaction_log import key, value
+from txnguard.verification.hanging import OwnTimeout, ProducerState, TransactionView
+from txnguard.verification.transaction_log import TransactionLogView
 
 MIN = 60_000
 HOUR = 60 * MIN
 TOPIC = "t"
 WRITE_TXN_MARKERS = 27
 DESCRIBE_CONFIGS = 32
+# What the one-shot read of __transaction_state gives a principal without DESCRIBE on it.
+DENIED = hanging.LogRead({}, "the principal may not DESCRIBE or READ __transaction_state (TOPIC_AUTHORIZATION_FAILED)")
 
 
 class FakeBroker:
@@ -110,6 +121,12 @@ class FakeCluster:
         self.asked: list[tuple[int, str]] = []
         self.markers: list[tuple[int, int, int]] = []
         self.on_list_transactions: Any = None
+        self.transaction_log = DENIED  # what reading the coordinator's log gives (where ListTransactions is missing)
+        self.log_reads = 0
+
+    async def read_transaction_log(self) -> hanging.LogRead:
+        self.log_reads += 1
+        return self.transaction_log
 
     def like_kafka_2_8(self) -> FakeCluster:
         for b in self.brokers:
@@ -127,6 +144,7 @@ class FakeCluster:
     def admin(self, bootstrap: int = 1) -> hanging.ClusterAdmin:
         admin = hanging.ClusterAdmin([self.brokers[bootstrap]])
         admin._connections = self.connections()  # type: ignore[assignment]  # the fake wire
+        admin.read_transaction_log = self.read_transaction_log  # type: ignore[method-assign]  # the fake log
         return admin
 
     def asked_producers(self) -> list[int]:
@@ -154,6 +172,7 @@ def _admin_factory(cluster: FakeCluster) -> Any:
     def make(bootstrap: Any, **kw: Any) -> hanging.ClusterAdmin:
         admin = real(bootstrap, **kw)
         admin._connections = cluster.connections()  # the fake wire
+        admin.read_transaction_log = cluster.read_transaction_log  # type: ignore[method-assign]  # the fake log
         return admin
 
     return make
@@ -365,3 +384,88 @@ def test_the_proxys_scan_logs_an_unconfirmed_finding_as_unconfirmed_past_the_clu
     assert (facts["reason"], facts.get("confirmed"), facts["threshold_ms"]) == \
         ("unconfirmed_coordinator_cannot_be_asked", False, 60_000)
     assert [r["reason"] for r in records] == ["unconfirmed_coordinator_cannot_be_asked"]
+
+
+# -- issue 31 item 5: on 2.8 the coordinator's log confirms, where it may be read ------------------------------------
+
+
+def logged_transaction(state: str, *partitions: tuple[str, int], producer_id: int = 7) -> hanging.LogRead:
+    """The log read to its end holds `app` (producer 7) in `state` with `partitions`, its timeout 60 s."""
+    return hanging.LogRead({producer_id: TransactionView("app", state, producer_id, 0, frozenset(partitions), 60_000,
+                                                         -1 if not partitions else 1)})
+
+
+def test_on_2_8_a_log_the_principal_may_not_read_is_one_line_and_the_finding_stays_unconfirmed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = FakeCluster().like_kafka_2_8()
+    cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]
+
+    status, out, err = run(cluster, "--topic", TOPIC, "--json", monkeypatch=monkeypatch)
+
+    assert cluster.log_reads == 1
+    report = json.loads(out)
+    (finding,) = report["findings"]
+    assert (finding["reason"], finding["confirmed"]) == ("unconfirmed_coordinator_cannot_be_asked", False)
+    assert report["transaction_log"] == DENIED.problem and report["unconfirmed"] is True
+    [line] = [line for line in err.splitlines() if "coordinator's log" in line]
+    assert "TOPIC_AUTHORIZATION_FAILED" in line and "nothing is confirmed" in line
+    assert status == 0
+
+
+def test_on_2_8_the_log_confirms_a_write_its_transaction_never_added_and_abort_yes_aborts_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = FakeCluster().like_kafka_2_8()
+    cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]
+    cluster.transaction_log = logged_transaction("Empty")  # InitProducerId, and no AddPartitionsToTxn since
+
+    status, out, err = run(cluster, "--topic", TOPIC, "--abort", "--yes", "--json", monkeypatch=monkeypatch)
+
+    report = json.loads(out)
+    (finding,) = report["findings"]
+    assert (finding["reason"], finding["confirmed"], finding["transactional_id"]) == \
+        ("confirmed_by_transaction_log", True, "app")
+    assert (finding["threshold_ms"], report["transaction_log"], report["unconfirmed"]) == (70_000, "read", False)
+    assert [a["outcome"] for a in report["aborts"]] == ["NONE"]
+    assert cluster.markers == [(1, 0, 7)]                              # to the leader, for producer 7
+    assert "coordinator's log" not in err and status == 0
+
+
+def test_on_2_8_a_live_transaction_the_log_lists_is_not_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = FakeCluster().like_kafka_2_8()
+    cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]  # two hours old by its event-time timestamp
+    cluster.transaction_log = logged_transaction("Ongoing", (TOPIC, 0))
+
+    status, out, _ = run(cluster, "--topic", TOPIC, "--abort", "--yes", "--json", monkeypatch=monkeypatch)
+
+    report = json.loads(out)
+    assert (report["findings"], report["aborts"], cluster.markers, status) == ([], [], [], 0)
+
+
+def test_the_proxys_scan_on_2_8_reads_its_followers_view_to_the_end_not_the_log_again() -> None:
+    # The proxy already follows the log: the scan reads the follower's partitions to their end (after
+    # DescribeProducers answered) and judges from its view; no one-shot read of its own.
+    view = TransactionLogView()
+    view.apply(3, LogRecord(0, key("app"), value(TxnLogValue(7, 0, 60_000, "Empty", frozenset(), 1, -1))))
+    follower = LogFollower(view, ProxyMetrics(), lambda: (), HostPort)
+    follower.leaders, follower.caught_up_at, view.partition_count = {3: HostPort("b1", 9001)}, {3: 0.0}, 4
+    read_asked: list[list[int]] = []
+
+    async def read_to_end(partitions: Any, budget_s: float) -> set[int]:
+        read_asked.append(sorted(partitions))
+        return {3}
+
+    follower.read_to_end = read_to_end  # type: ignore[method-assign]
+    cfg = config.from_mapping({"upstream": "b1:9001", "health": {"hanging_scan_interval_s": 1}})
+    records: list[dict[str, Any]] = []
+    monitor = hanging_monitor.attach(cfg, ProxyMetrics(), NS(proxy_id="gw", write=records.append), None,  # type: ignore[arg-type]
+                                     follower)
+    assert monitor is not None
+    cluster = FakeCluster().like_kafka_2_8()
+    cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]
+    monitor.admin = cluster.admin()
+
+    result = asyncio.run(monitor.scan_once())
+
+    assert result is not None and cluster.log_reads == 0 and read_asked == [[3]]
+    assert [(r["reason"], r["transactional_id"]) for r in records] == [("confirmed_by_transaction_log", "app")]
+    assert result.transaction_log_unread == (0, 1, 2)  # its other partitions: not read, their ids unconfirmed

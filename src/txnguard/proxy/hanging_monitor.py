@@ -3,7 +3,10 @@
 Each scan is proxy/hanging.py's `scan` on the proxy's own connections; this module turns its findings
 into the gauges, a log line per new and per resolved finding, and one audit record per new finding.
 It finds; it never aborts. A sidecar's scan covers the partitions its broker leads (proxy/hanging.py), so each
-finding is reported once across the sidecars. The server starts it; it knows nothing of the server.
+finding is reported once across the sidecars. On brokers without ListTransactions (Kafka 2.8) the scan judges from
+the coordinator's log: the proxy's running follower's, each partition it reads read to its end once DescribeProducers
+answered (no second reading of the whole log each scan); without a follower, a one-shot read. The server starts it
+and hands it the follower; it knows nothing else of the server.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from txnguard.verification.hanging import Finding, FindingTracker, MaxTimeout, O
 if TYPE_CHECKING:
     from txnguard.proxy.config import ProxyConfig
     from txnguard.proxy.guard import AuditLog
+    from txnguard.proxy.log_follower import LogFollower
     from txnguard.proxy.metrics import ProxyMetrics
+
+
 class HangingMonitor:
     """The proxy's periodic scan (`health.hanging_scan_interval_s`)."""
 
-    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any = None) -> None:
+    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any = None,
+                 follower: LogFollower | None = None) -> None:
         h = config.health
         assert h.hanging_scan_interval_s is not None
         self.interval_s = h.hanging_scan_interval_s
@@ -38,6 +45,13 @@ class HangingMonitor:
         self.log = logs.get(component="hanging")
         self.scans = 0
         self.last: hanging.ScanResult | None = None
+        self.follower = follower
+        self._log_problem: str | None = None  # the last reason the log could not confirm, logged once
+
+    async def _transaction_log(self) -> hanging.LogRead:
+        """The follower's view, read to the log's end as of now (after this scan's DescribeProducers answered)."""
+        assert self.follower is not None
+        return await hanging.read_from_follower(self.follower, self.admin.timeout_s)
 
     async def run(self) -> None:
         try:
@@ -50,7 +64,8 @@ class HangingMonitor:
     async def scan_once(self) -> hanging.ScanResult | None:
         m = self.metrics
         try:
-            result = await hanging.scan(self.admin, self.scope, self.rule)
+            result = await hanging.scan(self.admin, self.scope, self.rule, transaction_log=(
+                self._transaction_log if self.follower is not None else None))
         except Exception as e:  # noqa: BLE001 - whatever failed, the next scan runs (and the proxy never notices)
             m.hanging_scans.labels("failed").inc()
             problem = str(e) if isinstance(e, hanging.HangingScanError) else repr(e)
@@ -74,6 +89,11 @@ class HangingMonitor:
             self.audit.write(hanging_record(time_ms=result.now_ms, proxy_id=self.audit.proxy_id, finding=f))
         for f in gone:
             self.log.info("hanging_transaction_resolved", **_facts(f, result.now_ms))
+        log_problem = result.transaction_log if result.transaction_log != "read" else None
+        if log_problem is not None and log_problem != self._log_problem:
+            self.log.warning("hanging_scan_unconfirmed", detail="the coordinator's log could not confirm findings",
+                             problem=log_problem)
+        self._log_problem = log_problem
         if result.errors:
             self.log.warning("hanging_scan_partial", failed_partitions=len(result.errors),
                              example=next(iter(result.errors.items())))
@@ -97,9 +117,10 @@ def rule_of(max_transaction_timeout_s: float | None, margin_s: float) -> Rule:
     return OwnTimeout(margin_ms=int(margin_s * 1000))
 
 
-def attach(config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any) -> HangingMonitor | None:
-    """The monitor when `health.hanging_scan_interval_s` is set (off by default)."""
+def attach(config: ProxyConfig, metrics: ProxyMetrics, audit: AuditLog, ssl_context: Any,
+           follower: LogFollower | None = None) -> HangingMonitor | None:
+    """The monitor when `health.hanging_scan_interval_s` is set (off by default); `follower`: the proxy's own."""
     if config.health.hanging_scan_interval_s is None:
         return None
-    return HangingMonitor(config, metrics, audit, ssl_context)
+    return HangingMonitor(config, metrics, audit, ssl_context, follower)
 

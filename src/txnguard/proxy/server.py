@@ -109,7 +109,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._metadata_loop()))
         self._tasks.append(loop.create_task(self._timer_loop()))
-        self.hanging = hanging_monitor.attach(self.config, self.metrics, self.guard.audit, self.upstream_ssl)
+        self.hanging = hanging_monitor.attach(self.config, self.metrics, self.guard.audit, self.upstream_ssl,
+                                              self.guard.follower)
         if self.hanging is not None:  # health.hanging_scan_interval_s: the periodic hanging-transaction scan
             self._tasks.append(loop.create_task(self.hanging.run()))
         for target in self.config.upstream:
