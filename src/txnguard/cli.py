@@ -10,8 +10,8 @@
 * `txnguard demo`: on a real Kafka 3.5.2, the hanging transaction txnguard prevents, direct and proxied.
 * `txnguard --version`: the installed package's version (pyproject.toml's, through the package metadata).
 
-The last three live with the test harness (`txnguard.testing.cli`) and are loaded by name only
-when asked for: the proxy's own commands never import the harness (an import contract says so
+`txnguard --help` lists every subcommand. The last three live with the test harness (`txnguard.testing.cli`) and
+are loaded by name only when asked for: the proxy's own commands never import the harness (an import contract says so
 for static imports, and tests/unit/test_cli_imports.py checks it at run time).
 """
 
@@ -41,10 +41,17 @@ def _setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _proxy_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = sub.add_parser("run", help="run the proxy")
+    run = sub.add_parser("run", help="run the proxy", description=(
+        "Run the proxy in the foreground until SIGTERM or SIGINT (then drain: limits.drain_timeout_s); SIGHUP "
+        "re-reads the policy. Settings: --config, then TXNGUARD_* environment variables, then these flags. Exit "
+        "0 after a clean stop, 2 on a configuration error, 1 when a listener cannot be opened."))
     run.add_argument("--config", help="YAML configuration file")
     _setting_flags(run)
-    check = sub.add_parser("check-config", help="validate a configuration file")
+    check = sub.add_parser("check-config", help="validate a configuration (file, TXNGUARD_* environment, flags)",
+                           description=(
+        "Validate a configuration as `txnguard run` would load it (the file, then TXNGUARD_* environment variables, "
+        "then the flags), without starting anything. Exit 0 and one line (mode, listen, upstream) when it is "
+        "valid; exit 2 and every error on stderr, one per line, naming the setting and the value, when it is not."))
     check.add_argument("config", nargs="?", help="YAML configuration file (none: environment and flags only)")
     check.add_argument("--show", action="store_true",
                        help="print the effective configuration and where each value came from (secrets masked)")
@@ -94,20 +101,29 @@ def _config_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """`txnguard` and its subcommands. The harness's (HARNESS_COMMANDS) are listed by name and help only:
+    `main` hands them to `txnguard.testing.cli` before parsing, whose parsers define their options."""
+    import txnguard
+
+    parser = argparse.ArgumentParser(prog="txnguard")
+    parser.add_argument("--version", action="version", version=f"txnguard {txnguard.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _proxy_parsers(sub)
+    from txnguard.pipeline import options as report_options  # argparse only: pyspark loads in run()
+    report_options.add_parser(sub)
+    for name, text in HARNESS_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in HARNESS_COMMANDS:
         harness = importlib.import_module("txnguard.testing.cli")
         return int(harness.main(argv))
-    parser = argparse.ArgumentParser(prog="txnguard")
-    import txnguard
-
-    parser.add_argument("--version", action="version", version=f"txnguard {txnguard.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _proxy_parsers(sub)
-    from txnguard.pipeline import options as report_options  # argparse only: pyspark loads in run()
-    report_options.add_parser(sub)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from txnguard.pipeline import options as report_options
     from txnguard.proxy.config import ConfigError
 
     try:

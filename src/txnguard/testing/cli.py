@@ -19,37 +19,42 @@ def _kafka_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ks = k.add_subparsers(dest="action", required=True)
     up = ks.add_parser("up", help="start an N-node KRaft (or --zookeeper) cluster and print its bootstrap "
                                    "address as JSON")
-    up.add_argument("--version", default="3.5.2")
-    up.add_argument("--nodes", type=int, default=1)
-    up.add_argument("--dir", required=True)
+    up.add_argument("--version", default="3.5.2", help="Kafka version (default 3.5.2)")
+    up.add_argument("--nodes", type=int, default=1, help="brokers (KRaft: combined broker and controller; default 1)")
+    up.add_argument("--dir", required=True, help="where the nodes' configuration, data and logs go")
     up.add_argument("--zookeeper", action="store_true",
                     help="ZooKeeper mode (Kafka 2.8-3.9): a ZooKeeper server, then brokers with zookeeper.connect")
     up.add_argument("--sidecars", action="store_true",
                     help="brokers advertise a sidecar port per node (where a txnguard sidecar is to listen)")
     up.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker setting, repeatable")
-    up.add_argument("--timeout", type=float, default=kafka.READY_TIMEOUT_S)
+    up.add_argument("--timeout", type=float, default=kafka.READY_TIMEOUT_S,
+                    help=f"seconds to wait for every node to be ready (default {kafka.READY_TIMEOUT_S:g})")
     for name, text in (("down", "stop every node (SIGTERM, then SIGKILL)"), ("status", "show the nodes")):
         p = ks.add_parser(name, help=text)
-        p.add_argument("--dir", required=True)
+        p.add_argument("--dir", required=True, help="the cluster's folder (kafka up --dir)")
     ks.add_parser("fetch", help="resolve every Kafka and tool jar the tests use into the cache")
     run = ks.add_parser("run", help="start a cluster in the foreground; Ctrl-C stops it")
-    run.add_argument("--version", default="3.5.2")
-    run.add_argument("--nodes", type=int, default=1)
-    run.add_argument("--dir", default=".run/kafka")
-    run.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--version", default="3.5.2", help="Kafka version (default 3.5.2)")
+    run.add_argument("--nodes", type=int, default=1, help="brokers (default 1)")
+    run.add_argument("--dir", default=".run/kafka", help="where the nodes go (default .run/kafka)")
+    run.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                     help="a broker setting, repeatable")
     run.add_argument("--zookeeper", action="store_true", help="ZooKeeper mode (Kafka 2.8-3.9)")
 
 
 def _dev_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="a local real Kafka with txnguard in front of it, for trying clients")
-    dev.add_argument("--version", default="3.5.2")
-    dev.add_argument("--nodes", type=int, default=1)
-    dev.add_argument("--dir", default=".run/kafka")
+    dev.add_argument("--version", default="3.5.2", help="Kafka version (default 3.5.2: no KIP-890 in the broker)")
+    dev.add_argument("--nodes", type=int, default=1, help="brokers (default 1)")
+    dev.add_argument("--dir", default=".run/kafka", help="where Kafka's nodes go (default .run/kafka)")
     dev.add_argument("--zookeeper", action="store_true", help="ZooKeeper mode (Kafka 2.8-3.9)")
-    dev.add_argument("--listen", default="127.0.0.1:19092")
-    dev.add_argument("--admin", default="127.0.0.1:19000")
-    dev.add_argument("--audit", default=".run/audit.jsonl")
+    dev.add_argument("--listen", default="127.0.0.1:19092",
+                     help="the proxy's bootstrap listener (default 127.0.0.1:19092)")
+    dev.add_argument("--admin", default="127.0.0.1:19000",
+                     help="the proxy's admin endpoint: /metrics, /livez, /readyz (default 127.0.0.1:19000)")
+    dev.add_argument("--audit", default=".run/audit.jsonl",
+                     help="the proxy's audit records, JSON lines (default .run/audit.jsonl)")
 
 
 def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,13 +127,18 @@ def _wait_for_signal() -> None:
         signal.pause()
 
 
-def main(argv: Sequence[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The harness's subcommands (`txnguard.cli.main` hands them over by name)."""
     parser = argparse.ArgumentParser(prog="txnguard")
     sub = parser.add_subparsers(dest="command", required=True)
     _kafka_parser(sub)
     _dev_parser(sub)
     _demo_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
     from txnguard.proxy.config import ConfigError
 
     try:
