@@ -34,6 +34,8 @@ checksum/config: {{ include "txnguard.config" . | sha256sum }}
 {{- $shape := dict -}}
 {{- if eq .Values.shape "gateway" -}}
 {{- $shape = dict "mode" "gateway" "listen" (printf "0.0.0.0:%d" (int .Values.gateway.port)) "advertised_host" .Values.gateway.advertisedHost "broker_port_base" .Values.gateway.brokerPortBase "upstream" .Values.gateway.upstream -}}
+{{- else if eq .Values.shape "sidecar-container" -}}
+{{- $shape = dict "mode" "sidecar" "listen" (printf "0.0.0.0:%d" (int .Values.sidecarContainer.clientPort)) "upstream" (list (printf "127.0.0.1:%d" (int .Values.sidecarContainer.brokerLocalPort))) -}}
 {{- else -}}
 {{- $shape = dict "mode" "sidecar" "listen" (printf "0.0.0.0:%d" (int .Values.sidecar.clientPort)) "upstream" (list (printf "127.0.0.1:%d" (int .Values.sidecar.brokerLocalPort))) -}}
 {{- end -}}
@@ -41,8 +43,10 @@ checksum/config: {{ include "txnguard.config" . | sha256sum }}
 {{- toYaml (mergeOverwrite (deepCopy .Values.config) $shape) -}}
 {{- end -}}
 
-{{/* The txnguard container, the same in both shapes. */}}
+{{/* The txnguard container, the same in every shape. Added to someone else's pod (sidecar-container) its ports
+     are named txnguard and txnguard-admin, names a broker container is unlikely to use already. */}}
 {{- define "txnguard.container" -}}
+{{- $admin := ternary "txnguard-admin" "admin" (eq .Values.shape "sidecar-container") -}}
 - name: txnguard
   image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -53,18 +57,20 @@ checksum/config: {{ include "txnguard.config" . | sha256sum }}
     {{- range .Values.gateway.brokerIds }}
     - {name: broker-{{ . }}, containerPort: {{ add $.Values.gateway.brokerPortBase . }}}
     {{- end }}
+  {{- else if eq .Values.shape "sidecar-container" }}
+    - {name: txnguard, containerPort: {{ .Values.sidecarContainer.clientPort }}}
   {{- else }}
     - {name: kafka, containerPort: {{ .Values.sidecar.clientPort }}}
   {{- end }}
-    - {name: admin, containerPort: {{ .Values.adminPort }}}
+    - {name: {{ $admin }}, containerPort: {{ .Values.adminPort }}}
   # /livez: the event loop answers. /readyz: the proxy's own Metadata request succeeded recently, so a
   # proxy that cannot reach its brokers leaves the Service until it can.
   livenessProbe:
-    httpGet: {path: /livez, port: admin}
+    httpGet: {path: /livez, port: {{ $admin }}}
     periodSeconds: 10
     failureThreshold: 3
   readinessProbe:
-    httpGet: {path: /readyz, port: admin}
+    httpGet: {path: /readyz, port: {{ $admin }}}
     periodSeconds: 5
     failureThreshold: 2
   resources:
