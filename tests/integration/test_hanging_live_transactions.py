@@ -36,6 +36,7 @@ import asyncio
 import datetime
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,6 +47,7 @@ from txnguard.proxy.config import HostPort
 from txnguard.testing import clients, kafka, raw
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.freezes import txn_id_coordinated_by
+from txnguard.testing.proxy import ProxyThread
 from txnguard.testing.scenarios import wait_stable
 from txnguard.verification.hanging import OwnTimeout
 
@@ -138,6 +140,48 @@ def test_zookeeper_2_8_a_hanging_transaction_is_confirmed_by_the_coordinators_lo
     assert lso_and_hw(bootstrap, topic) == (8, 8)  # the abort marker at 7: the last stable offset reaches the end
     assert clients.ConfluentKafkaClient().consume_committed(bootstrap, topic) == \
         [b"before-0", b"before-1", b"before-2", b"after-0", b"after-1"]
+
+
+def test_zookeeper_2_8_the_proxys_scan_confirms_from_its_log_follower_and_leaves_a_live_transaction_alone(
+    kafka_pool: ClusterPool, unique_name: NameFactory, start_proxy: Callable[..., ProxyThread], tmp_path: Path,
+) -> None:
+    """The gateway already follows __transaction_state: its periodic scan judges from that follower's view.
+
+        producer ─begin, produce live-topic p0 (CreateTime now - 2 h)─▶ broker     live, Ongoing in the log
+        raw client ─transactional batch on hung-topic p0, never added─▶ broker     hanging
+        gateway scan (every 0.5 s) ─▶ one audit record: hung-topic, confirmed_by_transaction_log
+                                   ─▶ live-topic: no series, scan after scan; then it commits
+    """
+    cluster = kafka_pool.get("2.8.2", 1, zookeeper=True)
+    bootstrap = cluster.bootstrap_servers
+    live_topic, hung_topic = fresh_topic(cluster, unique_name("live")), fresh_topic(cluster, unique_name("hung"))
+    event_time = datetime.datetime.now(datetime.UTC) - EVENT_TIME_BACK
+    producer = Producer(bootstrap, unique_name("live-tid"))
+    producer.send(live_topic, b"event-0", int(event_time.timestamp() * 1000))
+    txn_id = unique_name("hung-tid")
+    hung = make_open_transaction(bootstrap, hung_topic, txn_id)
+
+    audit = tmp_path / "audit.jsonl"
+    p = start_proxy(upstream=bootstrap, mode="gateway", audit_path=str(audit), health={"hanging_scan_interval_s": 0.5})
+    p.wait_for(lambda: p.metric("txnguard_hanging_transactions", {"topic": hung_topic, "partition": "0"}) == 1,
+               timeout=60, what="the hanging transaction's gauge")
+    scans = p.metric("txnguard_hanging_scans_total", {"outcome": "ok"})
+    p.wait_for(lambda: p.metric("txnguard_hanging_scans_total", {"outcome": "ok"}) >= scans + 3,
+               timeout=30, what="three more scans")
+
+    records = [r for r in map(json.loads, audit.read_text().splitlines()) if r["kind"] == "hanging"]
+    assert [(r["topic"], r["producer_id"], r["start_offset"], r["reason"], r["transactional_id"]) for r in records] \
+        == [(hung_topic, hung.producer_id, hung.start_offset, "confirmed_by_transaction_log", txn_id)]
+    assert p.proxy is not None
+    assert p.proxy.metrics.registry.get_sample_value(
+        "txnguard_hanging_transactions", {"topic": live_topic, "partition": "0"}) is None
+    # Judged from the follower the gateway already runs (no one-shot read of its own).
+    assert p.proxy.hanging is not None and p.proxy.hanging.follower is p.proxy.guard.follower is not None
+    last = p.proxy.hanging.last
+    assert last is not None and last.transaction_log == "read" and not last.unconfirmed
+    producer.commit()
+    wait_stable(bootstrap, live_topic)
+    assert clients.ConfluentKafkaClient().consume_committed(bootstrap, live_topic) == [b"event-0"]
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from txnguard.verification.hanging import (
     AskProducersAgain,
     AskTransactionalIds,
     Done,
+    FindingTracker,
     HangingScan,
     MaxTimeout,
     OwnTimeout,
@@ -164,3 +165,15 @@ def test_the_log_judges_exactly_as_describe_transactions_on_3x(rule: Rule):
     assert {f.reason for f in on_3x} == {NOT_IN_TRANSACTION}
     assert on_2_8 == tuple(dataclasses.replace(f, reason=CONFIRMED_BY_LOG) for f in on_3x)
     assert {f.transactional_id for f in on_2_8} == {"empty", "done", "elsewhere", "long"}  # "long": the 60 min one
+
+
+def test_a_finding_the_log_confirms_after_it_was_reported_unconfirmed_is_reported_again():
+    # A proxy's first scan ran before its follower had read the log: unconfirmed; the next one confirms it. The
+    # record that tells a person to check it by hand must not stay the only one.
+    log = log_of(("app", logged(7, "Empty")))
+    before = scan_on_2_8({P0: [open_txn(7, 30 * MIN)]}, log, read=frozenset()).findings
+    after = scan_on_2_8({P0: [open_txn(7, 30 * MIN)]}, log).findings
+    tracker = FindingTracker()
+    assert tracker.update(before) == (list(before), [])
+    assert tracker.update(after) == (list(after), [])
+    assert tracker.update(after) == ([], [])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING, Any
 
 from txnguard.proxy import hanging, logs
@@ -49,9 +50,15 @@ class HangingMonitor:
         self._log_problem: str | None = None  # the last reason the log could not confirm, logged once
 
     async def _transaction_log(self) -> hanging.LogRead:
-        """The follower's view, read to the log's end as of now (after this scan's DescribeProducers answered)."""
-        assert self.follower is not None
-        return await hanging.read_from_follower(self.follower, self.admin.timeout_s)
+        """The follower's view, read to the log's end as of now (after this scan's DescribeProducers answered). A
+        proxy just started waits for its follower's first read (bounded), so that its first scan does not report
+        unconfirmed what the log would confirm or clear."""
+        follower = self.follower
+        assert follower is not None
+        deadline = time.monotonic() + self.admin.timeout_s
+        while not (follower.caught_up_once or follower.denied) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return await hanging.read_from_follower(follower, self.admin.timeout_s)
 
     async def run(self) -> None:
         try:

@@ -34,8 +34,10 @@ EVIDENCE_APIS: tuple[Lack, ...] = (
          "with neither is refused as not added to the transaction (the error each client family aborts on), "
          "never held"),
     Lack(LIST_TRANSACTIONS, "ListTransactions", "the hanging-transaction scan's producer id -> transactional id map",
-         "DescribeProducers alone: an open transaction older than the maximum transaction timeout is reported "
-         "unconfirmed (no transactional id, no coordinator state)"),
+         "the coordinator's log (__transaction_state, read to its end: DESCRIBE and READ on it) for the "
+         "transactional id, state, partitions and timeout; where that may not be read, or does not hold the "
+         "producer id, DescribeProducers alone: an open transaction older than the maximum transaction timeout is "
+         "reported unconfirmed (no transactional id, no coordinator state)"),
     Lack(DESCRIBE_PRODUCERS, "DescribeProducers", "leader evidence and the hanging-transaction scan",
          "coordinator evidence only; the scan cannot run"),
 )

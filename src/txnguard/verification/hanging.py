@@ -461,9 +461,11 @@ class FindingTracker:
     current: dict[tuple[str, int, int, int, int], Finding] = field(default_factory=dict)
 
     def update(self, findings: Iterable[Finding]) -> tuple[list[Finding], list[Finding]]:
-        """(new since the last scan, gone since the last scan)."""
+        """(new since the last scan, gone since the last scan). A finding confirmed now that was unconfirmed before
+        (or the reverse) counts as new: on 2.8 a proxy's scan may find one before its log follower has read the log,
+        and the record that says a person must check it must not be the only one."""
         fresh = {f.key: f for f in findings}
-        new = [f for k, f in fresh.items() if k not in self.current]
+        new = [f for k, f in fresh.items() if k not in self.current or self.current[k].confirmed != f.confirmed]
         gone = [f for k, f in self.current.items() if k not in fresh]
         self.current = fresh
         return new, gone
