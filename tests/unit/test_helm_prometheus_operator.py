@@ -68,8 +68,26 @@ def test_the_service_monitor_validates_and_scrapes_the_admin_port_of_the_rendere
     assert selected and all("admin" in {p["name"] for p in s["spec"]["ports"]} for s in selected)
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["streaming"]}
     assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("admin", "/metrics")]
-    # TxnguardDown selects up{job=~".*txnguard.*"}: the operator names the job after the Service.
-    assert all("txnguard" in s["metadata"]["name"] for s in selected)
+    # TxnguardDown selects up{job=~".*txnguard.*"}: the job is set to the release's txnguard name.
+    [relabel] = monitor["spec"]["endpoints"][0]["relabelings"]
+    assert relabel["targetLabel"] == "job" and "txnguard" in relabel["replacement"]
+
+
+def test_shape_sidecar_container_scrapes_the_port_its_component_adds_to_your_service():
+    # The chart renders no Service of its own there: without the Service's labels it refuses to guess.
+    done = subprocess.run([str(HELM), "template", "kafka", str(CHART), "--set", "shape=sidecar-container",
+                           "--set", "prometheusOperator.serviceMonitor.enabled=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "prometheusOperator.serviceMonitor.selector" in done.stderr, done.stderr
+    docs = _render("sidecar-container", "--set", "prometheusOperator.serviceMonitor.enabled=true",
+                   "--set", "prometheusOperator.serviceMonitor.selector.app=kafka")
+    monitor = _one(docs, "ServiceMonitor")
+    assert _errors("ServiceMonitor", monitor) == []
+    assert monitor["spec"]["selector"] == {"matchLabels": {"app": "kafka"}}
+    component = _one(docs, "Component")
+    service_patch = next(p["patch"] for p in component["patches"] if p["target"]["kind"] == "Service")
+    port = monitor["spec"]["endpoints"][0]["port"]
+    assert f"name: {port}," in service_patch  # the port the component adds to the Service
 
 
 def test_the_prometheus_rule_validates_and_carries_the_shipped_alerts_with_full_runbook_links():
