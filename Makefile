@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup setup-run setup-steps debs run demo dist test test-unit test-integration lint fmt bench clean kcat jars jars-run spark-jars \
-	chromium docs container-tools image prometheus helm kube-schemas sarama kroxylicious
+	chromium docs container-tools image prometheus helm kustomize kube-schemas sarama kroxylicious
 
 # The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
 # second `make setup` does nothing. Debian's packages come in one apt step (one `apt-get update`, not four).
@@ -20,7 +20,7 @@ setup:
 # The light set up `make run` and `make demo` depend on: the venv and the Kafka jars, nothing from apt, Go or a
 # container engine (tests/unit/test_makefile.py checks it on `make -n -B run`).
 setup-run: $(STAMP) jars-run
-setup-steps: $(STAMP) jars debs spark-jars helm kube-schemas sarama kroxylicious
+setup-steps: $(STAMP) jars debs spark-jars helm kustomize kube-schemas sarama kroxylicious
 
 # The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
 $(STAMP): requirements.lock pyproject.toml
@@ -67,6 +67,7 @@ spark-jars: $(STAMP)
 # The operator's path (issue 12). Tools live outside the repository: Debian's packages, ~/.cache/txnguard.
 TOOLS := $(HOME)/.cache/txnguard
 HELM := $(TOOLS)/bin/helm
+KUSTOMIZE := $(TOOLS)/bin/kustomize
 KUBE_VALIDATE := $(TOOLS)/kubeval/bin/kubernetes-validate
 
 # The container image (cached by what it is built from; prints its reference). See deploy/container/.
@@ -77,6 +78,11 @@ image: container-tools
 helm: $(HELM)
 $(HELM):
 	GOBIN=$(TOOLS)/bin nice go install helm.sh/helm/v3/cmd/helm@v3.22.0
+
+# kustomize, built from the Go module proxy: the chart's sidecar-container component is merged with it in the tests.
+kustomize: $(KUSTOMIZE)
+$(KUSTOMIZE):
+	GOBIN=$(TOOLS)/bin nice go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
 
 # sarama-paced (tools/sarama-paced): IBM/sarama as one of the real clients, built from the Go module
 # proxy with the versions go.mod/go.sum pin; rebuilt only when its sources change.

@@ -1,17 +1,18 @@
 """shape: sidecar-container: txnguard added to a broker StatefulSet the operator already runs, not a cluster of its own.
 
     helm template --set shape=sidecar-container ─▶ a kustomize Component (kustomization.yaml: the StatefulSet and
-    Service patches) + configmap.yaml ─▶ kubectl kustomize over an existing broker StatefulSet and Service
+    Service patches) + configmap.yaml ─▶ kustomize build over an existing broker StatefulSet and Service
     (tests/data/helm-sidecar-container/kafka.yaml) ─▶ kubernetes-validate --strict on what comes out (Kubernetes
     1.32's OpenAPI schemas, offline) ─▶ the broker's pod as before plus the txnguard container, the Service plus
     the admin port, the txnguard.yaml loaded by txnguard's own config loader
 
-helm, kubectl (its built-in kustomize) and kubernetes-validate are tools `make setup` provides: missing, these
-tests fail, they are never skipped.
+helm, kustomize (both built from the Go module proxy) and kubernetes-validate are tools `make setup` provides
+(`make helm kustomize kube-schemas`): missing, these tests fail, they are never skipped.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,12 +27,13 @@ CHART = ROOT / "deploy" / "helm" / "txnguard"
 EXISTING = ROOT / "tests" / "data" / "helm-sidecar-container" / "kafka.yaml"
 TOOLS = Path.home() / ".cache" / "txnguard"
 HELM = TOOLS / "bin" / "helm"
+KUSTOMIZE = TOOLS / "bin" / "kustomize"
 KUBE_VALIDATE = TOOLS / "kubeval" / "bin" / "kubernetes-validate"
 KUBERNETES_VERSION = "1.32.0"
 
 
-def _run(*args: str | Path) -> str:
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120)
+def _run(*args: str | Path, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -51,9 +53,7 @@ def _merge(tmp_path: Path, *settings: str) -> list[dict[str, Any]]:
     (component / "configmap.yaml").write_text(_helm_template(*settings, show_only="templates/configmap.yaml"))
     shutil.copy(EXISTING, tmp_path / "kafka.yaml")
     (tmp_path / "kustomization.yaml").write_text("resources: [kafka.yaml]\ncomponents: [txnguard]\n")
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is missing (its built-in kustomize merges the component)"
-    merged = _run(kubectl, "kustomize", tmp_path)
+    merged = _run(KUSTOMIZE, "build", tmp_path)
     (tmp_path / "merged.yaml").write_text(merged)
     return [d for d in yaml.safe_load_all(merged) if d]
 
@@ -139,3 +139,29 @@ def test_helm_refuses_an_unknown_sidecar_container_setting():
     done = subprocess.run([str(HELM), "template", "kafka", str(CHART), "--set", "shape=sidecar-container",
                            "--set", "sidecarContainer.statefulset=kafka"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "statefulset" in done.stderr, done.stderr
+
+
+def test_the_post_renderer_adds_the_component_to_a_chart_that_installs_the_brokers(tmp_path):
+    # A Kafka chart of the operator's (here: the existing objects as its one template) rendered by Helm with
+    # deploy/kustomize/txnguard-post-render.sh: what `helm upgrade --install ... --post-renderer` would apply.
+    chart = tmp_path / "kafka-chart"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: kafka\nversion: 0.1.0\n")
+    shutil.copy(EXISTING, chart / "templates" / "kafka.yaml")
+    component = tmp_path / "txnguard"
+    component.mkdir()
+    (component / "kustomization.yaml").write_text(_helm_template(show_only="templates/sidecar-container.yaml"))
+    (component / "configmap.yaml").write_text(_helm_template(show_only="templates/configmap.yaml"))
+
+    out = _run(HELM, "template", "kafka", chart, "--namespace", "streaming",
+               "--post-renderer", ROOT / "deploy" / "kustomize" / "txnguard-post-render.sh",
+               "--post-renderer-args", component,
+               env={**os.environ, "PATH": f"{KUSTOMIZE.parent}:{os.environ['PATH']}"})  # the script's kustomize
+
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Service", "StatefulSet"]
+    pod = _one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["txnguard", "kafka"]
+    (tmp_path / "post-rendered.yaml").write_text(out)
+    validated = _run(KUBE_VALIDATE, "--strict", "-k", KUBERNETES_VERSION, tmp_path / "post-rendered.yaml")
+    assert validated.count(" passed for resource ") == 3 and "ERROR" not in validated, validated
