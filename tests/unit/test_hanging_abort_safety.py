@@ -43,8 +43,7 @@ from txnguard.verification.transaction_log import TransactionLogView
 MIN = 60_000
 HOUR = 60 * MIN
 TOPIC = "t"
-WRITE_TXN_MARKERS = 27
-DESCRIBE_CONFIGS = 32
+WRITE_TXN_MARKERS, DESCRIBE_CONFIGS = ApiKey.WRITE_TXN_MARKERS, ApiKey.DESCRIBE_CONFIGS
 # What the one-shot read of __transaction_state gives a principal without DESCRIBE on it.
 DENIED = hanging.LogRead({}, "the principal may not DESCRIBE or READ __transaction_state (TOPIC_AUTHORIZATION_FAILED)")
 

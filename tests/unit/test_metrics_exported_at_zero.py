@@ -28,7 +28,7 @@ def test_every_verification_failure_reason_is_scraped_at_zero_before_any_rejecti
 
 def test_every_right_the_proxy_can_lack_is_scraped_at_zero_and_names_what_a_refusal_names():
     refused = scraped(ProxyMetrics(), "txnguard_verification_authorization_failures_total")
-    assert set(refused.values()) == {0.0} and len(refused) == len(known_rights()) == 6
+    assert set(refused.values()) == {0.0} and len(refused) == len(known_rights()) == 8
     # The series a real refusal increments is one of them (not a new series born at 1).
     missing = missing_acl("describe_transactions", 53, "txn-1")  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert missing is not None

@@ -20,7 +20,9 @@ class ApiKey(enum.IntEnum):
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
+    WRITE_TXN_MARKERS = 27       # the hanging-transaction abort
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_CONFIGS = 32        # the hanging scan's transaction.max.timeout.ms
     SASL_AUTHENTICATE = 36
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61      # the verifier's leader evidence and the hanging-transaction scan
