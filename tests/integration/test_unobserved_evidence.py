@@ -177,19 +177,23 @@ def test_a_gateway_restarted_mid_transaction_lets_a_long_transaction_add_write_a
     assert len(reader.consume_committed(long_cluster.bootstrap_servers, j_topic)) == JAVA_RECORDS
 
 
+@pytest.mark.parametrize("log", [True, False], ids=["following-the-log", "asking-the-coordinator"])
 def test_a_second_gateway_passes_the_write_inside_the_transaction_and_refuses_the_write_after_its_commit(
-    cluster: Cluster, start_proxy: Any, tmp_path: Path, unique_name: Any,
+    cluster: Cluster, start_proxy: Any, tmp_path: Path, unique_name: Any, log: bool,
 ) -> None:
     """    client ─InitProducerId, AddPartitions p0─▶ gateway A
            client ─Produce p0 "inside"─▶ gateway B ─DescribeTransactions─▶ Ongoing {p0}: forwarded
            client ─EndTxn(commit)─▶ gateway A             … the commit marker is written …
            client ─Produce p0 "late" (same epoch, no add)─▶ gateway B ─asked again─▶ CompleteCommit: INVALID_TXN_STATE
-    no partition hangs: the last stable offset reaches the high watermark, and only "inside" is committed."""
+    no partition hangs: the last stable offset reaches the high watermark, and only "inside" is committed.
+    Gateway B decides both from the coordinator's log it follows; without the log, by asking the coordinator
+    each time (an answer it was given is no evidence for the next write)."""
     topic = fresh_topic(cluster, unique_name("replicas"))
     audit_b = tmp_path / "b.jsonl"
-    gateway_a: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway")
+    gateway_a: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway",
+                                         verification={"transaction_log": log})
     gateway_b: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway",
-                                         audit={"path": str(audit_b)})
+                                         audit={"path": str(audit_b)}, verification={"transaction_log": log})
     txn_id = unique_name("tid")
     through_a = TxnActor(gateway_a.bootstrap, txn_id)
     through_a.init()
@@ -209,5 +213,8 @@ def test_a_second_gateway_passes_the_write_inside_the_transaction_and_refuses_th
     assert watermarks == {0: 2}  # "inside" and the commit marker: "late" never reached the log
     assert clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, topic) == [b"inside"]
     judged = [(r["outcome"], r["evidence"]) for r in _audit(audit_b)]
-    assert judged[0] == ("pass", "coordinator") or judged[0] == ("pass", "leader"), judged
-    assert judged[-1][0] != "pass", judged
+    if log:
+        assert judged == [("pass", "log"), ("late_write", "log")], judged
+    else:
+        assert judged[0] in {("pass", "coordinator"), ("pass", "leader")}, judged
+        assert judged[-1] == ("late_write", "coordinator"), judged
