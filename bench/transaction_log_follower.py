@@ -6,6 +6,10 @@ Run: `.venv/bin/python bench/transaction_log_follower.py [--ids 100000] [--kafka
   AddPartitionsToTxn's Ongoing with two partitions, the EndTxn's PrepareCommit and CompleteCommit), as the
   coordinator writes them (txnguard.testing.transaction_log); prints the records read per second and the
   view's memory (tracemalloc, after the records are gone) per id;
+* `--race N`: a 1-node Kafka 3.5.2 and a gateway following its log; N transactions ended directly at the
+  broker (EndTxn answered), and for each the time until the follower's view shows it ended (PrepareCommit
+  or later): the window in which a late write would still pass on the log. Beside it, one DescribeTransactions
+  round trip to the same broker (what the coordinator's answer costs, and its own answer-to-append window);
 * `--kafka`: a 1-node Kafka 3.5.2, `--ids` InitProducerId requests (each one record in __transaction_state),
   then a gateway started on it: the time from its start to /readyz 200 (the follower read the log once) and
   the ids it holds.
@@ -113,12 +117,63 @@ def with_kafka(ids: int) -> None:
         cluster.down()
 
 
+def race(transactions: int) -> None:
+    from txnguard.testing.fixtures import fresh_topic
+    from txnguard.testing.raw import RawClient, coordinator_for
+    from txnguard.testing.scenarios import TxnActor
+
+    tmp = Path(tempfile.mkdtemp(prefix="txnguard-racebench-"))
+    cluster = kafka.up("3.5.2", 1, tmp / "kafka")
+    proxy = ProxyThread.from_settings(mode="gateway", upstream=cluster.bootstrap_servers, log_level="warning").start()
+    try:
+        follower = proxy.proxy.guard.follower if proxy.proxy else None
+        assert follower is not None
+        topic = fresh_topic(cluster, "race")
+        lags: list[float] = []
+        round_trips: list[float] = []
+        for i in range(transactions):
+            actor = TxnActor(cluster.bootstrap_servers, f"race-{i}")
+            actor.init()
+            actor.add_partitions(topic, 0)
+            actor.produce(topic, 0, [b"x"])
+            assert actor.end(commit=True) == 0
+            answered = time.perf_counter()
+            while True:
+                desc = follower.view.describe(actor.transactional_id)
+                if desc is not None and desc.state != "Ongoing":
+                    break
+                time.sleep(0.0002)
+            lags.append((time.perf_counter() - answered) * 1000)
+            _, host, port = coordinator_for(cluster.bootstrap_servers, actor.transactional_id, key_type=1)
+            with RawClient(host, port) as c:
+                started = time.perf_counter()
+                c.describe_transactions(actor.transactional_id)
+                round_trips.append((time.perf_counter() - started) * 1000)
+        lags.sort()
+        round_trips.sort()
+
+        def q(v: list[float], x: float) -> float:
+            return v[min(len(v) - 1, int(x * len(v)))]
+
+        print(f"race: {transactions} transactions; EndTxn answered -> the follower's view shows it ended: "
+              f"p50 {q(lags, 0.5):.2f} ms, p99 {q(lags, 0.99):.2f} ms, max {lags[-1]:.2f} ms; one DescribeTransactions "
+              f"round trip: p50 {q(round_trips, 0.5):.2f} ms, p99 {q(round_trips, 0.99):.2f} ms")
+    finally:
+        proxy.stop()
+        cluster.down()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ids", type=int, default=100_000)
     parser.add_argument("--kafka", action="store_true", help="also catch up from a real Kafka 3.5.2")
+    parser.add_argument("--race", type=int, default=0, help="measure the follower's lag over this many transactions")
+    parser.add_argument("--no-pure", action="store_true")
     args = parser.parse_args()
-    pure(args.ids)
+    if args.race:
+        race(args.race)
+    if not args.no_pure:
+        pure(args.ids)
     if args.kafka:
         with_kafka(args.ids)
 
