@@ -17,8 +17,10 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations" / "metrics.md
 
 
 def exported_families() -> set[str]:
-    """Each family by the name a scrape shows: counters with their `_total`."""
-    return {f"{f.name}_total" if f.type == "counter" else f.name for f in ProxyMetrics().registry.collect()}
+    """Each of txnguard's own families by the name a scrape shows: counters with their `_total` (the standard
+    process_* families of prometheus_client's ProcessCollector are named once on the page, not listed)."""
+    return {f"{f.name}_total" if f.type == "counter" else f.name for f in ProxyMetrics().registry.collect()
+            if f.name.startswith("txnguard_")}
 
 
 def documented_families() -> set[str]:
@@ -47,3 +49,9 @@ def test_the_follower_families_come_from_the_same_registry():
     assert {"txnguard_transaction_log_lag_records", "txnguard_transaction_log_lag_seconds",
             "txnguard_transaction_log_transactional_ids",
             "txnguard_transaction_log_records_total"} <= exported_families()
+
+
+def test_the_process_families_sizing_watches_are_exported_and_named_on_the_page():
+    names = {f.name for f in ProxyMetrics().registry.collect()}
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds"} <= names
+    assert "process_cpu_seconds_total" in PAGE.read_text()

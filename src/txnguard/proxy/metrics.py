@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -46,6 +46,8 @@ class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds...: what sizing watches.
+        ProcessCollector(registry=r)
         self.before_collect = BeforeCollect()  # the first collector: it runs before every other one
         r.register(self.before_collect)
         self.connections_active = Gauge(
