@@ -380,18 +380,43 @@ def test_sidecars_carry_each_client_family_exactly_on_2_8(cluster3: Cluster, sid
     assert unexpected_api_key_lines(cluster3) == 0
 
 
-def test_sidecars_carry_the_java_2_8_copier_exactly_on_2_8(cluster3: Cluster, sidecars, unique_name) -> None:
+@pytest.mark.parametrize("java_version", ["2.8.2", "3.5.2"])
+def test_sidecars_carry_the_java_copier_exactly_on_2_8_and_kcat_reads_it_back_through_them(
+        cluster3: Cluster, sidecars, unique_name, java_version: str) -> None:
+    """Kafka's own TransactionalMessageCopier (offsets in the transaction) through 2.8 sidecars, then kcat reads
+    the output read_committed through the same sidecars."""
     source, sink = fresh_topic(cluster3, unique_name("src")), fresh_topic(cluster3, unique_name("sink"))
     values = [f"java-{i}".encode() for i in range(300)]
     clients.PYTHON_CLIENTS["confluent-kafka"].produce(cluster3.bootstrap_servers, source, values, partition=0)
     result = clients.java_transactional_copier(cluster3.sidecar_bootstrap, source, sink, unique_name("tid"),
-                                               unique_name("group"), max_messages=len(values), java_version="2.8.2",
-                                               transaction_size=50, timeout_s=120)
+                                               unique_name("group"), max_messages=len(values),
+                                               java_version=java_version, transaction_size=50, timeout_s=120)
     assert (result.total_processed, result.remaining) == (len(values), 0)
-    out = clients.PYTHON_CLIENTS["confluent-kafka"].consume_committed(cluster3.bootstrap_servers, sink)
+    clients.stable_end_offsets(cluster3.bootstrap_servers, sink)
+    out = clients.Kcat().consume_committed(cluster3.sidecar_bootstrap, sink)
     refused = sum(p.metric("txnguard_verification_failures_total", {"reason": r}) for p in sidecars.values()
                   for r in ("not_in_transaction", "late_write"))
-    print(f"java 2.8.2 copier through 2.8 sidecars: copied {len(out)} of {len(values)}, duplicates "
-          f"{len(out) - len(set(out))}, refusals {refused:.0f}")
+    print(f"java {java_version} copier through 2.8 sidecars: copied {len(out)} of {len(values)} (read by kcat "
+          f"through the sidecars), duplicates {len(out) - len(set(out))}, refusals {refused:.0f}")
     assert sorted(out) == sorted(values) and refused == 0
+    assert unexpected_api_key_lines(cluster3) == 0
+
+
+def test_sidecars_carry_sarama_paced_transactions_exactly_on_2_8(cluster3: Cluster, sidecars, unique_name) -> None:
+    """IBM Sarama (Go), one Produce per record: every write through the leader's sidecar, which never sees
+    AddPartitionsToTxn, passes on the coordinator's log."""
+    topic = fresh_topic(cluster3, unique_name("sarama"), replication_factor=3)
+    txn_id = unique_name("tid")
+    result = clients.paced_transactions("sarama", cluster3.sidecar_bootstrap, topic, txn_id, transactions=3,
+                                        per_transaction=10, timeout_s=90)
+    expected = [v for t in range(3) for v in clients.paced_values(txn_id, t, 10)]
+    assert (result.aborted, result.errors) == (0, [])
+    assert result.committed == expected
+    clients.stable_end_offsets(cluster3.bootstrap_servers, topic)
+    assert clients.ConfluentKafkaClient().consume_committed(cluster3.bootstrap_servers, topic) == expected
+    leader = sidecars[cluster3.leader(topic, 0)]
+    assert leader.metric("txnguard_verifications_total", {"evidence": "log", "outcome": "pass",
+                                                          "decision": "forwarded"}) >= 3
+    assert sum(p.metric("txnguard_verification_failures_total", {"reason": r}) for p in sidecars.values()
+               for r in ("not_in_transaction", "late_write")) == 0
     assert unexpected_api_key_lines(cluster3) == 0
