@@ -218,3 +218,44 @@ def test_a_second_gateway_passes_the_write_inside_the_transaction_and_refuses_th
     else:
         assert judged[0] in {("pass", "coordinator"), ("pass", "leader")}, judged
         assert judged[-1] == ("late_write", "coordinator"), judged
+
+
+@pytest.mark.parametrize(("version", "zookeeper"), [("3.5.2", False), ("2.8.2", True)])
+def test_a_client_spread_over_two_gateways_without_affinity_commits_and_its_late_writes_are_refused(
+    kafka_pool: ClusterPool, start_proxy: Any, unique_name: Any, version: str, zookeeper: bool,
+) -> None:
+    """Gateway replicas without ClientIP affinity, as the chart renders them (evidence_ttl_ms 0: no replica reuses
+    what it saw; each follows the coordinator's log):
+
+        txn 1: ─Init, AddPartitions p0─▶ A    ─Produce "1"─▶ B ✓ (log)    ─EndTxn(commit)─▶ B
+        txn 2: ─AddPartitions p0─▶ A          ─Produce "2"─▶ B ✓ (B forwarded txn 1's EndTxn: not a late write)
+                                              ─Produce "3"─▶ A ✓           ─EndTxn(commit)─▶ A
+        late:  ─Produce p0─▶ A ✗ and ─▶ B ✗ (A saw txn 2's adds and its EndTxn; B saw txn 1's: neither decides alone)
+    exactly "1", "2", "3" committed; nothing hangs (on 2.8.2 too: no DescribeTransactions, the log decides)."""
+    cluster = kafka_pool.get(version, 1, zookeeper=zookeeper)
+    topic = fresh_topic(cluster, unique_name("spread"))
+    spread = {"evidence_ttl_ms": 0}
+    a: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", verification=spread)
+    b: ProxyThread = start_proxy(upstream=cluster.bootstrap_servers, mode="gateway", verification=spread)
+    txn_id = unique_name("tid")
+    via_a = TxnActor(a.bootstrap, txn_id)
+    via_a.init()
+    via_b = TxnActor(b.bootstrap, txn_id, producer=via_a.producer, sequences=via_a.sequences)
+
+    assert via_a.add_partitions(topic, 0) == {0: 0}
+    assert via_b.produce(topic, 0, [b"1"]).error_code == ErrorCode.none
+    assert via_b.end(commit=True) == ErrorCode.none
+    clients.stable_end_offsets(cluster.bootstrap_servers, topic)
+    assert via_a.add_partitions(topic, 0) == {0: 0}
+    assert via_b.produce(topic, 0, [b"2"]).error_code == ErrorCode.none
+    assert via_a.produce(topic, 0, [b"3"]).error_code == ErrorCode.none
+    assert via_a.end(commit=True) == ErrorCode.none
+    clients.stable_end_offsets(cluster.bootstrap_servers, topic)
+    late = [via_a.produce(topic, 0, [b"late-a"]), via_b.produce(topic, 0, [b"late-b"])]
+
+    assert [r.error_code for r in late] == [ErrorCode.invalid_txn_state] * 2, late
+    assert clients.stable_end_offsets(cluster.bootstrap_servers, topic) == {0: 5}  # 3 records, 2 markers
+    assert clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, topic) == [b"1", b"2", b"3"]
+    for replica in (a, b):
+        assert replica.metric("txnguard_verifications_total",
+                              {"evidence": "log", "outcome": "late_write", "decision": "rejected"}) == 1

@@ -126,14 +126,28 @@ def test_the_schema_check_refuses_what_kubernetes_would(tmp_path):
     assert done.returncode != 0 and "'sessionAfinity' was unexpected" in done.stdout + done.stderr
 
 
-def test_several_gateway_replicas_without_client_affinity_are_refused_unless_evidence_expires():
-    # Without ClientIP affinity an EndTxn can go through another replica: this one's "ongoing" goes stale.
+def _rendered_config(*settings: str) -> dict:
+    out = _run(HELM, "template", "kafka", CHART, *settings)
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap" and "txnguard.yaml" in d["data"])
+    return yaml.safe_load(config_map["data"]["txnguard.yaml"])
+
+
+def test_several_gateway_replicas_without_client_affinity_reuse_nothing_they_saw():
+    """Without ClientIP affinity an EndTxn can go through another replica: this one's "ongoing" goes stale. The
+    chart then renders evidence_ttl_ms 0 (every write checked against the coordinator's log, in memory); without
+    the log it refuses, unless the operator sets the bound himself."""
     no_affinity = ("--set", "gateway.service.sessionAffinity=None")
-    refused = subprocess.run([str(HELM), "template", "kafka", str(CHART), *no_affinity], capture_output=True,
-                             text=True, timeout=120)
+    assert _rendered_config(*no_affinity)["verification"]["evidence_ttl_ms"] == 0
+    assert "evidence_ttl_ms" not in _rendered_config().get("verification", {})  # affinity (the default): kept
+    assert _rendered_config(*no_affinity, "--set", "config.verification.evidence_ttl_ms=250")[
+        "verification"]["evidence_ttl_ms"] == 250
+    without_log = ("--set", "config.verification.transaction_log=false")
+    refused = subprocess.run([str(HELM), "template", "kafka", str(CHART), *no_affinity, *without_log],
+                             capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "sessionAffinity=ClientIP" in refused.stderr, refused.stderr
     for fix in ("config.verification.evidence_ttl_ms=0", "gateway.replicas=1"):
-        _run(HELM, "template", "kafka", CHART, *no_affinity, "--set", fix)
+        _run(HELM, "template", "kafka", CHART, *no_affinity, *without_log, "--set", fix)
 
 
 @pytest.mark.parametrize("shape", ["gateway", "sidecar"])

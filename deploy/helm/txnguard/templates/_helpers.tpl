@@ -40,6 +40,12 @@ checksum/config: {{ include "txnguard.config" . | sha256sum }}
 {{- $shape = dict "mode" "sidecar" "listen" (printf "0.0.0.0:%d" (int .Values.sidecar.clientPort)) "upstream" (list (printf "127.0.0.1:%d" (int .Values.sidecar.brokerLocalPort))) -}}
 {{- end -}}
 {{- $_ := set $shape "admin" (printf "0.0.0.0:%d" (int .Values.adminPort)) -}}
+{{- if and (eq .Values.shape "gateway") (include "txnguard.spreadReplicas" .) (kindIs "invalid" (dig "verification" "evidence_ttl_ms" nil .Values.config)) -}}
+{{- /* Replicas without ClientIP affinity: a client's EndTxn may go through another replica, so no replica reuses
+       what it saw (evidence_ttl_ms 0); every transactional write is checked against the coordinator's log the
+       replica follows, in memory (gateway.yaml refuses this without the log). */ -}}
+{{- $_ := set $shape "verification" (dict "evidence_ttl_ms" 0) -}}
+{{- end -}}
 {{- toYaml (mergeOverwrite (deepCopy .Values.config) $shape) -}}
 {{- end -}}
 
@@ -93,4 +99,9 @@ checksum/config: {{ include "txnguard.config" . | sha256sum }}
   configMap: {name: {{ include "txnguard.fullname" . }}}
 - name: txnguard-audit
   emptyDir: {}
+{{- end -}}
+
+{{/* "true" when a gateway runs several replicas without ClientIP affinity, else "". */}}
+{{- define "txnguard.spreadReplicas" -}}
+{{- if and (gt (int .Values.gateway.replicas) 1) (ne .Values.gateway.service.sessionAffinity "ClientIP") -}}true{{- end -}}
 {{- end -}}
