@@ -81,7 +81,7 @@ class _Proxy:
     def _samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for m in self.metrics.registry.collect() for s in m.samples
-                if not s.name.endswith(("_created", "_bucket", "_sum"))}
+                if not s.name.endswith(("_created", "_bucket", "_sum")) and not s.name.startswith("process_")}
 
     def record(self, decision: Decision) -> tuple[list[tuple[str, str | None]], list[Any], list[dict[str, Any]]]:
         """(log lines, metric samples that moved, audit records) of recording one decision."""

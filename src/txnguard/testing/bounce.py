@@ -33,6 +33,7 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import random
 import signal
 import socket
 import time
@@ -60,8 +61,28 @@ RETRIABLE = "coordinator_unavailable"
 KAFKA_EVIDENCE = frozenset({"coordinator", "cache", "leader", "request", "log"})
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on, for a listener opened later (maybe twice: a proxy restarted on it),
+    chosen below the kernel's ephemeral range. Outbound connections (clients', every proxy's own to its brokers)
+    take their local ports from that range, and one once took a port chosen there before the gateway bound it:
+    "Address already in use", a broker listener missing, the copier through it stalled."""
+    low = _ephemeral_low()
+    for _ in range(500):
+        port = random.randint(10_000, low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every try taken: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
