@@ -141,10 +141,12 @@ class Gateway(FakeCluster):
         return 0.0 if value is None else value
 
     def samples(self) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
-        """Every sample, but those of the real clock: the session times its pauses with time.monotonic."""
+        """Every sample, but those of the real clock: the session times its pauses with time.monotonic, and the
+        process_* families are this test process's own CPU and memory."""
         return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
                       for metric in self.metrics.registry.collect() for s in metric.samples
-                      if not s.name.endswith("_created") and s.name != "txnguard_backpressure_paused_seconds_total")
+                      if not s.name.endswith("_created") and s.name != "txnguard_backpressure_paused_seconds_total"
+                      and not s.name.startswith("process_"))
 
 
 @pytest.fixture(autouse=True)
