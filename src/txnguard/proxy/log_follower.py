@@ -45,6 +45,7 @@ from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnections, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.verification.access import missing_acl
 from txnguard.verification.outcomes import Verdict
 from txnguard.verification.transaction_log import Applied, TransactionLogView
@@ -93,6 +94,7 @@ class LogFollower:
         self._metadata_stale = asyncio.Event()
         self._loops: dict[HostPort, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         # `log`: another logger (`txnguard hanging` reads the log once and says what went wrong in its own words).
         self.log = log if log is not None else logs.get(component="log_follower")
         self._register_metrics()
@@ -105,16 +107,13 @@ class LogFollower:
     async def close(self) -> None:
         tasks = [t for t in (self._task, *self._loops.values(), *self._sync_current.values(),
                              *self._sync_next.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        self._closed = True  # a loop that lost its cancellation (tasks.py) ends at its next turn
+        await cancel_and_wait(tasks, self.log)
         self._polls.close()
         self._syncs.close()
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 await self._refresh_metadata()
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
@@ -197,7 +196,7 @@ class LogFollower:
     async def _follow(self, address: HostPort) -> None:
         """Long-poll the partitions `address` leads, while it leads any."""
         backoff = 0.1
-        while True:
+        while not self._closed:
             partitions = sorted(p for p, a in self.leaders.items() if a == address)
             if not partitions:
                 return

@@ -11,6 +11,7 @@ from txnguard.proxy import config, logs
 from txnguard.proxy.admin import AdminServer
 from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.server import Proxy
+from txnguard.proxy.tasks import cancel_and_wait
 
 
 def _reload(proxy: Proxy, path: str | None) -> None:
@@ -54,6 +55,9 @@ async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = N
     await proxy.drain_and_stop()
     if admin is not None:
         await admin.stop()
+    # Whatever is left (a connection's reader, a shielded connect): asyncio.run would cancel it once and wait for
+    # it without a bound; a task that lost that cancellation would hold the process (see tasks.py).
+    await cancel_and_wait(asyncio.all_tasks() - {asyncio.current_task()}, proxy.log)
 
 
 def run(cfg: ProxyConfig, config_path: str | None = None, log_render: str = "json") -> None:

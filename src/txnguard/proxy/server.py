@@ -35,6 +35,7 @@ from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.kafka_client import BrokerConnection, UpstreamAuthError, UpstreamError
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.session import ClientProtocol, Session
+from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.proxy.tls import server_ssl_context, upstream_ssl_context
 from txnguard.verification.access import missing_acl
 from txnguard.verification.capabilities import LACKS_API, UNREAD
@@ -150,12 +151,7 @@ class Proxy:
             self._close_listener(listener)
         for s in list(self.sessions):
             s.close("proxy_stopped", "proxy stopped")
-        tasks = [*self._tasks, *self._api_version_reads.values()]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([*self._tasks, *self._api_version_reads.values()], self.log)
         self._tasks.clear()
         await self.guard.close()
         await audit_sink.detach(self.audit_publisher, self.config)  # bounded: audit.flush_timeout_s
