@@ -1,9 +1,10 @@
 # txnguard: `make run` starts a local real Kafka with the proxy in front; `make test` runs everything.
 # What each target needs from the machine (the README's "Two commands" says the same):
-# - run, demo (setup-run): Python 3.11 with venv, Java 17, Maven; PyPI and Maven Central reachable once.
+# - run, demo (setup-run): Python 3.11 with venv, Java 17, Maven, Rust's cargo (the native data path is built
+#   by maturin); PyPI, crates.io and Maven Central reachable once.
 # - test, setup: all of that, plus Go, a JDK with javac, root or sudo with apt (kcat, Chromium, Prometheus,
 #   podman, buildah, mmdebstrap), the Go module proxy; `make test` installs these itself.
-# - dist: Python with venv; PyPI reachable (build's isolated environment gets setuptools from it).
+# - dist: Python with venv and cargo; PyPI and crates.io reachable (build's isolated environment gets maturin).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -22,8 +23,9 @@ setup:
 setup-run: $(STAMP) jars-run
 setup-steps: $(STAMP) jars debs spark-jars helm kustomize kube-schemas sarama kroxylicious
 
-# The lock pins every Python package (kio exactly); the editable install adds txnguard itself.
-$(STAMP): requirements.lock pyproject.toml
+# The lock pins every Python package (kio exactly); the editable install adds txnguard itself, its native data
+# path (native/) built by maturin into src/txnguard/_native.abi3.so (a change there rebuilds it).
+$(STAMP): requirements.lock pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .

@@ -1,5 +1,5 @@
 """What do the in-place readers of the transactional path cost per call, warm? `scan_transactional` (the relay's
-fast path for a transactional Produce) and `read_txn_request` / `read_txn_response` (the transaction life cycle),
+fast path for a transactional Produce; in this tree the native reader, before it a Python one) and `read_txn_request` / `read_txn_response` (the transaction life cycle),
 on real frames built with kio, this tree's readers beside another revision's.
 
 Run: `.venv/bin/python bench/scan_cost.py [--before main] [--number 20000] [--repeat 7]`
@@ -34,7 +34,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
-from txnguard.codecs import lifecycle_scan, produce_scan, schemas
+from txnguard.codecs import lifecycle_scan, native, schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.header import peek_request, request_body_offset
 from txnguard.testing.raw import build_batch
@@ -112,6 +112,11 @@ def response(key: int, version: int, partitions: int = 1, topics: int = 1, error
     else:
         body = cls(throttle_time=throttle, error_code=error)
     return schemas.encode(schemas.response_header_for(key, version, 17), body)[4:]
+
+
+def _native_scan(body: memoryview, flexible: bool) -> Any:
+    """The native reader (native/src/produce.rs) as the old Python one was called: the whole body."""
+    return native.scan_transactional(body, 0, len(body), flexible)
 
 
 def cases() -> list[tuple[str, str, Any]]:
@@ -263,7 +268,7 @@ def main() -> None:
         old_lifecycle = _old(args.before, "lifecycle_scan", Path(tmp))
         before |= {"read_txn_request": old_lifecycle.read_txn_request,
                    "read_txn_response": old_lifecycle.read_txn_response}
-    after = {"scan_transactional": produce_scan.scan_transactional,
+    after = {"scan_transactional": _native_scan,
              "read_txn_request": lifecycle_scan.read_txn_request,
              "read_txn_response": lifecycle_scan.read_txn_response}
     if args.counted:

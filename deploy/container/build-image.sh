@@ -31,7 +31,8 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
 fi
 
 image_key=$( { cat Containerfile deploy/container/build-image.sh requirements.lock pyproject.toml README.md;
-               find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort | xargs cat; } \
+               find src native -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -name '*.so' \
+                 -not -path 'native/target/*' | LC_ALL=C sort | xargs cat; } \
              | sha256sum | cut -c1-12)
 IMAGE=localhost/txnguard:$image_key
 VERSION=$(python3 -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")
@@ -46,9 +47,10 @@ if ! "${PODMAN[@]}" image exists "$IMAGE"; then
     > "$context/runtime.txt"
   PIP=${PIP:-.venv/bin/pip}
   "$PIP" download --quiet --only-binary=:all: -d "$context/wheels" -c requirements.lock -r "$context/runtime.txt" >&2
-  # The wheel is built from a copy, so setuptools' build/ and egg-info never land in the working tree.
-  mkdir "$context/tree" && tar -c --exclude=__pycache__ --exclude='*.egg-info' pyproject.toml README.md src \
-    | tar -x -C "$context/tree"
+  # The wheel is built from a copy (maturin: the Python sources and the native data path's crate; its
+  # target/ and any editable install's extension left out), so no build output lands in the working tree.
+  mkdir "$context/tree" && tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=target --exclude='*.so' \
+    pyproject.toml README.md src native | tar -x -C "$context/tree"
   "$PIP" wheel --quiet --no-deps -w "$context/wheels" "$context/tree" >&2
   nice "${PODMAN[@]}" build --quiet --isolation=chroot --network=host --build-arg "BASE=$BASE" \
     --build-arg "VERSION=$VERSION" -t "$IMAGE" -t "localhost/txnguard:$VERSION" -t localhost/txnguard:latest \

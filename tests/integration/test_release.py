@@ -1,6 +1,7 @@
 """The release as an operator installs it: `make dist`'s wheel in a fresh virtual environment, outside the checkout.
 
-    make dist DIST=tmp ─▶ txnguard-V.tar.gz, txnguard-V-py3-none-any.whl (V: pyproject.toml's version)
+    make dist DIST=tmp ─▶ txnguard-V.tar.gz, txnguard-V-cp311-abi3-linux_<arch>.whl (V: pyproject.toml's version;
+        one wheel for CPython 3.11+, the native data path built in)
     python -m venv tmp/venv; pip install -c requirements.lock txnguard-V.whl   (the runtime dependencies only)
         txnguard --version                       ─▶ "txnguard V"
         txnguard config-schema                   ─▶ the JSON Schema, as the checkout prints it
@@ -16,6 +17,7 @@ be the installed one. pip reads PyPI (through its cache): it has no offline mode
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+WHEEL = f"txnguard-{VERSION}-cp311-abi3-linux_{platform.machine()}.whl"
 SHIPPED_CONFIGS = sorted(p for p in (ROOT / "deploy").rglob("*.yaml") if "helm" not in p.parts)
 
 
@@ -58,13 +61,14 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_make_dist_builds_an_sdist_and_a_wheel_of_this_version(dist: Path) -> None:
-    assert sorted(p.name for p in dist.iterdir()) == [f"txnguard-{VERSION}-py3-none-any.whl",
-                                                      f"txnguard-{VERSION}.tar.gz"]
+    assert sorted(p.name for p in dist.iterdir()) == [WHEEL, f"txnguard-{VERSION}.tar.gz"]
     with tarfile.open(dist / f"txnguard-{VERSION}.tar.gz") as sdist:
         names = sdist.getnames()
     assert {f"txnguard-{VERSION}/pyproject.toml", f"txnguard-{VERSION}/README.md",
-            f"txnguard-{VERSION}/src/txnguard/cli.py"} <= set(names)
-    with zipfile.ZipFile(dist / f"txnguard-{VERSION}-py3-none-any.whl") as wheel:
+            f"txnguard-{VERSION}/src/txnguard/cli.py", f"txnguard-{VERSION}/native/src/produce.rs",
+            f"txnguard-{VERSION}/native/Cargo.lock"} <= set(names)  # the sdist builds the native path too
+    with zipfile.ZipFile(dist / WHEEL) as wheel:
+        assert "txnguard/_native.abi3.so" in wheel.namelist()
         entry_points = wheel.read(f"txnguard-{VERSION}.dist-info/entry_points.txt").decode()
         metadata = wheel.read(f"txnguard-{VERSION}.dist-info/METADATA").decode()
     assert "txnguard = txnguard.cli:main" in entry_points
@@ -73,7 +77,7 @@ def test_make_dist_builds_an_sdist_and_a_wheel_of_this_version(dist: Path) -> No
 
 
 def test_the_wheel_installed_in_a_fresh_venv_runs_its_commands_and_the_demo(dist: Path, tmp_path: Path) -> None:
-    wheel = dist / f"txnguard-{VERSION}-py3-none-any.whl"
+    wheel = dist / WHEEL
     venv = tmp_path / "venv"
     assert _run([sys.executable, "-m", "venv", str(venv)], tmp_path, 120).returncode == 0
     pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
@@ -84,6 +88,9 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_its_commands_and_the_demo(dist
 
     where = _run([str(venv / "bin" / "python"), "-c", "import txnguard; print(txnguard.__file__)"], tmp_path, 60)
     assert where.stdout.startswith(str(venv)), where.stdout  # the installed package, not the checkout's
+    fast = _run([str(venv / "bin" / "python"), "-c", "from txnguard.codecs import native; print(native.AVAILABLE)"],
+                tmp_path, 60)
+    assert fast.stdout.strip() == "True", fast.stderr  # the wheel's native data path loads where it is installed
 
     version = _run([txnguard, "--version"], tmp_path, 60)
     assert (version.returncode, version.stdout) == (0, f"txnguard {VERSION}\n")

@@ -1,7 +1,8 @@
-"""The relay's in-place reader of a transactional Produce (`scan_transactional`) never takes what the general
-path would judge otherwise: whenever it answers, the general path's scan (`scan_produce`, then the plan) reads
-the same transactional id, producer id and epoch, the same partitions in the same order, every one of them
-with readable, transactional batches of that producer. Frames are built with kio and then mutated."""
+"""The relay's in-place reader of a transactional Produce (the native one: `native.scan_transactional`,
+native/src/produce.rs) never takes what the general path would judge otherwise: whenever it answers, kio
+decodes the frame to the same transactional id, acks, partitions in the same order and records, and the general
+path's scan (`scan_produce`, then the plan) finds every partition's batches readable, transactional and of that
+producer. Frames are built with kio and then mutated."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kio.serial import entity_reader
 
-from txnguard.codecs import schemas
+from txnguard.codecs import native, schemas
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import peek_request, request_body_offset
-from txnguard.codecs.produce_scan import (
-    _one_batch,
-    _one_batch_flexible,
-    _scan_transactional,
-    scan_produce,
-    scan_transactional,
-)
+from txnguard.codecs.produce_scan import scan_produce
 from txnguard.testing.raw import build_batch
+
+
+
+def scan_transactional(body: memoryview, flexible: bool) -> Any:
+    """The native reader over `body` (the request from its transactional id), as the relay calls it: on the
+    client's whole read with the body's bounds (here a frame of its own)."""
+    return native.scan_transactional(body, 0, len(body), flexible)
 
 
 def _module(version: int) -> Any:
@@ -69,9 +72,17 @@ def _agrees(frame: bytes, version: int) -> bool:
         return False  # the header itself is broken: the relay loop never gets that far
     if found is None:
         return False
-    txn_id, pid, epoch, partitions, _acks = found
+    txn_id, pid, epoch, partitions, acks = found
     body = memoryview(frame)[4:]
-    general_id, general = scan_produce(body, peek_request(body))  # raises nothing: the fast reader saw it whole
+    # kio, the oracle, on the body (the client id in the header is not the reader's: the relay reads it once,
+    # from the connection's first request): raises nothing, the fast reader saw it whole.
+    head = peek_request(body)
+    at = request_body_offset(body, head)
+    decoded, used = entity_reader(schemas.request_schema(0, version))(body, at)
+    assert at + used == len(body)
+    assert (decoded.transactional_id, decoded.acks) == (txn_id, acks)
+    assert [(t.name, p.index) for t in decoded.topic_data for p in t.partition_data] == partitions
+    general_id, general = scan_produce(body, peek_request(body))
     assert general_id == txn_id
     assert [(p.topic, p.partition) for p in general] == partitions
     for p in general:
@@ -116,33 +127,13 @@ def test_plain_writes_are_taken() -> None:
         assert _agrees(frame, version)
 
 
-# -- the common shape (one topic, one partition, one batch), read at fixed offsets before the loop ------------
-# `scan_transactional` first tries `_one_batch` (v3-v8) / `_one_batch_flexible` (v9+), and leaves whatever they
-# decline to the loop (`_scan_transactional`). Whatever either answers, the loop alone answers the same.
-
-FAST_READ_FAILURES = (struct.error, UnicodeDecodeError, IndexError)  # what scan_transactional catches
+# -- shapes around the common one (one topic, one partition, one batch), each with the answer it must get -------
 
 
 def _body(frame: bytes) -> memoryview:
     """The request from its transactional id: what the relay passes."""
     body = memoryview(frame)[4:]
     return body[request_body_offset(body, peek_request(body)):]
-
-
-def _common_shape(body: memoryview, version: int) -> Any:
-    """The fixed-offset reader's answer (None: it leaves the frame to the loop)."""
-    try:
-        return _one_batch_flexible(body, len(body)) if version >= 9 else _one_batch(body, len(body))
-    except FAST_READ_FAILURES:
-        return None
-
-
-def _loop(body: memoryview, version: int) -> Any:
-    """The loop's answer alone, as scan_transactional gives it."""
-    try:
-        return _scan_transactional(body, 0, len(body), version >= 9)
-    except (*FAST_READ_FAILURES, CodecError):
-        return None
 
 
 def _batch(value: int = 512, producer_id: int = 7, transactional: bool = True) -> bytes:
@@ -170,8 +161,9 @@ def _answer(topics: int = 1, indexes: tuple[int, ...] = (0,), txn_id: str = "app
 
 
 def _cases(version: int) -> dict[str, tuple[bytes, Any, bool]]:
-    """Per shape around the common one: (frame, what scan_transactional answers, whether the fixed-offset
-    reader takes it rather than the loop)."""
+    """Per shape around the common one: (frame, what scan_transactional answers, whether the Python reader
+    before the native one took it at fixed offsets rather than in its loop: kept, each shape's reason to be
+    here)."""
     flexible = version >= 9
     plain = _write(version)
     name_at = plain.index(b"orders0")
@@ -228,12 +220,15 @@ def _cases(version: int) -> dict[str, tuple[bytes, Any, bool]]:
 
 
 @pytest.mark.parametrize("version", range(3, 12))
-def test_the_common_shape_is_read_at_fixed_offsets_and_every_other_as_the_loop_reads_it(version: int) -> None:
-    for name, (frame, expected, taken) in _cases(version).items():
+def test_each_shape_around_the_common_one_gets_its_answer(version: int) -> None:
+    for name, (frame, expected, _) in _cases(version).items():
         body = _body(frame)
         assert scan_transactional(body, version >= 9) == expected, name
-        assert _loop(body, version) == expected, name  # the loop alone gives the same
-        assert _common_shape(body, version) == (expected if taken else None), name  # and who read it
+        if expected is not None:
+            assert _agrees(frame, version), name
+        # Read where it lies in a longer read (the relay passes the whole read and the frame's bounds).
+        read = b"\xff" * 7 + bytes(body) + b"\xee" * 5
+        assert native.scan_transactional(read, 7, 7 + len(body), version >= 9) == expected, name
 
 
 @st.composite
@@ -255,13 +250,6 @@ def near_common_shapes(draw: st.DrawFn) -> tuple[bytes, int]:
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(near_common_shapes())
-def test_the_fixed_offset_reader_answers_only_as_the_loop_does(built: tuple[bytes, int]) -> None:
+def test_frames_near_the_common_shape_are_taken_only_as_the_general_path_reads_them(built: tuple[bytes, int]) -> None:
     frame, version = built
-    try:
-        body = _body(frame)
-    except CodecError:
-        return  # the header itself is broken: the relay loop never gets that far
-    found = _common_shape(body, version)
-    if found is not None:
-        assert found == _loop(body, version)
-    assert scan_transactional(body, version >= 9) == _loop(body, version)
+    _agrees(frame, version)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from txnguard.codecs import addresses, api_versions, node_endpoints, schemas
+from txnguard.codecs import addresses, api_versions, native, node_endpoints, schemas
 from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
@@ -35,7 +35,6 @@ from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
 from txnguard.codecs.lifecycle_scan import read_txn_offset_commit
 from txnguard.codecs.produce import merged_produce_response
-from txnguard.codecs.produce_scan import scan_transactional
 from txnguard.codecs.synthesis import api_versions_unsupported
 from txnguard.connection.apis import ACTION_BY_KEY, ApiKey, ResponseAction
 from txnguard.connection.commands import (
@@ -109,6 +108,8 @@ _RELAY, _RAW_PENDING, _RAW, _DRAINING, _LINGERING, _CLOSED = (Mode.RELAY, Mode.R
 # Responses take the fast path in RELAY and HOLDING, tested by identity: hashing an Enum member is a Python call.
 _HOLDING = Mode.HOLDING
 _FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
+_scan_transactional = native.scan_transactional
+_PanicException = native.PanicException
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
 
@@ -155,7 +156,9 @@ class Connection:
         self._info: ClientInfo | None = None
         limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
         self.requests = FrameSplitter(limit)
-        self._fast = settings.fast_path and not settings.debug  # debug wants a RequestSeen per request
+        # debug wants a RequestSeen per request; without the native readers nothing is read in place (native.py)
+        self._fast = settings.fast_path and not settings.debug and native.AVAILABLE
+        self._panicked: str | None = None  # a native reader's panic: this connection closes (receive_from_client)
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
         # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
@@ -229,6 +232,10 @@ class Connection:
             out.append(SendToBroker([through]))
         to_broker: list[Chunk] = []
         done = relayed or self.relay_from_client(data)
+        if self._panicked is not None:  # what was booked before it leaves; the frame that panicked does not
+            if done:
+                out.append(SendToBroker([memoryview(data)[:done]]))
+            return [*out, self._close("native_panic", self._panicked, "error")]
         if done:
             if done == len(data):
                 out.append(SendToBroker([data]))  # one write of the read as it came
@@ -388,10 +395,12 @@ class Connection:
                     # `rules.check_produce` would pass it, and books what its `Decided` would have (the ledger).
                     if room <= 0 or version > _LAST_VERIFIED_PRODUCE or not rules.enabled:
                         break
-                    if view is None:
-                        view = memoryview(data)
                     parsing = clock.perf()
-                    found = scan_transactional(view[at:stop], version >= _FIRST_FLEXIBLE_PRODUCE)
+                    try:
+                        found = _scan_transactional(data, at, stop, version >= _FIRST_FLEXIBLE_PRODUCE)
+                    except _PanicException as e:  # a bug in the native reader, never the input's fault
+                        self._panicked = f"the native Produce reader panicked: {e}"
+                        break
                     if found is None:
                         break
                     txn_id, producer_id, epoch, partitions, acks = found

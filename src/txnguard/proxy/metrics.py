@@ -78,6 +78,10 @@ class ProxyMetrics:
         self.ready = Gauge(
             "txnguard_ready", "1 while /readyz answers 200, else 0 (its body says why: no or stale metadata, "
             "the proxy's own principal lacking a right, a broker's APIs, draining)", registry=r)
+        self.native_data_path = Gauge(
+            "txnguard_native_data_path", "1 when the relay reads frames in place with the native data path "
+            "(txnguard._native), 0 when this install lacks it and the general path takes every frame (correct, "
+            "slower; the start's log line native_data_path_missing says why)", registry=r)
         # Each reason /readyz answers 503 for, as a label: an alert or a dashboard says which (proxy/server.py).
         self.not_ready = Gauge(
             "txnguard_not_ready", "1 while this reason keeps /readyz at 503, else 0: draining, not_authorized "

@@ -24,7 +24,7 @@ from typing import Any
 
 from kio.schema.metadata.v9.request import MetadataRequest
 
-from txnguard.codecs import addresses
+from txnguard.codecs import addresses, native
 from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.api_versions import VersionPolicy, advertised_range
 from txnguard.codecs.errors import CodecError
@@ -43,6 +43,7 @@ from txnguard.verification.capabilities import LACKS_API, UNREAD
 TLS_HANDSHAKE = 0x16
 # /readyz's reasons, each a label of txnguard_not_ready (exported at 0 from the start).
 LOG_CATCHING_UP = "transaction_log_catching_up"
+NATIVE_MISSING_NOTE = "no native data path: the general path reads every frame (txnguard_native_data_path 0)"
 NOT_READY_REASONS = ("draining", "not_authorized", "no_metadata", "stale_metadata", UNREAD, LACKS_API, LOG_CATCHING_UP)
 API_VERSIONS_FIRST_RETRY_S = 0.25  # a broker whose ApiVersions could not be read: retried after this, doubling
 
@@ -123,8 +124,12 @@ class Proxy:
                 upstream = self.config.upstream[0]
                 self.guard.follower.local = lambda a: upstream if self._is_own_listener(a) else None
             self.guard.follower.start()
+        self.metrics.native_data_path.set(1 if native.AVAILABLE else 0)
+        if not native.AVAILABLE:
+            self.log.warning("native_data_path_missing", detail=native.MISSING,
+                             effect="the general path reads every frame: correct, more CPU per frame")
         self.log.info("proxy_started", listen=str(self.config.listen),
-                      upstream=[str(u) for u in self.config.upstream])
+                      upstream=[str(u) for u in self.config.upstream], native_data_path=native.VERSION)
 
     @property
     def bootstrap_address(self) -> HostPort:
@@ -455,6 +460,8 @@ class Proxy:
         if reasons == [("draining", "draining")]:
             return False, "draining"
         notes = list(self.guard.verifier.capabilities.readiness().notes)
+        if not native.AVAILABLE:
+            notes.append(NATIVE_MISSING_NOTE)
         follower = self.guard.follower
         if follower is not None and follower.problem is not None and (follower.caught_up_once or follower.denied):
             notes.append(follower.detail())  # healthy, it says nothing here: its lag is a metric

@@ -1,0 +1,43 @@
+"""The native data path (txnguard._native, built from native/ in Rust): whether this install has it.
+
+The relay's fast path reads frames in place with it. Without it (an install built without cargo, a wheel for
+another platform) nothing is read in place: the general path (kio) takes every frame, correct and slower, and
+the proxy says so at start (a log line, `txnguard_native_data_path`, `/readyz`'s detail).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+# (transactional id, producer id, producer epoch, [(topic, partition)], acks): a plain transactional Produce
+TransactionalWrite = tuple[str, int, int, list[tuple[str, int]], int]
+
+MISSING: str | None
+_native: ModuleType | None
+try:
+    from txnguard import _native
+except ImportError as e:  # exercised by the test that hides the module
+    _native, MISSING = None, f"txnguard._native cannot be imported: {e}"
+else:
+    MISSING = None
+
+AVAILABLE = _native is not None
+VERSION: str | None = getattr(_native, "__version__", None)
+
+
+def _absent(data: bytes | bytearray | memoryview, start: int, stop: int, flexible: bool, /,
+            ) -> TransactionalWrite | None:
+    raise RuntimeError(MISSING)  # never called: the fast path is off without the native module
+
+
+# `scan_transactional(data, start, stop, flexible)`: the Produce from its transactional id at `start` to the frame's
+# end at `stop`, read in place in `data`; None when the general path must judge it (native/src/produce.rs).
+scan_transactional = _native.scan_transactional if _native is not None else _absent
+
+
+class _NeverRaised(BaseException):
+    """Stands for PanicException where there is no native module (nothing can raise it then)."""
+
+
+# What a Rust panic becomes in Python (a BaseException): the core catches it and closes only that connection.
+PanicException: type[BaseException] = getattr(_native, "PanicException", _NeverRaised)

@@ -1,0 +1,92 @@
+"""The native data path (txnguard._native): present in this install, used by the relay, and when it is missing
+or panics, the proxy stays correct and says so.
+
+    make test ─▶ pip install -e . (maturin builds native/) ─▶ txnguard._native importable
+    a transactional write with local evidence ─▶ read in place by the native reader ─▶ passed, one write
+    the native reader panics ─▶ what was booked before it leaves ─▶ Close("native_panic"), this connection only
+    no native module ─▶ every frame through the general path, a log line, a metric at 0, /readyz's detail
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from connection_playbook import T0, Playbook, heartbeat, heartbeat_response, produce, to_broker
+
+from txnguard.codecs import native
+from txnguard.connection import core
+from txnguard.connection.commands import Close, SendToBroker
+
+
+def _identified(pb: Playbook) -> None:
+    pb.relays(heartbeat(0))
+    pb.delivers(heartbeat_response(0))
+
+
+def test_this_install_has_the_native_data_path() -> None:
+    # make test builds it (pip install -e . through maturin): a test run without it would test the general path
+    # only and call the fast path proven.
+    assert native.AVAILABLE, native.MISSING
+    assert native.VERSION and native.scan_transactional is not native._absent
+
+
+def test_a_transactional_write_with_local_evidence_is_read_by_the_native_reader(monkeypatch) -> None:
+    calls: list[tuple[int, int, bool]] = []
+    real = core._scan_transactional
+
+    def counting(data, start, stop, flexible):  # type: ignore[no-untyped-def]
+        calls.append((start, stop, flexible))
+        return real(data, start, stop, flexible)
+
+    monkeypatch.setattr(core, "_scan_transactional", counting)
+    pb = Playbook()
+    _identified(pb)
+    pb.transaction_with(T0)
+    write = produce(1, [T0])
+    # client ─▶ Produce (transactional, T0 added) ─▶ the native reader ─▶ passed on local evidence ─▶ broker
+    out = pb.client_sends(write)
+    assert out == [SendToBroker([write])]
+    assert len(calls) == 1 and calls[0][1] == len(write)
+    assert pb.conn.ledger.passed  # booked as the general path's Decided would have
+
+
+def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -> None:
+    def panics(data, start, stop, flexible):  # type: ignore[no-untyped-def]
+        raise native.PanicException("index out of bounds")
+
+    monkeypatch.setattr(core, "_scan_transactional", panics)
+    pb, other = Playbook(), Playbook()
+    _identified(pb)
+    _identified(other)
+    pb.transaction_with(T0)
+    before = heartbeat(1)
+    # client ─▶ Heartbeat, Produce ─▶ the Heartbeat booked ─▶ the reader panics on the Produce ─▶ the Heartbeat
+    # leaves, the Produce does not, the connection closes with its reason
+    out = pb.client_sends(before, produce(2, [T0]))
+    assert to_broker(out) == before
+    [close] = [c for c in out if isinstance(c, Close)]
+    assert close.reason == "native_panic" and "index out of bounds" in close.detail and close.level == "error"
+    assert pb.conn.closed
+    other.relays(heartbeat(1))  # another connection goes on
+
+
+def test_without_the_native_module_every_frame_takes_the_general_path() -> None:
+    script = """
+import json, sys
+sys.modules["txnguard._native"] = None  # as an install built without cargo: the import fails
+from txnguard.codecs import native
+from txnguard.connection.core import Connection
+from txnguard.proxy import server
+sys.path.insert(0, "tests/unit")
+from connection_playbook import Playbook
+print(json.dumps({"available": native.AVAILABLE, "missing": native.MISSING,
+                  "fast": Playbook().conn._fast, "note": server.NATIVE_MISSING_NOTE}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["available"] is False and "txnguard._native" in seen["missing"]
+    assert seen["fast"] is False  # the relay reads nothing in place: the general path (kio) takes every frame
+    assert "general path" in seen["note"]
