@@ -13,7 +13,9 @@ own verification connections) reach the broker through the relay.
 
 * Request cases: a seed request (tests/data/frames) mutated by
   txnguard.testing.fuzz, sent on a fresh connection to the bootstrap listener, then an
-  ApiVersions v0 probe. Outcome: answered (the probe came back), closed, timeout.
+  ApiVersions v0 probe. Outcome: answered (the probe came back), closed, timeout. Every other request
+  case goes on a connection whose client is identified first (an ApiVersions, answered), so that it reaches
+  the relay's fast path and its native readers, not only the general path that reads a first request.
 * Response cases (`--response-share`): a valid seed request whose client id names
   the case, sent to the broker listener; the relay replaces the broker's real answer to it with a mutation of
   that answer (the walker parses the live response), so the proxy's response
@@ -64,6 +66,11 @@ RESULTS = ROOT / "bench" / "results"
 SEEDS = ROOT / "tests" / "data" / "frames"
 PROBE_CORRELATION = 0x7FFF0000
 PROBE = struct.pack(">ihhih", 2 + 2 + 4 + 2 + 5, ApiKey.API_VERSIONS, 0, PROBE_CORRELATION, 5) + b"probe"
+# Sent first, and answered, on every other request case's connection: the client is then identified and the
+# case reaches the relay's fast path (the native readers) rather than the general path that reads a
+# connection's first request.
+IDENTIFY_CORRELATION = PROBE_CORRELATION + 1
+IDENTIFY = struct.pack(">ihhih", 2 + 2 + 4 + 2 + 5, ApiKey.API_VERSIONS, 0, IDENTIFY_CORRELATION, 5) + b"ident"
 RESPONSE_MARK = "fuzz-r:"
 # Responses the proxy decodes on a client's connection (Produce v10+ and Fetch v16+ for KIP-951 endpoints).
 DECODED_RESPONSES = {ApiKey.API_VERSIONS: 0, ApiKey.METADATA: 0, ApiKey.FIND_COORDINATOR: 0,
@@ -273,7 +280,8 @@ class Fuzzer:
         while (index := self._take()) is not None:
             stream, kind, api_key = self.build(index)
             self.tally.in_flight[index] = {"index": index, "kind": kind}
-            outcome = await self._send(stream, self.ports[-1] if kind == "response" else self.ports[0])
+            outcome = await self._send(stream, self.ports[-1] if kind == "response" else self.ports[0],
+                                       identified=kind == "request" and index % 2 == 1)
             del self.tally.in_flight[index]
             self.tally.outcomes[outcome] += 1
             self.tally.by_kind[f"{kind}:{outcome}"] += 1
@@ -282,12 +290,17 @@ class Fuzzer:
                 self.tally.timeouts.append(index)
             self.tally.done += 1
 
-    async def _send(self, stream: bytes, port: int) -> str:
+    async def _send(self, stream: bytes, port: int, identified: bool = False) -> str:
         try:
             r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
         except (OSError, TimeoutError):
             return "connect_failed"
         try:
+            if identified:
+                w.write(IDENTIFY)
+                if await asyncio.wait_for(self._until_probe(r, IDENTIFY_CORRELATION), self.args.case_timeout) \
+                        != "answered":
+                    return "identify_failed"
             w.write(stream + PROBE)
             return await asyncio.wait_for(self._until_probe(r), self.args.case_timeout)
         except TimeoutError:
@@ -298,12 +311,12 @@ class Fuzzer:
             w.transport.abort()
 
     @staticmethod
-    async def _until_probe(r: asyncio.StreamReader) -> str:
+    async def _until_probe(r: asyncio.StreamReader, correlation: int = PROBE_CORRELATION) -> str:
         try:
             while True:
                 (size,) = struct.unpack(">i", await r.readexactly(4))
                 body = await r.readexactly(size)
-                if struct.unpack_from(">i", body, 0)[0] == PROBE_CORRELATION:
+                if struct.unpack_from(">i", body, 0)[0] == correlation:
                     return "answered"
         except asyncio.IncompleteReadError:
             return "closed"

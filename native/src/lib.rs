@@ -12,6 +12,7 @@ pub mod produce;
 use pyo3::buffer::PyBuffer;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 /// (transactional id, producer id, producer epoch, [(topic, partition)], acks)
 type Write = (String, i64, i16, Vec<(String, i32)>, i16);
@@ -22,13 +23,18 @@ type Write = (String, i64, i16, Vec<(String, i32)>, i16);
 #[pyfunction]
 fn scan_transactional(data: &Bound<'_, PyAny>, start: usize, stop: usize, flexible: bool)
     -> PyResult<Option<Write>> {
+    let pack = |w: produce::TransactionalWrite| {
+        (w.transactional_id, w.producer_id, w.producer_epoch, w.partitions, w.acks)
+    };
+    // The socket's reads are `bytes`: read as a plain slice (no buffer protocol round trip).
+    if let Ok(bytes) = data.cast::<PyBytes>() {
+        return Ok(produce::scan_transactional(bytes.as_bytes(), start, stop, flexible).map(pack));
+    }
     let buffer = PyBuffer::<u8>::get(data)?;
     let Some(cells) = buffer.as_slice(data.py()) else {
         return Ok(None); // not contiguous: the general path
     };
-    Ok(produce::scan_transactional(cells, start, stop, flexible).map(|w| {
-        (w.transactional_id, w.producer_id, w.producer_epoch, w.partitions, w.acks)
-    }))
+    Ok(produce::scan_transactional(cells, start, stop, flexible).map(pack))
 }
 
 #[pymodule]

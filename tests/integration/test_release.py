@@ -71,7 +71,7 @@ def test_make_dist_builds_an_sdist_and_a_wheel_of_this_version(dist: Path) -> No
         assert "txnguard/_native.abi3.so" in wheel.namelist()
         entry_points = wheel.read(f"txnguard-{VERSION}.dist-info/entry_points.txt").decode()
         metadata = wheel.read(f"txnguard-{VERSION}.dist-info/METADATA").decode()
-    assert "txnguard = txnguard.cli:main" in entry_points
+    assert "txnguard=txnguard.cli:main" in entry_points.replace(" ", "")
     assert f"\nVersion: {VERSION}\n" in metadata
     assert "Provides-Extra: demo" in metadata
 

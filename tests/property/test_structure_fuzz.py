@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from txnguard.codecs import native
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.batches import batch_heads
 from txnguard.codecs.errors import CodecError
@@ -87,6 +88,10 @@ def _decode_frame(case: Case, frame: memoryview) -> None:
                 calls.append(lambda: produce_acks_and_txn_id_null(frame, head))
                 if head.api_version >= 3:  # the verification's in-place reader of transactional Produce
                     calls.append(lambda: scan_produce(frame, head))
+                    # The relay's native reader: from the transactional id to the frame's end. It raises nothing
+                    # (None: the general path judges); a panic is a BaseException and fails the test.
+                    calls.append(lambda: native.scan_transactional(
+                        frame, request_body_offset(frame, head), len(frame), head.api_version >= 9))
     else:
         calls = [lambda: peek_correlation_id(frame), lambda: decode_response(frame, case.api_key, case.api_version)]
     for call in calls:
