@@ -1,7 +1,9 @@
 #!/bin/sh
 # The minimum ACLs of txnguard's own principal (docs/deployment/security.md), as kafka-acls.sh commands.
 # Usage: deploy/least-privilege-acls.sh [principal] [transactional-id prefix] [topic prefix]   (prints; pipe to sh)
-# Add --bootstrap-server and --command-config for your admin client to each line, or set them in KAFKA_OPTS.
+# Add --bootstrap-server and --command-config for your admin client to each line (KRaft with StandardAuthorizer and
+# ZooKeeper mode with AclAuthorizer alike), or on ZooKeeper mode --authorizer-properties zookeeper.connect=<zk>.
+# No right on a group: the log's follower assigns itself its partitions, it joins no consumer group.
 P=${1:-User:txnguard}; TXN=${2:-*}; TOPIC=${3:-*}
 acl() { echo "kafka-acls.sh --add --allow-principal $P $*"; }
 pattern() { [ "$1" = "*" ] && echo "" || echo "--resource-pattern-type prefixed"; }

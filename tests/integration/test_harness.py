@@ -86,6 +86,21 @@ def test_a_port_clash_is_named(tmp_path):
             cluster.start_node(1)
 
 
+def test_a_zookeeper_acl_cluster_is_configured_for_acl_authorizer(tmp_path):
+    """ZooKeeper mode with `acls`: AclAuthorizer (ACLs in ZooKeeper), the PLAINTEXT (inter-broker) principal the super
+    user, nothing allowed without an ACL, a SASL listener with SCRAM-SHA-512 (the credentials go into ZooKeeper once
+    it runs: `up`; test_least_privilege.py starts such clusters on 2.8.2 and 3.0.2)."""
+    cluster = kafka.create("2.8.2", 1, tmp_path / "zkacl", zookeeper=True, acls=True, scram_users={"u": "pw"})
+    props = dict(line.split("=", 1) for line in
+                 (cluster.node_dir(1) / "server.properties").read_text().splitlines() if "=" in line)
+    assert props["authorizer.class.name"] == "kafka.security.authorizer.AclAuthorizer"
+    assert (props["super.users"], props["allow.everyone.if.no.acl.found"]) == ("User:ANONYMOUS", "false")
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    assert "SCRAM-SHA-512" in props["listener.name.sasl_plaintext.sasl.enabled.mechanisms"]
+    assert f"SASL_PLAINTEXT://127.0.0.1:{cluster.nodes[0].sasl_port}" in props["listeners"]
+    assert "zookeeper.set.acl" not in props
+
+
 def test_config_pairs_are_checked():
     with pytest.raises(kafka.HarnessError, match="key=value"):
         kafka.parse_config(["no-equals-sign"])

@@ -1,5 +1,6 @@
 """Least privilege on an ACL cluster: 3 brokers, SASL/SCRAM-SHA-512, StandardAuthorizer, nothing allowed
-that no ACL allows.
+that no ACL allows; and the coordinator's log on ZooKeeper-mode Kafka 2.8.2 and 3.0.2 with AclAuthorizer (one
+broker each, SCRAM credentials in ZooKeeper), the authorizer most users of pre-3.6 brokers run.
 
     client (its own SCRAM user) ─SASL frames, untouched─▶ txnguard ─▶ broker: the broker sees the client
     txnguard ─(its own connections, User:txnguard)─▶ FindCoordinator, DescribeTransactions, Metadata,
@@ -14,13 +15,18 @@ once the ACL is granted again, the client's retry passes and /readyz is ready ag
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
 
+from txnguard.testing import jars
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.raw import RawClient, RawProtocolError
 from txnguard.testing.scenarios import TxnActor, error_name, offsets, wait_stable
@@ -29,6 +35,12 @@ pytestmark = pytest.mark.integration
 
 PROXY, ALICE, BOB = ("txnguard", "proxy-secret"), ("alice", "alice-secret"), ("bob", "bob-secret")
 USERS = dict([PROXY, ALICE, BOB])
+# The clients' own rights (idempotent: creating an existing ACL is a no-op). Bob may not WRITE topics.
+CLIENT_RIGHTS = [("alice", op, rtype, "*") for rtype, ops in (("TRANSACTIONAL_ID", ("WRITE", "DESCRIBE")),
+                                                              ("TOPIC", ("WRITE", "DESCRIBE", "READ")),
+                                                              ("GROUP", ("READ",)))
+                 for op in ops] + [("bob", op, rtype, "*") for op, rtype in (
+                     ("WRITE", "TRANSACTIONAL_ID"), ("DESCRIBE", "TRANSACTIONAL_ID"), ("DESCRIBE", "TOPIC"))]
 
 
 def _acls(cluster, add=(), remove=()):
@@ -45,9 +57,9 @@ def _acls(cluster, add=(), remove=()):
 
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
 
-    def binding(cls, principal, op, rtype, name):
-        return cls(getattr(ResourceType, rtype), name, ResourcePatternType.LITERAL, f"User:{principal}", "*",
-                   getattr(AclOperation, op), AclPermissionType.ALLOW)
+    def binding(cls, principal, op, rtype, name, pattern="LITERAL"):
+        return cls(getattr(ResourceType, rtype), name, getattr(ResourcePatternType, pattern), f"User:{principal}",
+                   "*", getattr(AclOperation, op), AclPermissionType.ALLOW)
 
     if add:
         for f in admin.create_acls([binding(AclBinding, *a) for a in add]).values():
@@ -61,12 +73,7 @@ def _acls(cluster, add=(), remove=()):
 @pytest.fixture
 def acl_cluster(kafka_pool):
     cluster = kafka_pool.get("3.5.2", 3, scram_users=USERS, acls=True)
-    # The clients' own rights (idempotent: creating an existing ACL is a no-op). Bob may not WRITE topics.
-    _acls(cluster, add=[
-        ("alice", op, rtype, "*") for rtype, ops in (("TRANSACTIONAL_ID", ("WRITE", "DESCRIBE")),
-                                                     ("TOPIC", ("WRITE", "DESCRIBE", "READ")), ("GROUP", ("READ",)))
-        for op in ops] + [("bob", "WRITE", "TRANSACTIONAL_ID", "*"), ("bob", "DESCRIBE", "TRANSACTIONAL_ID", "*"),
-                          ("bob", "DESCRIBE", "TOPIC", "*")])
+    _acls(cluster, add=CLIENT_RIGHTS)
     return cluster
 
 
@@ -88,9 +95,11 @@ def _readyz(proxy) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def _warnings(capsys, event: str) -> list[dict]:
+def _warnings(capsys, event: str, *more: str) -> Any:
+    """The log lines of `event` since the last call (several events: a dict of them, read at once)."""
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
-    return [x for x in lines if x.get("event") == event]
+    found = {e: [x for x in lines if x.get("event") == e] for e in (event, *more)}
+    return found if more else found[event]
 
 
 def _total(proxy, sample: str) -> float:
@@ -411,3 +420,186 @@ def test_txnguard_hanging_with_the_proxys_config_finds_and_aborts_as_the_proxys_
                     "--abort", "--yes")
     assert done.returncode == 0, done.stderr
     wait_stable(acl_cluster.bootstrap_servers, topic, 0)   # the LSO reached the end: nothing holds it
+
+
+# -- ZooKeeper mode, AclAuthorizer: the coordinator's log ---------------------------------------------------------
+#
+# One broker per version (the rights are the broker's decision, not the quorum's), SCRAM-SHA-512 credentials in
+# ZooKeeper, `authorizer.class.name=kafka.security.authorizer.AclAuthorizer`, User:ANONYMOUS (the PLAINTEXT,
+# inter-broker listener) the super user. Both versions run both cells: the cluster's start is the cost (about 4 s
+# each), a cell is a proxy or two. 2.8.2 has no DescribeTransactions, so without the log a gateway has only what
+# it saw itself; 3.0.2 asks the coordinator.
+
+ZK_VERSIONS = ("2.8.2", "3.0.2")
+LOG_TOPIC = "__transaction_state"
+LOG_RIGHTS = [(PROXY[0], op, "TOPIC", LOG_TOPIC) for op in ("DESCRIBE", "READ")]
+# What verifies a write whose AddPartitionsToTxn the proxy did not see, when the log is not followed:
+# (evidence, outcome, decision) of txnguard_verifications_total.
+WITHOUT_THE_LOG = {"2.8.2": ("none", "not_in_transaction", "rejected"),    # no DescribeTransactions to ask
+                   "3.0.2": ("coordinator", "pass", "forwarded")}
+ACLS_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "least-privilege-acls.sh"
+
+
+@pytest.fixture(params=ZK_VERSIONS)
+def zk_acl_cluster(request, kafka_pool):
+    cluster = kafka_pool.get(request.param, 1, scram_users=USERS, acls=True, zookeeper=True)
+    _acls(cluster, add=CLIENT_RIGHTS)
+    return cluster
+
+
+def _documented_rights(txn_prefix: str, topic_prefix: str) -> list[tuple[str, ...]]:
+    """The least-privilege ACLs as deploy/least-privilege-acls.sh prints them (the docs' commands), as bindings."""
+    printed = subprocess.run(["sh", str(ACLS_SCRIPT), f"User:{PROXY[0]}", txn_prefix, topic_prefix],
+                             capture_output=True, text=True, check=True).stdout
+    rights = []
+    for line in printed.splitlines():
+        args = dict(zip(*[iter(shlex.split(line)[2:])] * 2, strict=True))  # kafka-acls.sh --add, then pairs
+        [(rtype, name)] = [(k[2:].replace("-", "_").upper(), v) for k, v in args.items()
+                           if k in ("--topic", "--transactional-id")]
+        rights.append((args["--allow-principal"].removeprefix("User:"), args["--operation"].upper(), rtype, name,
+                       args.get("--resource-pattern-type", "literal").upper()))
+    return rights
+
+
+def _kafka_acls(cluster, *args: str) -> str:
+    """kafka-acls.sh as an operator runs it: kafka.admin.AclCommand from the cluster's own Kafka."""
+    run = subprocess.run(["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-cp",
+                          jars.classpath(jars.resolve("kafka_2.13", cluster.version)), "kafka.admin.AclCommand",
+                          *args], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def _proxy_sees_the_log(cluster) -> bool:
+    """Metadata for __transaction_state as User:txnguard: whether the broker's authorizer lets it DESCRIBE it now."""
+    n = cluster.nodes[0]
+    with RawClient(n.host, n.sasl_port, sasl=PROXY, timeout=10) as c:
+        return c.metadata([LOG_TOPIC]).topics[0].error_code == ErrorCode.none
+
+
+def _until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.1)
+
+
+def _commit_through(proxy, cluster, topic: str, txn: str) -> None:
+    """A real client (librdkafka, alice's SCRAM credentials) runs one transaction through the proxy: committed."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": ALICE[0], "sasl.password": ALICE[1],
+                         "transactional.id": txn})
+    before, _ = offsets(cluster.bootstrap_servers, topic, 1)
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"exactly once", partition=1)
+    producer.commit_transaction(30)
+    del producer  # librdkafka would go on reconnecting to the proxy after the test stopped it
+    wait_stable(cluster.bootstrap_servers, topic, 1)
+    assert offsets(cluster.bootstrap_servers, topic, 1) == (before + 2, before + 2)  # the record, its commit marker
+
+
+def _log_refusals(proxy) -> dict[str, float]:
+    return {api: proxy.metric("txnguard_verification_authorization_failures_total",
+                              {"api": api, "operation": op, "resource_type": "Topic"})
+            for api, op in (("transaction_log_metadata", "DESCRIBE"), ("transaction_log_fetch", "READ"))}
+
+
+def test_zookeeper_acl_authorizer_the_documented_acls_let_the_follower_read_the_log(
+        zk_acl_cluster, start_proxy, unique_name, capsys):
+    """    operator ─the documented ACLs─▶ AclAuthorizer (ZooKeeper); __transaction_state's two with kafka-acls.sh:
+               --bootstrap-server (the Admin API) on 3.0.2, --authorizer-properties zookeeper.connect= on 2.8.2
+           proxy (User:txnguard) ─Metadata, Fetch __transaction_state─▶ broker: read to its end, no group, no
+               right on a group
+           client ─InitProducerId, AddPartitionsToTxn p0─▶ broker (not seen by the proxy)
+           client ─Produce p0─▶ proxy: the log shows p0 added ─▶ forwarded (evidence "log", on 2.8.2 too)
+           librdkafka (alice) ─a whole transaction─▶ proxy ─▶ broker: committed; no refusal of the log anywhere"""
+    cluster = zk_acl_cluster
+    topic, txn = fresh_topic(cluster, unique_name("zkacl"), partitions=2), unique_name("txn")
+    _acls(cluster, add=[r for r in _documented_rights(txn, topic) if r[3] != LOG_TOPIC])
+    where = (["--bootstrap-server", cluster.bootstrap_servers] if cluster.version != "2.8.2" else
+             ["--authorizer-properties", f"zookeeper.connect={cluster.zookeeper_connect}"])
+    _kafka_acls(cluster, *where, "--add", "--allow-principal", f"User:{PROXY[0]}", "--operation", "Describe",
+                "--operation", "Read", "--topic", LOG_TOPIC)
+    try:
+        # Written to ZooKeeper; the broker's AclAuthorizer takes the change from its notification.
+        _until(lambda: _proxy_sees_the_log(cluster), 30, "the broker applying the ACLs on __transaction_state")
+        proxy = _proxy(start_proxy, cluster, log=True)
+        proxy.wait_for(lambda: proxy.metric("txnguard_transaction_log_lag_seconds") >= 0, 30, "the log read once")
+        status, body = _readyz(proxy)
+        assert status == 200 and body.startswith("ok") and "transaction log" not in body, body
+
+        direct, actor = _actors(proxy, cluster, txn)
+        assert direct.add_partitions(topic, 0) == {0: 0}
+        assert actor.produce(topic, 0, [b"added elsewhere"]).error_code == ErrorCode.none
+        assert proxy.metric("txnguard_verifications_total",
+                            {"evidence": "log", "outcome": "pass", "decision": "forwarded"}) == 1
+        assert direct.end(commit=True) == ErrorCode.none
+        _commit_through(proxy, cluster, topic, f"{txn}-client")   # the prefix its rights name
+
+        assert _log_refusals(proxy) == {"transaction_log_metadata": 0, "transaction_log_fetch": 0}
+        assert _warnings(capsys, "transaction_log_not_followed") == []
+    finally:
+        _acls(cluster, remove=LOG_RIGHTS)   # the pooled cluster's proxy principal goes back to no right on the log
+
+
+def test_zookeeper_acl_authorizer_without_the_logs_acls_the_follower_is_refused_and_the_proxy_works_as_before(
+        zk_acl_cluster, start_proxy, unique_name, capsys):
+    """    proxy (every documented right but those on __transaction_state) ─Metadata─▶ TOPIC_AUTHORIZATION_FAILED:
+               `transaction_log_not_followed` and `proxy_not_authorized` (fix: the kafka-acls command), the metric
+               {api="transaction_log_metadata"}, /readyz 200 with the note
+           librdkafka (alice) ─a whole transaction─▶ proxy: committed on local evidence, as without the log
+           client ─Produce p0 added elsewhere─▶ proxy: 3.0.2 asks the coordinator (pass); 2.8.2 has no one to ask
+               (INVALID_TXN_STATE at once, the client's abort and redo pass), as with `transaction_log: false`
+           operator ─DESCRIBE only─▶ a proxy started then: Metadata passes, Fetch ─▶ TOPIC_AUTHORIZATION_FAILED:
+               {api="transaction_log_fetch", operation="READ"}, not followed, works as before"""
+    cluster = zk_acl_cluster
+    topic, txn = fresh_topic(cluster, unique_name("zkacl"), partitions=2), unique_name("txn")
+    _acls(cluster, add=[r for r in _documented_rights(txn, topic) if r[3] != LOG_TOPIC])
+    assert not _proxy_sees_the_log(cluster)
+    proxy = _proxy(start_proxy, cluster, log=True)
+    proxy.wait_for(lambda: _log_refusals(proxy)["transaction_log_metadata"] >= 1, 30, "the follower refused")
+    status, body = _readyz(proxy)
+    assert status == 200 and f"the proxy may not DESCRIBE {LOG_TOPIC}" in body, body
+    said = _warnings(capsys, "transaction_log_not_followed", "proxy_not_authorized")
+    assert any(f"may not DESCRIBE {LOG_TOPIC}" in w["detail"] for w in said["transaction_log_not_followed"]), said
+    [refused] = [w for w in said["proxy_not_authorized"] if w["resource_name"] == LOG_TOPIC]
+    assert (refused["operation"], refused["fails_closed"], refused["fix"]) == (
+        "DESCRIBE", False, f"kafka-acls.sh --add --allow-principal User:{PROXY[0]} --operation Describe "
+                           f"--topic {LOG_TOPIC}")
+
+    _commit_through(proxy, cluster, topic, f"{txn}-client")
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": "local", "outcome": "pass", "decision": "forwarded"}) >= 1
+
+    direct, actor = _actors(proxy, cluster, txn)
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    evidence, outcome, decision = WITHOUT_THE_LOG[cluster.version]
+    r = actor.produce(topic, 0, [b"added elsewhere"])
+    assert error_name(r.error_code) == ("NONE" if decision == "forwarded" else "INVALID_TXN_STATE"), r
+    assert proxy.metric("txnguard_verifications_total",
+                        {"evidence": evidence, "outcome": outcome, "decision": decision}) == 1
+    assert direct.end(commit=decision == "forwarded") == ErrorCode.none
+    assert _log_refusals(proxy)["transaction_log_fetch"] == 0  # never got as far as a Fetch
+
+    # DESCRIBE without READ: the follower finds the log's partitions, and may not Fetch them.
+    describe_only = [LOG_RIGHTS[0]]
+    _acls(cluster, add=describe_only)
+    try:
+        _until(lambda: _proxy_sees_the_log(cluster), 30, "the broker applying DESCRIBE on __transaction_state")
+        fetching = _proxy(start_proxy, cluster, log=True)
+        fetching.wait_for(lambda: _log_refusals(fetching)["transaction_log_fetch"] >= 1, 30, "the Fetch refused")
+        since, first = time.monotonic(), _log_refusals(fetching)["transaction_log_fetch"]
+        status, body = _readyz(fetching)
+        assert status == 200 and f"Fetch of {LOG_TOPIC}-" in body, body
+        assert _log_refusals(fetching)["transaction_log_metadata"] == 0
+        _commit_through(fetching, cluster, topic, f"{txn}-again")
+        assert fetching.metric("txnguard_verifications_total",
+                               {"evidence": "log", "outcome": "pass", "decision": "forwarded"}) == 0
+        # The refused Fetch is asked again after a backoff (up to 5 s), not at once: each counts its 10 partitions.
+        rate = (_log_refusals(fetching)["transaction_log_fetch"] - first) / (time.monotonic() - since)
+        assert rate < 100, f"{rate:.0f} refused partitions a second: the follower loops on the refusal"
+    finally:
+        _acls(cluster, remove=describe_only)

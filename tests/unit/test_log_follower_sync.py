@@ -83,3 +83,37 @@ def test_a_write_after_the_fetches_ended_sends_a_fresh_one() -> None:
         return leader.fetches
 
     assert asyncio.run(scenario()) == 2
+
+
+class RefusingLeader(SlowLeader):
+    """A fake connection whose every Fetch is refused at once: the principal may DESCRIBE the log, not READ it."""
+
+    async def request(self, payload: Any, timeout: float) -> Any:
+        self.fetches += 1
+        part = SimpleNamespace(partition_index=3, error_code=ErrorCode.topic_authorization_failed, high_watermark=-1,
+                               log_start_offset=-1, records=None)
+        return SimpleNamespace(responses=[SimpleNamespace(partitions=[part])])
+
+
+def test_a_refused_fetch_is_asked_again_after_a_backoff_not_in_a_loop() -> None:
+    """    follower ─Fetch (long poll)─▶ leader ─TOPIC_AUTHORIZATION_FAILED, at once─▶ denied: the metric, the log line
+           follower ─sleeps 0.1 s, 0.2 s, 0.4 s … (at most 5 s)─▶ Fetch again: a handful in a second, not thousands"""
+    refusals: list[Any] = []
+
+    async def scenario() -> tuple[int, bool]:
+        leader = RefusingLeader()
+        follower = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: (LEADER,), lambda h, p: HostPort(h, p),
+                               on_refused=refusals.append)
+        follower._polls = leader  # type: ignore[assignment]
+        follower.leaders = {3: LEADER}
+        loop = asyncio.ensure_future(follower._follow(LEADER))
+        await asyncio.sleep(1.0)
+        denied = follower.denied
+        await follower.close()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        return leader.fetches, denied
+
+    fetches, denied = asyncio.run(scenario())
+    assert denied and 2 <= fetches <= 6, fetches   # 0, 0.1, 0.3, 0.7 s: four (before the fix: every round trip)
+    assert {(m.api, m.operation) for m in refusals} == {("transaction_log_fetch", "READ")}

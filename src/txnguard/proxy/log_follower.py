@@ -205,8 +205,15 @@ class LogFollower:
                 answer = await conn.request(self._fetch(partitions, self.max_wait_ms),
                                             self.timeout_s + self.max_wait_ms / 1000)
                 self._failing.discard(address)
-                self._apply(answer)
-                backoff = 0.1
+                _, failed = self._apply(answer)
+                if failed.issuperset(partitions):
+                    # Every partition answered an error, at once (no long poll): READ refused, or all moved away.
+                    # Asked again after a backoff, as after a connection error, not in a loop of round trips (a
+                    # principal with DESCRIBE and no READ sent some 5,000 Fetches a second to the broker).
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                else:
+                    backoff = 0.1
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 self._failing.add(address)
                 self._polls.drop(address)

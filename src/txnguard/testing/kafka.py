@@ -14,12 +14,18 @@ from the jar the Kafka POM names, already on the broker's classpath: 2.8.2 -> 3.
 3.0.2-3.3.2 -> 3.6.3, 3.4.1 -> 3.6.4), then N brokers with `zookeeper.connect`; one of them
 is elected controller through ZooKeeper. ZooKeeper itself is not one of the nodes: stop,
 kill and restart act on brokers, and `down` stops the brokers and then ZooKeeper.
+
+ACLs (`acls=True`): KRaft brokers authorize with StandardAuthorizer (ACLs in the metadata log), ZooKeeper-mode
+brokers with kafka.security.authorizer.AclAuthorizer (ACLs in ZooKeeper: the authorizer most users of
+pre-3.6 brokers run). Either way the PLAINTEXT listener is User:ANONYMOUS, the super user (inter-broker,
+the harness's probes, ACL changes through the Admin API), and clients meet the ACLs on the SASL listener.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -32,7 +38,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kio.schema.alter_user_scram_credentials.v0.request import (
+    AlterUserScramCredentialsRequest,
+    ScramCredentialUpsertion,
+)
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8, i32
 
 from txnguard.testing import jars
 from txnguard.testing.raw import RawClient, RawProtocolError
@@ -45,6 +56,7 @@ HEAP = "512m"
 BROKER_GC = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
 QUICK_JIT = ("-XX:TieredStopAtLevel=1",)
 STOP_GRACE_S = 20.0
+SCRAM_ITERATIONS = 4096  # Kafka's minimum for SCRAM-SHA-512, what kafka-configs.sh uses
 READY_TIMEOUT_S = 120.0
 
 # Broker settings for fast, small test clusters. Replication of the internal
@@ -472,6 +484,52 @@ class Cluster:
         with RawClient(n.host, n.port, timeout=10) as c:
             return bool(c.find_coordinator("txnguard-harness-probe", key_type=0).error_code == ErrorCode.none)
 
+    # -- SCRAM credentials (ZooKeeper mode) ---------------------------------------------------
+
+    def add_scram_users(self, users: Mapping[str, str], timeout_s: float = 60.0) -> None:
+        """SCRAM-SHA-512 credentials for `users`, through AlterUserScramCredentials (KIP-554, Kafka 2.7+) as the
+        super user on the PLAINTEXT listener; the controller stores them in ZooKeeper and every broker reads
+        them from there. Returns once each user authenticates on each broker's SASL listener. (KRaft clusters
+        get theirs at format time instead: `kafka-storage format --add-scram`.)"""
+        upsertions = []
+        for user, password in users.items():
+            salt = os.urandom(32)
+            upsertions.append(ScramCredentialUpsertion(
+                name=user, mechanism=i8(2), iterations=i32(SCRAM_ITERATIONS), salt=salt,  # 2: SCRAM-SHA-512
+                salted_password=hashlib.pbkdf2_hmac("sha512", password.encode(), salt, SCRAM_ITERATIONS)))
+        request = AlterUserScramCredentialsRequest(deletions=(), upsertions=tuple(upsertions))
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while True:
+            try:
+                live = [n for n in self.nodes if _alive(n.pid)]
+                with RawClient(live[0].host, live[0].port, timeout=10) as c:
+                    controller = int(c.metadata([]).controller_id)
+                node = self.node(controller)
+                with RawClient(node.host, node.port, timeout=10) as c:
+                    errors = {r.user: r.error_code for r in c.request(request).results
+                              if r.error_code != ErrorCode.none}
+                if not errors:
+                    break
+                last = f"AlterUserScramCredentials answered {errors}"  # NOT_CONTROLLER while it moves
+            except (OSError, RawProtocolError, HarnessError) as e:
+                last = repr(e)
+            if time.monotonic() > deadline:
+                raise HarnessError(f"SCRAM credentials not stored after {timeout_s:.0f}s: {last}")
+            time.sleep(0.3)
+        # Each broker learns them from ZooKeeper's change notification: wait until every one accepts them.
+        for n in self.nodes:
+            for user, password in users.items():
+                while True:
+                    try:
+                        with RawClient(n.host, int(n.sasl_port or 0), timeout=10, sasl=(user, password)):
+                            break
+                    except (OSError, RawProtocolError) as e:
+                        if time.monotonic() > deadline:
+                            raise HarnessError(f"node {n.id} refuses {user}'s SCRAM credentials after "
+                                               f"{timeout_s:.0f}s: {e!r}") from e
+                        time.sleep(0.2)
+
     # -- lookups ----------------------------------------------------------------------
 
     def transaction_coordinator(self, transactional_id: str) -> int:
@@ -557,7 +615,7 @@ def _listener_layout(cluster: Cluster, n: Node, voters: str, sidecars: bool) -> 
 
 
 def _security(props: dict[str, str], n: Node, tls: Any, sasl_users: Mapping[str, str] | None,
-              scram_users: Mapping[str, str] | None, acls: bool) -> None:
+              scram_users: Mapping[str, str] | None, acls: bool, zookeeper: bool = False) -> None:
     """Extra TLS and SASL listeners, SCRAM and the authorizer, added to a node's settings."""
     host = n.host
     if tls is not None:
@@ -590,8 +648,11 @@ def _security(props: dict[str, str], n: Node, tls: Any, sasl_users: Mapping[str,
         })
     if acls:
         props.update({
-            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users": "User:ANONYMOUS",
+            # ZooKeeper mode: the ACLs live in ZooKeeper (/kafka-acl), written by the Admin API through a super user
+            # (no zookeeper.set.acl: that guards the znodes themselves, not Kafka's authorization).
+            "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer" if zookeeper
+                                     else "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",  # the inter-broker (PLAINTEXT) listener's principal
             "allow.everyone.if.no.acl.found": "false",
         })
 
@@ -664,8 +725,9 @@ def create(
     """Write the configuration of a fresh cluster and format its storage (nothing runs yet).
 
     With `zookeeper`, a ZooKeeper-mode cluster (Kafka 2.8-3.9): a `zookeeper/` folder with its
-    zoo.cfg, brokers with `broker.id` and `zookeeper.connect`, no storage to format. SCRAM users
-    and ACLs are KRaft-only here (they need the metadata log or StandardAuthorizer).
+    zoo.cfg, brokers with `broker.id` and `zookeeper.connect`, no storage to format. There SCRAM
+    credentials go into ZooKeeper once the brokers run (`up` does it: `Cluster.add_scram_users`), and
+    `acls` means AclAuthorizer.
 
     With `sidecars`, every broker advertises a sidecar port for clients (see
     deploy/sidecar/README.md): the layout a txnguard sidecar deployment uses. `listener_config(node)`
@@ -675,14 +737,13 @@ def create(
 
     With `scram_users`, the SASL listener offers SCRAM-SHA-512 (and PLAIN) for these users, their
     credentials written into the metadata log at format time (`kafka-storage format --add-scram`,
-    KIP-900, Kafka 3.5+). With `acls`, StandardAuthorizer denies whatever no ACL allows; the
+    KIP-900, Kafka 3.5+). With `acls`, StandardAuthorizer (AclAuthorizer in ZooKeeper mode) denies
+    whatever no ACL allows (`allow.everyone.if.no.acl.found=false`); the
     PLAINTEXT listener (inter-broker, controller, this harness's own probes and ACL changes: loopback
     only) is User:ANONYMOUS, the super user, so clients that must meet the ACLs use the SASL port.
     """
     if nodes < 1:
         raise HarnessError("a cluster needs at least one node")
-    if zookeeper and (scram_users or acls):
-        raise HarnessError("SCRAM users and ACLs are set up in KRaft mode only; drop --zookeeper")
     if not zookeeper and _before_kraft(version):
         raise HarnessError(f"Kafka {version} has no production KRaft mode here: use --zookeeper")
     path = Path(directory).absolute()
@@ -715,7 +776,7 @@ def create(
         _log_config(nd)
         props = {**_listener_layout(cluster, n, voters, sidecars), "log.dirs": str(nd / "data"), **settings,
                  **(listener_config(n) if listener_config else {})}
-        _security(props, n, tls, sasl_users, scram_users, acls)
+        _security(props, n, tls, sasl_users, scram_users, acls, zookeeper)
         scram = [a for u, pw in (scram_users or {}).items()
                  for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={pw}]")]
         (nd / "server.properties").write_text(_properties(props))
@@ -760,6 +821,8 @@ def up(
         for n in cluster.nodes:
             cluster.start_node(n.id)
         cluster.wait_ready(timeout_s)
+        if zookeeper and scram_users:
+            cluster.add_scram_users(scram_users, timeout_s)
     except BaseException:
         cluster.down()
         raise
