@@ -33,7 +33,8 @@ from txnguard.testing.clients import ConfluentKafkaClient, KafkaPythonClient
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import gateway_for
 from txnguard.testing.scenarios import TxnActor, error_name, wait_stable
-from txnguard.verification.audit import ClientInfo, audit_record, end_txn_hold_record
+from txnguard.verification.audit import ClientInfo, audit_record, end_txn_hold_record, transaction_log_id_record
+from txnguard.verification.bypass import LogId
 from txnguard.verification.outcomes import Evidence, Verdict
 
 pytestmark = pytest.mark.integration
@@ -67,6 +68,13 @@ TIMEOUT_RECOVERED = audit_record(
     api_version=3, target="txn:txn-timed-out", client=_JAVA, mode="enforce", proxy_id="gateway@g-0",
     verdict=Verdict(Outcome.FENCED, Evidence.COORDINATOR, "timed out", "TRANSACTION_TIMED_OUT"),
     decision="timeout_recovered", error_sent=None, error_name=None, latency_ms=2.5)
+# A gateway's round of the coordinator's log's ids (verification/bypass.py): one id it saw, one it never did, one it
+# did not see that a decision of the fleet names ("txn-held" went through a proxy: its end_txn_hold record above).
+LOG_IDS = [transaction_log_id_record(time_ms=1767225602000, proxy_id="gateway@g-0", active_ids=3, omitted_ids=0,
+                                     log_id=LogId(txn_id, state, 1767225590000 + i, 20 + i, 0, seen))
+           for i, (txn_id, state, seen) in enumerate([("txn-proxied", "Ongoing", True),
+                                                      ("txn-direct", "CompleteCommit", False),
+                                                      ("txn-held", "Ongoing", False)])]
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +148,7 @@ def jsonl_run(spark, tmp_path_factory):
             f.write(line + "\n")
         f.write(json.dumps(HANGING) + "\n")
         f.write(json.dumps(END_TXN_HOLD) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in LOG_IDS)
     out = folder / "out"
     summary = job.run_batch(spark, job.Source.parse(f"jsonl:{source}"), out)
     return records, out, summary
@@ -178,6 +187,16 @@ def test_an_end_txn_hold_and_a_timeout_recovery_land_in_their_tables_and_the_rep
     assert "Requests held behind an EndTxn in doubt" in page and "coordinator_timeout_recovered" in page
     assert re.search(r"coordinator timeouts recovered \(KIP-588\)</td><td>1<", page)
     assert re.search(r"requests held behind an EndTxn in doubt</td><td>1<", page)
+
+
+def test_the_ids_in_the_log_no_proxy_saw_land_in_their_table_and_the_report(spark, jsonl_run):
+    _, out, summary = jsonl_run
+    assert summary.rows["transaction_log_ids"] == 3 and summary.rows["unproxied_transactional_ids"] == 1
+    [row] = _table(spark, out, "unproxied_transactional_ids").collect()
+    assert (row["transactional_id"], row["coordinator_state"], row["producer_id"], row["reported_by"]) == (
+        "txn-direct", "CompleteCommit", 21, ["gateway@g-0"])
+    page = (out / "report.html").read_text()
+    assert "Clients that bypass txnguard" in page and "<td>txn-direct</td>" in page and "txn-proxied" not in page
 
 
 def test_an_empty_source_gives_empty_tables_and_a_report(spark, tmp_path):

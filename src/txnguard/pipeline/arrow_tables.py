@@ -1,6 +1,7 @@
 """The raw tables' columns, computed with Arrow beside the parse (in the same Python worker, same batch).
 
-Each raw table (decisions, connections, quarantine, hanging_transactions, end_txn_holds) is a route of the
+Each raw table (decisions, connections, quarantine, hanging_transactions, end_txn_holds, transaction_log_ids) is a
+route of the
 routed batch (`arrow_parse`) and a set of columns; `raw_batch` gives every table's rows of one batch in one
 frame: a `table` column and the union of the tables' columns (null where a row's table has no such column).
 The batch job writes that frame partitioned by table and day; a --follow stream filters its own table out of it.
@@ -44,6 +45,7 @@ DECISION_FIELDS = [name for name, _, _ in R.DECISION_V1 if name != "schema_versi
 CONNECTION_FIELDS = _fields(R.CONNECTION_V2)
 HANGING_FIELDS = _fields(R.HANGING_V2)
 END_TXN_HOLD_FIELDS = _fields(R.END_TXN_HOLD_V2)
+TRANSACTION_LOG_ID_FIELDS = _fields(R.TRANSACTION_LOG_ID_V2)
 
 
 def _time(ms: pa.Array) -> pa.Array:
@@ -120,6 +122,11 @@ def _end_txn_hold_columns(b: pa.RecordBatch) -> Columns:
             "source": b[P.SOURCE]}
 
 
+def _transaction_log_id_columns(b: pa.RecordBatch) -> Columns:
+    return {**_head(b), "proxy_id": b["proxy_id"], **{n: b[n] for n in TRANSACTION_LOG_ID_FIELDS},
+            "last_update_time": _time(b["last_update_ms"]), "source": b[P.SOURCE]}
+
+
 # Each raw table: the route its rows come from and its columns.
 RAW: dict[str, tuple[str, Callable[[pa.RecordBatch], Columns]]] = {
     "decisions": (R.DECISION, _decision_columns),
@@ -127,6 +134,7 @@ RAW: dict[str, tuple[str, Callable[[pa.RecordBatch], Columns]]] = {
     "quarantine": (R.QUARANTINE, _quarantine_columns),
     "hanging_transactions": (R.HANGING, _hanging_columns),
     "end_txn_holds": (R.END_TXN_HOLD, _end_txn_hold_columns),
+    "transaction_log_ids": (R.TRANSACTION_LOG_ID, _transaction_log_id_columns),
 }
 
 

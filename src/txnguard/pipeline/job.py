@@ -3,10 +3,11 @@
 Stages, each timed:
   ingest     one pass: a local JSONL input split into byte ranges the tasks read themselves (`ranges`; any other
              source through Spark's reader), each task parsing with Arrow and writing its rows of decisions /
-             connections / quarantine / hanging_transactions / end_txn_holds and incidents_prevented as Parquet,
-             plus its partial aggregates (`arrow_aggregates`)
+             connections / quarantine / hanging_transactions / end_txn_holds / transaction_log_ids and
+             incidents_prevented as Parquet, plus its partial aggregates (`arrow_aggregates`)
   aggregate  rejections, verification_latency(_buckets), client_inventory: the tasks' partials merged (a window
-             or --follow: made from the tables instead), each its own stage
+             or --follow: made from the tables instead), each its own stage; unproxied_transactional_ids
+             (`unproxied`: in the driver with Arrow, from the raw tables)
   collect    the report's queries over the tables, side by side
   report     plot, write report.html
 In --follow the ingest stage is three streaming queries with Parquet file sinks and checkpoints (Spark's
@@ -34,12 +35,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from txnguard.pipeline import arrow_aggregates, arrow_tables, local_merge, parse, ranges, report, session, tables
+from txnguard.pipeline import (
+    arrow_aggregates,
+    arrow_tables,
+    local_merge,
+    parse,
+    ranges,
+    report,
+    session,
+    tables,
+    unproxied,
+)
 from txnguard.pipeline.schema import from_arrow_schema
 
 RAW_TABLES: dict[str, Callable[[DataFrame], DataFrame]] = {
     "decisions": tables.decisions, "connections": tables.connections, "quarantine": tables.quarantine,
     "hanging_transactions": tables.hanging_transactions, "end_txn_holds": tables.end_txn_holds,
+    "transaction_log_ids": tables.transaction_log_ids,
 }
 
 log = structlog.get_logger("txnguard.pipeline")
@@ -125,6 +137,7 @@ def table_schemas(spark: SparkSession) -> dict[str, T.StructType]:
         raw = {name: fn(all_raw) for name, fn in RAW_TABLES.items()}
         aggregates = _aggregates(raw["decisions"], raw["connections"])
         _SCHEMAS.update({name: frame.schema for name, frame in {**raw, **aggregates}.items()})
+        _SCHEMAS[unproxied.NAME] = from_arrow_schema(unproxied.SCHEMA)
     return dict(_SCHEMAS)
 
 
@@ -304,9 +317,23 @@ def _raw_counts(d: DataFrame, c: DataFrame, q: DataFrame, hanging: DataFrame, ho
                                                 "end_txn_holds")}
 
 
+def write_unproxied(out: Path, since_ms: int | None, until_ms: int | None) -> pa.Table:
+    """The table `unproxied_transactional_ids`, from the raw tables (`unproxied.from_tables`), written."""
+    table = unproxied.from_tables(str(out), since_ms, until_ms)
+    local_merge.write(table, str(out / unproxied.NAME))
+    return table
+
+
+def _unproxied_rows(table: pa.Table) -> list[tuple[str, str, Any, int, list[str]]]:
+    shown = local_merge._naive(table.slice(0, report.UNPROXIED_SHOWN)).to_pylist()
+    return [(r["transactional_id"], r["coordinator_state"], r["last_activity"], r["producer_id"], r["reported_by"])
+            for r in shown]
+
+
 def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int | None,
                    title: str, raw_rows: dict[str, int] | None = None,
-                   merged: dict[str, pa.Table] | None = None) -> report.ReportData:
+                   merged: dict[str, pa.Table] | None = None,
+                   unproxied_ids: pa.Table | None = None) -> report.ReportData:
     """The report's figures from the tables. `raw_rows`: each raw table's rows as the ingest wrote them (used for
     the totals when no --since/--until narrows them; else the tables are counted). `merged`: the aggregates the
     driver merged itself (`aggregate`): then the queries run on them and the small raw tables with Arrow
@@ -316,7 +343,7 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
             merged["rejections"], merged["verification_latency_buckets"], merged["client_inventory"],
             local_merge.read_table(str(out / "incidents_prevented")), local_merge.read_table(str(out / "quarantine")),
             local_merge.read_table(str(out / "end_txn_holds")), report.TOP_IDS)
-        return _report_data(title, {**got, "counts": raw_rows})
+        return _with_unproxied(_report_data(title, {**got, "counts": raw_rows}), unproxied_ids)
     schemas = table_schemas(spark)
     d = tables.window(read_table(spark, out, "decisions", schemas["decisions"]), since_ms, until_ms)
     c = tables.window(read_table(spark, out, "connections", schemas["connections"]), since_ms, until_ms)
@@ -369,7 +396,14 @@ def collect_report(spark: SparkSession, out: Path, since_ms: int | None, until_m
         "quarantine": lambda: [(r["reason_kind"], int(r["n"])) for r in
                                q.groupBy("reason_kind").agg(F.count("*").alias("n")).orderBy(F.desc("n")).collect()],
     }
-    return _report_data(title, _concurrently(queries))
+    return _with_unproxied(_report_data(title, _concurrently(queries)), unproxied_ids)
+
+
+def _with_unproxied(data: report.ReportData, table: pa.Table | None) -> report.ReportData:
+    if table is not None:
+        data.unproxied, data.unproxied_total = _unproxied_rows(table), table.num_rows
+        data.totals["transactional ids no proxy saw"] = table.num_rows
+    return data
 
 
 def _report_data(title: str, got: dict[str, Any]) -> report.ReportData:
@@ -429,7 +463,11 @@ def refresh(spark: SparkSession, out: Path, since_ms: int | None, until_ms: int 
             from_partials: bool = False) -> dict[str, pa.Table] | None:
     """The derived tables and the report from the raw tables; the aggregates when the driver merged them."""
     merged = aggregate(spark, out, since_ms, until_ms, summary, from_partials)
-    data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title, raw_rows, merged))
+    found = _timed(summary, unproxied.NAME, lambda: write_unproxied(out, since_ms, until_ms))
+    data = _timed(summary, "collect", lambda: collect_report(spark, out, since_ms, until_ms, title, raw_rows, merged,
+                                                             found))
+    if merged is not None:
+        merged[unproxied.NAME] = found
     _timed(summary, "report", lambda: report.write(data, out))
     return merged
 

@@ -1,10 +1,12 @@
 """What an audit record is, in plain Python: the fields of each schema version and kind, which are required.
 
 Schema version 1 is today's decision record (`txnguard.verification.audit`). Version 2 adds `kind`
-("decision", "connection", "hanging" or "end_txn_hold") and `proxy_id` to every record; a v2 decision carries
-every v1 field, a connection record describes one client connection (written when it closes or the proxy stops),
-a hanging record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging`), an
-end_txn_hold record one request held while an EndTxn of its producer was in doubt (KAFKA-17754).
+("decision", "connection", "hanging", "end_txn_hold" or "transaction_log_id") and `proxy_id` to every record; a v2
+decision carries every v1 field, a connection record describes one client connection (written when it closes or the
+proxy stops), a hanging record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging`), an
+end_txn_hold record one request held while an EndTxn of its producer was in doubt (KAFKA-17754), a
+transaction_log_id record one transactional id active in the coordinator's log as a proxy's follower read it
+(`txnguard.verification.bypass`: the ids no proxy saw are clients that bypass txnguard).
 Anything else is quarantined with a reason; this module names the reasons and works them out
 (`quarantine_reason`). Plain Python: it is also shipped to Spark's Python workers (`arrow_parse`).
 """
@@ -15,7 +17,8 @@ from typing import Any, Literal
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 DECISION, CONNECTION, HANGING, END_TXN_HOLD = "decision", "connection", "hanging", "end_txn_hold"
-KINDS = (DECISION, CONNECTION, HANGING, END_TXN_HOLD)
+TRANSACTION_LOG_ID = "transaction_log_id"
+KINDS = (DECISION, CONNECTION, HANGING, END_TXN_HOLD, TRANSACTION_LOG_ID)
 QUARANTINE = "quarantine"  # the route of a line that is none of the kinds
 
 # "in_doubt_array": an end_txn_hold's EndTxns in doubt, a list of {committed, connection_id, sent_ms, orphaned}.
@@ -116,13 +119,29 @@ END_TXN_HOLD_V2: tuple[tuple[str, FieldType, bool], ...] = (
     *CLIENT,
 )
 
-_V2_KINDS = {CONNECTION: CONNECTION_V2, HANGING: HANGING_V2, END_TXN_HOLD: END_TXN_HOLD_V2}
+# One transactional id active in the coordinator's log, as a proxy's follower read it (verification/audit.py
+# `transaction_log_id_record`).
+TRANSACTION_LOG_ID_V2: tuple[tuple[str, FieldType, bool], ...] = (
+    *ENVELOPE_V2,
+    ("transactional_id", "string", True),
+    ("producer_id", "long", True),
+    ("producer_epoch", "int", True),
+    ("coordinator_state", "string", True),
+    ("last_update_ms", "long", True),         # the coordinator's time of the id's latest record
+    ("seen_by_proxy", "boolean", True),       # this proxy saw the id in a request since it started
+    ("active_ids", "long", True),             # ids the proxy's round found active
+    ("omitted_ids", "long", True),            # of those, left out of the round past its cap
+)
+
+_V2_KINDS = {CONNECTION: CONNECTION_V2, HANGING: HANGING_V2, END_TXN_HOLD: END_TXN_HOLD_V2,
+             TRANSACTION_LOG_ID: TRANSACTION_LOG_ID_V2}
 
 
 def union_fields() -> list[tuple[str, FieldType]]:
     """Every field any supported record may carry, once: the one schema a line is parsed with."""
     seen: dict[str, FieldType] = {}
-    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2, *HANGING_V2, *END_TXN_HOLD_V2):
+    for name, kind, _ in (*DECISION_V1, *V2_COMMON, *CONNECTION_V2, *HANGING_V2, *END_TXN_HOLD_V2,
+                          *TRANSACTION_LOG_ID_V2):
         seen.setdefault(name, kind)
     return list(seen.items())
 

@@ -22,6 +22,7 @@ matplotlib.use("Agg")  # no display: render to PNG only
 import matplotlib.pyplot as plt
 
 TOP_IDS = 15
+UNPROXIED_SHOWN = 100  # rows of the unproxied ids on the page (the table has them all)
 
 
 @dataclass
@@ -38,6 +39,10 @@ class ReportData:
     quarantine: list[tuple[str, int]]                      # reason kind, count
     # ending, decision, holds, p50 held ms, max held ms (requests held behind an EndTxn in doubt, KAFKA-17754)
     end_txn_holds: list[tuple[str, str, int, float, float]] = field(default_factory=list)
+    # Transactional ids active in the cluster's log that no proxy saw (`unproxied_transactional_ids`), the most
+    # recently active first, at most UNPROXIED_SHOWN: id, state, last activity, producer id, reported by
+    unproxied: list[tuple[str, str, Any, int, list[str]]] = field(default_factory=list)
+    unproxied_total: int = 0
     plots: dict[str, bytes] = field(default_factory=dict)
 
 
@@ -193,11 +198,25 @@ def render_html(data: ReportData) -> str:
         "<h2>Requests held behind an EndTxn in doubt (KAFKA-17754)</h2>",
         _table(["ending", "decision", "holds", "p50 held ms", "max held ms"], data.end_txn_holds)
         if data.end_txn_holds else "<p>No request was held.</p>",
+        "<h2>Clients that bypass txnguard</h2>", _unproxied(data),
         "<h2>Quarantine</h2>",
         _table(["reason", "lines"], data.quarantine) if data.quarantine else "<p>No line was quarantined.</p>",
         f"<script>{_SELF_CHECK}</script>", "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _unproxied(data: ReportData) -> str:
+    if not data.unproxied:
+        return ("<p>No transactional id active in the cluster's log went around the proxies (or no proxy listed the "
+                "log's ids: <code>audit.transaction_log_ids_interval_s</code>).</p>")
+    shown = len(data.unproxied)
+    more = f" The {shown} most recently active are shown; the table has every one." if data.unproxied_total > shown \
+        else ""
+    return (f"<p>{data.unproxied_total} transactional ids active in the cluster's log that no proxy saw in a request: "
+            f"clients that reach the brokers another way.{more}</p>"
+            + _table(["transactional id", "state in the log", "last activity", "producer id", "listed by"],
+                     data.unproxied))
 
 
 def write(data: ReportData, out: Path) -> Path:

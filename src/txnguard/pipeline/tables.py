@@ -58,6 +58,12 @@ def end_txn_holds(raw: DataFrame) -> DataFrame:
     return raw_table(raw, "end_txn_holds")
 
 
+def transaction_log_ids(raw: DataFrame) -> DataFrame:
+    """One row per transactional id active in the coordinator's log, per round of a proxy's records
+    (`kind: transaction_log_id`): its latest state, the coordinator's time of it, and whether that proxy saw it."""
+    return raw_table(raw, "transaction_log_ids")
+
+
 def window(frame: DataFrame, since_ms: int | None, until_ms: int | None) -> DataFrame:
     """Keep records with since <= time < until (either bound optional)."""
     t = F.unix_millis(F.col("event_time"))

@@ -364,6 +364,10 @@ class Audit(_Section):
     """Give up on a record after this (counted failed)."""
     flush_timeout_s: PositiveFloat = 5.0
     """Bounded wait for queued records on stop."""
+    transaction_log_ids_interval_s: PositiveFloat | None = 3600.0
+    """Every this often (checked once a second), one `transaction_log_id` record per transactional id active in the
+    coordinator's log (at most 10,000 a round, the ids this proxy never saw first): the fleet report's table of
+    clients that bypass txnguard. Unset: none. The first round comes one interval after the start."""
     producer: dict[str, str | int | float | bool] = {}
     """More librdkafka settings (security.protocol, sasl.*, ssl.*, ...); secrets among them are masked by
     `check-config --show`."""

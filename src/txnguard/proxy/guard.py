@@ -26,6 +26,7 @@ from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig, ProxyMode
 from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.proxy.verifier import Verifier
 from txnguard.verification.audit import (
     ClientInfo,
@@ -34,7 +35,9 @@ from txnguard.verification.audit import (
     end_txn_hold_record,
     identified,
     record_key,
+    transaction_log_id_record,
 )
+from txnguard.verification.bypass import Entry, SeenIds, active_entries, capped, unseen_count
 from txnguard.verification.checks import (
     Answer,
     AwaitEndTxn,
@@ -176,6 +179,12 @@ LEDGER_DELAY_S = 0.05
 # confluent-kafka and more transactions per second in every round (bench/short_transactions.py --compare-rev).
 # The cost: a SIGKILLed proxy loses up to the last 50 ms of passed-write records (docs/operations/audit.md).
 LEDGER_BOUND = 64
+# A round of transaction_log_id records lists at most this many ids (the unseen first; the rest counted), reading
+# the view LOG_IDS_SLICE ids a turn of the event loop (and writing a twentieth of that many records a turn).
+MAX_LOG_ID_RECORDS = 10_000
+LOG_IDS_SLICE = 20_000
+# The unseen-ids gauge is counted again at most this often (one pass over the view: 100,000 ids cost 30-75 ms).
+UNSEEN_REFRESH_S = 10.0
 _SETTLE_WAIT_S = 5.0  # a reader on another thread waits this long, at most, for the loop to record the ledger
 
 
@@ -216,6 +225,12 @@ class TransactionGuard:
                 on_refused=verifier.access.refused, on_proved=verifier.access.proved)
             verifier.transaction_log = self.follower
             verifier.transaction_log_wait_s = v.transaction_log_wait_ms / 1000
+            # Who reaches the brokers without this proxy (verification/bypass.py): the ids the registry learns are
+            # remembered past its expiry, at most as many as the view holds.
+            self.registry.seen = SeenIds(self.follower.view.limits.max_entries)
+        self._log_ids_interval_s = config.audit.transaction_log_ids_interval_s
+        self._log_ids_due = time.monotonic() + (self._log_ids_interval_s or 0.0)
+        self._log_ids_task: asyncio.Task[int] | None = None
         self._passed_templates: dict[tuple[Any, ...], tuple[ClientInfo, Verdict, tuple[str, str, str, str]]] = {}
         self.audit = AuditLog(config.audit_path, on_enabled=self._audit_enabled)
         self.log = logs.get(component="guard")
@@ -227,6 +242,58 @@ class TransactionGuard:
         metrics.before_collect.callbacks.append(self.settle_ledger)  # a scrape sees everything booked before it
         metrics.registry_size.set_function(lambda: len(self.registry))
         metrics.end_txn_in_doubt.set_function(lambda: len(self.in_doubt))
+        self._unseen_last = 0.0
+        self._unseen_at: float | None = None  # when the gauge last counted (monotonic)
+        if self.follower is not None:
+            metrics.log_follower_unseen.set_function(self._unseen_ids)
+
+    def _unseen_ids(self) -> float:
+        """The gauge, at scrape time, counted again at most every UNSEEN_REFRESH_S: one pass over the view, on the
+        event loop (/metrics is served there). A reader on another thread (a test's `get_sample_value`) may meet the
+        follower changing the view mid-pass: it gets the last count instead of an error."""
+        follower, seen = self.follower, self.registry.seen
+        if follower is None or seen is None:
+            return 0.0
+        now = time.monotonic()
+        if self._unseen_at is None or now - self._unseen_at >= UNSEEN_REFRESH_S:
+            try:
+                self._unseen_last = float(unseen_count(follower.view, seen, self.clock.wall_ms()))
+                self._unseen_at = now
+            except RuntimeError:  # "mutated during iteration": only off the loop's thread
+                pass
+        return self._unseen_last
+
+    def _log_ids_round(self) -> None:
+        """Housekeeping's: a round of `transaction_log_id` records every audit.transaction_log_ids_interval_s."""
+        if self._log_ids_interval_s is None or time.monotonic() < self._log_ids_due:
+            return
+        self._log_ids_due = time.monotonic() + self._log_ids_interval_s
+        if self._log_ids_task is None or self._log_ids_task.done():
+            self._log_ids_task = asyncio.get_running_loop().create_task(self.write_log_ids())
+
+    async def write_log_ids(self) -> int:
+        """One round of `transaction_log_id` records: the ids active in the coordinator's log, the unseen first, at
+        most MAX_LOG_ID_RECORDS; how many were written. Nothing before the follower has read the log once (a view being
+        read holds part of the log). A large view is read from a copy in slices, the records written in slices,
+        each slice a turn of the event loop, so clients' requests never wait for a whole round."""
+        follower, seen = self.follower, self.registry.seen
+        if follower is None or seen is None or not follower.caught_up_once or not self.audit.enabled:
+            return 0
+        now = self.clock.wall_ms()
+        items = list(follower.view.items())  # one C-level copy: the follower changes the view between slices
+        found: list[Entry] = []
+        for start in range(0, len(items), LOG_IDS_SLICE):
+            found += active_entries(items[start:start + LOG_IDS_SLICE], seen, now)
+            await asyncio.sleep(0)
+        round_ = capped(found, MAX_LOG_ID_RECORDS)
+        for start in range(0, len(round_.ids), LOG_IDS_SLICE // 20):
+            for log_id in round_.ids[start:start + LOG_IDS_SLICE // 20]:
+                self.audit.write(transaction_log_id_record(time_ms=now, proxy_id=self.audit.proxy_id, log_id=log_id,
+                                                           active_ids=round_.active, omitted_ids=round_.omitted))
+            await asyncio.sleep(0)
+        self.log.info("transaction_log_ids_written", records=len(round_.ids), active=round_.active,
+                      unseen=sum(1 for i in round_.ids if not i.seen), omitted=round_.omitted)
+        return len(round_.ids)
 
     def _audit_enabled(self, enabled: bool) -> None:
         # Only an audit record shows a decision's thread CPU time: not measured when nobody reads it.
@@ -245,6 +312,8 @@ class TransactionGuard:
             self._ledger_timer.cancel()
             self._ledger_timer = None
         self.flush_ledger()
+        if self._log_ids_task is not None:
+            await cancel_and_wait([self._log_ids_task], self.log)
         if self.follower is not None:
             await self.follower.close()
         await self.verifier.close()
@@ -321,6 +390,7 @@ class TransactionGuard:
         """Once a second (Proxy._timer_loop): the ledger recorded, whatever its timer; what expired forgotten."""
         self.flush_ledger()
         self.registry.expire(self.clock.wall_ms())
+        self._log_ids_round()
         for s in self.in_doubt.expire(self.clock.wall_ms()):
             self.log.warning("end_txn_in_doubt_expired", transactional_id=s.transactional_id,
                              producer_id=s.producer_id, producer_epoch=s.producer_epoch, committed=s.committed,

@@ -225,6 +225,12 @@ class ProxyMetrics:
         self.log_follower_ids = Gauge(
             "txnguard_transaction_log_transactional_ids", "Transactional ids the follower holds the latest state of",
             registry=r)
+        # Clients that bypass the proxy (verification/bypass.py): computed at scrape time from the view.
+        self.log_follower_unseen = Gauge(
+            "txnguard_transaction_log_unseen_transactional_ids", "Transactional ids active in __transaction_state "
+            "(not Dead, a record within the last 24 h) that this proxy never saw in a request since it started: "
+            "clients that reach the brokers another way. Meaningful for a single gateway only (sidecars and replicas "
+            "each see a share of the clients: there the fleet report's table counts)", registry=r)
         self.log_follower_records = Counter(
             "txnguard_transaction_log_records", "Records of __transaction_state read, by what they did: state, "
             "tombstone, unknown_version or malformed (the id is then asked of the coordinator)", ["outcome"],

@@ -10,7 +10,8 @@ import struct
 
 from txnguard.codecs.transaction_log import TxnLogValue
 
-STATUS = {"Empty": 0, "Ongoing": 1, "PrepareCommit": 2, "PrepareAbort": 3, "CompleteCommit": 4, "CompleteAbort": 5}
+STATUS = {"Empty": 0, "Ongoing": 1, "PrepareCommit": 2, "PrepareAbort": 3, "CompleteCommit": 4, "CompleteAbort": 5,
+          "Dead": 6, "PrepareEpochFence": 7}
 
 
 def uvarint(n: int) -> bytes:

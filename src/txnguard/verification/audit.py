@@ -1,11 +1,13 @@
 """The audit records: JSON-ready dicts, pure (no IO, no clock: the time is passed in).
 
-Four kinds in one stream (schema_version 2): a `decision` per partition verification, a
+Five kinds in one stream (schema_version 2): a `decision` per partition verification, a
 `connection` per client connection that identified itself, written when it closes (the client
-inventory needs clients that were never rejected too), and a `hanging` per hanging transaction the
-proxy's periodic scan finds (once per transaction, when first found), and an `end_txn_hold` per request held
-while an EndTxn was in doubt (the KAFKA-17754 defence). The PySpark pipeline reads these; change a
-field only with a new schema_version. Version 1 was a decision record without `kind` and `proxy_id`.
+inventory needs clients that were never rejected too), a `hanging` per hanging transaction the
+proxy's periodic scan finds (once per transaction, when first found), an `end_txn_hold` per request held
+while an EndTxn was in doubt (the KAFKA-17754 defence), and a `transaction_log_id` per transactional id active
+in the coordinator's log, every `audit.transaction_log_ids_interval_s` (verification/bypass.py). The PySpark
+pipeline reads these; change a field only with a new schema_version. Version 1 was a decision record without
+`kind` and `proxy_id`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from txnguard.verification.bypass import LogId
 from txnguard.verification.hanging import Finding
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.outcomes import Verdict
@@ -20,6 +23,7 @@ from txnguard.verification.outcomes import Verdict
 SCHEMA_VERSION = 2
 DECISION, CONNECTION, HANGING = "decision", "connection", "hanging"
 END_TXN_HOLD = "end_txn_hold"
+TRANSACTION_LOG_ID = "transaction_log_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,23 @@ def end_txn_hold_record(*, time_ms: int, proxy_id: str, transactional_id: str, p
         "error_sent": error_sent,
         "error_name": error_name,
         **_client(client),
+    }
+
+
+def transaction_log_id_record(*, time_ms: int, proxy_id: str, log_id: LogId, active_ids: int,
+                               omitted_ids: int) -> dict[str, Any]:
+    """One transactional id active in the coordinator's log (verification/bypass.py), as this proxy's follower read
+    it: its latest state and the coordinator's time of it (`last_update_ms`), and whether this proxy saw the id in a
+    request (`seen_by_proxy`). One round of them lists `active_ids` ids, the unseen first; `omitted_ids` of them
+    were left out past the round's cap. The fleet report lists the ids no proxy saw."""
+    return {
+        **_envelope(TRANSACTION_LOG_ID, proxy_id, time_ms),
+        **_producer(log_id.transactional_id, log_id.producer_id, log_id.producer_epoch),
+        "coordinator_state": log_id.state,
+        "last_update_ms": log_id.last_update_ms,
+        "seen_by_proxy": log_id.seen,
+        "active_ids": active_ids,
+        "omitted_ids": omitted_ids,
     }
 
 

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from txnguard.verification.bypass import SeenIds
 from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
 from txnguard.verification.timeouts import OVERDUE_SLACK_MS, Candidate
 
@@ -149,6 +150,9 @@ class Registry:
     def __init__(self, limits: RegistryLimits | None = None) -> None:
         self.limits = limits or RegistryLimits()
         self._records: OrderedDict[str, TxnRecord] = OrderedDict()
+        # Every id this proxy saw, kept past idle expiry and eviction (verification/bypass.py): told when an entry is
+        # created and when one goes, so its order follows the registry's (no work per request beyond those).
+        self.seen: SeenIds | None = None
 
     def __len__(self) -> int:
         return len(self._records)
@@ -161,8 +165,12 @@ class Registry:
         if rec is None:
             rec = TxnRecord(transactional_id, last_seen_ms=now_ms, observed_ms=now_ms)
             self._records[transactional_id] = rec
+            if self.seen is not None:
+                self.seen.see(transactional_id)
             while len(self._records) > self.limits.max_entries:
-                self._records.popitem(last=False)
+                evicted, _ = self._records.popitem(last=False)
+                if self.seen is not None:
+                    self.seen.see(evicted)  # seen until now: its place in the seen order moves up
         else:
             self._records.move_to_end(transactional_id)
         rec.last_seen_ms = now_ms
@@ -231,6 +239,8 @@ class Registry:
             if now_ms - rec.last_seen_ms > self.limits.idle_expiry_ms:
                 del self._records[txn_id]
                 dropped += 1
+                if self.seen is not None:
+                    self.seen.see(txn_id)  # seen until it went idle: its place in the seen order moves up
             elif rec.phase is Phase.ONGOING and rec.started_ms is not None and rec.timeout_ms is not None \
                     and now_ms - rec.started_ms > rec.timeout_ms:
                 # The coordinator aborts it (or is about to): whatever we knew is no longer evidence. Our clock
