@@ -1,5 +1,6 @@
 """What do the in-place readers of the transactional path cost per call, warm? `scan_transactional` (the relay's
-fast path for a transactional Produce; in this tree the native reader, before it a Python one) and `read_txn_request` / `read_txn_response` (the transaction life cycle),
+fast path for a transactional Produce) and `read_txn_request` / `read_txn_response` (the transaction life cycle;
+in this tree the native readers, before them Python ones),
 on real frames built with kio, this tree's readers beside another revision's.
 
 Run: `.venv/bin/python bench/scan_cost.py [--before main] [--number 20000] [--repeat 7]`
@@ -49,6 +50,11 @@ def _mod(cls: Any) -> Any:
 
 
 def _old(rev: str, name: str, tmp: Path) -> ModuleType:
+    if name != "runs" and "txnguard.codecs.runs" not in sys.modules:
+        try:
+            import txnguard.codecs.runs  # noqa: F401 - an older tree
+        except ImportError:  # gone with the Python readers: the old ones import it from their revision
+            sys.modules["txnguard.codecs.runs"] = _old(rev, "runs", tmp)
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:src/txnguard/codecs/{name}.py"],
                             check=True, capture_output=True, text=True).stdout
     path = tmp / f"before_{name}.py"

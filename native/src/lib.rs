@@ -1,12 +1,16 @@
 //! txnguard's native data path (`txnguard._native`): the readers of the relay's fast path.
 //!
-//! Everything here reads bytes a client sent, which may be hostile: every read is bounds-checked
+//! Everything here reads bytes a client or a broker sent, which may be hostile: every read is bounds-checked
 //! (`bytes.rs`), nothing here uses `unsafe`, and a panic (a bug, never an input's fault) reaches Python as
 //! `PanicException`, which the connection core catches to close only that connection.
+//!
+//! Every reader takes the buffer the frame lies in and the frame's bounds in it (`start`, `stop`): the socket's
+//! read is read where it is, never copied or sliced. Each answers None for what the general path must read.
 
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod lifecycle;
 pub mod produce;
 
 use pyo3::buffer::PyBuffer;
@@ -14,32 +18,98 @@ use pyo3::panic::PanicException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use lifecycle::TxnRequest;
+
+/// Run `$read` with `$b` bound to the bytes of `$data`: a `bytes` object as a plain slice (the socket's reads),
+/// any other contiguous buffer as its cells (a non-contiguous one: None, the general path reads it).
+macro_rules! in_place {
+    ($data:expr, |$b:ident| $read:expr) => {{
+        let data: &Bound<'_, PyAny> = $data;
+        if let Ok(bytes) = data.cast::<PyBytes>() {
+            let $b = bytes.as_bytes();
+            $read
+        } else {
+            let buffer = PyBuffer::<u8>::get(data)?;
+            match buffer.as_slice(data.py()) {
+                Some(cells) => {
+                    let $b = cells;
+                    $read
+                }
+                None => None,
+            }
+        }
+    }};
+}
+
 /// (transactional id, producer id, producer epoch, [(topic, partition)], acks)
 type Write = (String, i64, i16, Vec<(String, i32)>, i16);
 
 /// `scan_transactional(data, start, stop, flexible)`: the transactional Produce whose body runs from its
-/// transactional id at `start` to the frame's end at `stop` in `data` (any contiguous buffer: the socket's
-/// read, never copied), or None when the fast path must leave it to the general path.
+/// transactional id at `start` to the frame's end at `stop` in `data`, or None when the fast path must leave
+/// it to the general path (produce.rs).
 #[pyfunction]
 fn scan_transactional(data: &Bound<'_, PyAny>, start: usize, stop: usize, flexible: bool)
     -> PyResult<Option<Write>> {
-    let pack = |w: produce::TransactionalWrite| {
-        (w.transactional_id, w.producer_id, w.producer_epoch, w.partitions, w.acks)
+    let found = in_place!(data, |b| produce::scan_transactional(b, start, stop, flexible));
+    Ok(found.map(|w| (w.transactional_id, w.producer_id, w.producer_epoch, w.partitions, w.acks)))
+}
+
+/// `read_txn_request(data, start, stop, key, version)`: a life-cycle request (the frame without its length
+/// prefix in `data[start:stop]`) as a 4-tuple: (transactional id, producer id, epoch, X) with X the timeout
+/// (InitProducerId; its id may be None), the partitions (AddPartitionsToTxn), the group (AddOffsetsToTxn) or
+/// committed (EndTxn); None for kio to read (lifecycle.rs).
+#[pyfunction]
+fn read_txn_request(py: Python<'_>, data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16, version: i16)
+    -> PyResult<Option<Py<PyAny>>> {
+    let found = in_place!(data, |b| lifecycle::read_txn_request(b, start, stop, key, version));
+    let Some(request) = found else { return Ok(None) };
+    let object = match request {
+        TxnRequest::InitProducerId { transactional_id, producer_id, producer_epoch, timeout_ms } =>
+            (transactional_id, producer_id, producer_epoch, timeout_ms).into_pyobject(py)?,
+        TxnRequest::AddPartitions { transactional_id, producer_id, producer_epoch, partitions } =>
+            (transactional_id, producer_id, producer_epoch, partitions).into_pyobject(py)?,
+        TxnRequest::AddOffsets { transactional_id, producer_id, producer_epoch, group_id } =>
+            (transactional_id, producer_id, producer_epoch, group_id).into_pyobject(py)?,
+        TxnRequest::EndTxn { transactional_id, producer_id, producer_epoch, committed } =>
+            (transactional_id, producer_id, producer_epoch, committed).into_pyobject(py)?,
     };
-    // The socket's reads are `bytes`: read as a plain slice (no buffer protocol round trip).
-    if let Ok(bytes) = data.cast::<PyBytes>() {
-        return Ok(produce::scan_transactional(bytes.as_bytes(), start, stop, flexible).map(pack));
-    }
-    let buffer = PyBuffer::<u8>::get(data)?;
-    let Some(cells) = buffer.as_slice(data.py()) else {
-        return Ok(None); // not contiguous: the general path
-    };
-    Ok(produce::scan_transactional(cells, start, stop, flexible).map(pack))
+    Ok(Some(object.into_any().unbind()))
+}
+
+/// (error code, producer id, producer epoch, accepted [(topic, partition)], all concurrent)
+type Answer = (i16, i64, i16, Vec<(String, i32)>, bool);
+
+/// `read_txn_response(data, start, stop, key, version)`: a life-cycle answer (from its correlation id in
+/// `data[start:stop]`), or None for kio to read (lifecycle.rs).
+#[pyfunction]
+fn read_txn_response(data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16, version: i16)
+    -> PyResult<Option<Answer>> {
+    let found = in_place!(data, |b| lifecycle::read_txn_response(b, start, stop, key, version));
+    Ok(found.map(|r| (r.error_code, r.producer_id, r.producer_epoch, r.accepted, r.all_concurrent)))
+}
+
+/// `read_txn_offset_commit(data, start, stop, version)`: (transactional id, group id, producer id, epoch) of a
+/// TxnOffsetCommit v0-4 (the frame without its length prefix in `data[start:stop]`), or None for kio.
+#[pyfunction]
+fn read_txn_offset_commit(data: &Bound<'_, PyAny>, start: usize, stop: usize, version: i16)
+    -> PyResult<Option<(String, String, i64, i16)>> {
+    let found = in_place!(data, |b| lifecycle::read_txn_offset_commit(b, start, stop, version));
+    Ok(found.map(|c| (c.transactional_id, c.group_id, c.producer_id, c.producer_epoch)))
+}
+
+/// `set_known_errors(low, high)`: the error codes kio knows (once, at import: codecs/native.py).
+#[pyfunction]
+fn set_known_errors(low: i16, high: i16) {
+    lifecycle::set_known_errors(low, high);
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan_transactional, m)?)?;
+    m.add_function(wrap_pyfunction!(read_txn_request, m)?)?;
+    m.add_function(wrap_pyfunction!(read_txn_response, m)?)?;
+    m.add_function(wrap_pyfunction!(read_txn_offset_commit, m)?)?;
+    m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -23,7 +23,6 @@ from txnguard.codecs.produce_scan import scan_produce
 from txnguard.testing.raw import build_batch
 
 
-
 def scan_transactional(body: memoryview, flexible: bool) -> Any:
     """The native reader over `body` (the request from its transactional id), as the relay calls it: on the
     client's whole read with the body's bounds (here a frame of its own)."""

@@ -1,12 +1,11 @@
-"""The in-place readers of the transaction life cycle and TxnOffsetCommit (`lifecycle_scan`) read what kio reads:
-for requests and
-answers built with kio, every version the readers take, the same `TxnRequest` / `TxnResponse`; and for mutated
-bytes, whenever a reader answers, kio (after its bounds check) decodes the frame and gives the same."""
+"""The in-place readers of the transaction life cycle and TxnOffsetCommit (`lifecycle_scan`, the native ones of
+native/src/lifecycle.rs) read what kio reads: for requests and answers built with kio, every version the readers
+take, the same `TxnRequest` / `TxnResponse`; and for mutated bytes, whenever a reader answers, kio (after its
+bounds check) decodes the frame and gives the same."""
 
 from __future__ import annotations
 
 import datetime
-import struct
 import sys
 from typing import Any
 
@@ -25,10 +24,6 @@ from txnguard.codecs.lifecycle_scan import (
     EndTxnSeen,
     InitProducerIdSeen,
     TxnOffsetCommit,
-    _fieldwise_request,
-    _fieldwise_response,
-    _plain_request,
-    _plain_response,
     from_kio_request,
     from_kio_response,
     read_txn_offset_commit,
@@ -206,25 +201,11 @@ def test_a_mutated_txn_offset_commit_is_read_only_as_kio_reads_it(frame: bytes, 
         assert found == kio  # kio raises nothing on it either
 
 
-# -- plain frames read in a few unpacks (`_plain_request`, `_plain_response`) before the field-by-field reader --
-# Whatever the plain readers answer, the field-by-field reader alone answers the same; what they decline, it reads.
+# -- shapes around the plain one, each with the answer it must get ---------------------------------------------
+# (The third element of each case says whether the Python reader before the native one took it in a few unpacks
+# rather than field by field: kept, each shape's reason to be here.)
 
-PLAIN_FAILURES = (struct.error, UnicodeDecodeError, IndexError)  # what read_txn_request/response catch
-
-
-def _plain_req(body: memoryview) -> Any:
-    head = peek_request(body)
-    try:
-        return _plain_request(body, head.api_key, head.api_version)
-    except PLAIN_FAILURES:
-        return None
-
-
-def _plain_resp(body: memoryview, key: int, version: int) -> Any:
-    try:
-        return _plain_response(body, key, version >= FIRST_FLEXIBLE[key])
-    except PLAIN_FAILURES:
-        return None
+AROUND = b"\xa5" * 9  # bytes before and after the frame in the read it lies in: never read
 
 
 FIRST_FLEXIBLE = {ApiKey.INIT_PRODUCER_ID: 2, ApiKey.ADD_PARTITIONS_TO_TXN: 3, ApiKey.ADD_OFFSETS_TO_TXN: 3,
@@ -293,12 +274,12 @@ def _request_cases(key: int, version: int) -> dict[str, tuple[bytes, Any, bool]]
 
 
 @pytest.mark.parametrize(("key", "version"), [(k, v) for k, vs in VERSIONS.items() for v in vs])
-def test_a_plain_request_is_read_in_a_few_unpacks_and_every_other_field_by_field(key: int, version: int) -> None:
-    for name, (frame, expected, taken) in _request_cases(key, version).items():
+def test_each_request_shape_gets_its_answer_also_where_it_lies_in_a_longer_read(key: int, version: int) -> None:
+    for name, (frame, expected, _) in _request_cases(key, version).items():
         body = memoryview(frame)
         assert read_txn_request(body, peek_request(body)) == expected, name
-        assert _fieldwise_request(body, peek_request(body)) == expected, name  # the reader alone: the same
-        assert _plain_req(body) == (expected if taken else None), name  # and who read it
+        read = AROUND + frame + AROUND
+        assert read_txn_request(read, peek_request(body), len(AROUND), len(AROUND) + len(frame)) == expected, name
 
 
 def _response_frame(key: int, version: int, error: ErrorCode = ErrorCode.none, topics: int = 1,
@@ -356,36 +337,9 @@ def _response_cases(key: int, version: int) -> dict[str, tuple[bytes, Any, bool]
 
 
 @pytest.mark.parametrize(("key", "version"), [(k, v) for k, vs in VERSIONS.items() for v in vs])
-def test_a_plain_answer_is_read_in_a_few_unpacks_and_every_other_field_by_field(key: int, version: int) -> None:
-    for name, (frame, expected, taken) in _response_cases(key, version).items():
+def test_each_answer_shape_gets_its_answer_also_where_it_lies_in_a_longer_read(key: int, version: int) -> None:
+    for name, (frame, expected, _) in _response_cases(key, version).items():
         body = memoryview(frame)
         assert read_txn_response(body, key, version) == expected, name
-        assert _fieldwise_response(body, key, version >= FIRST_FLEXIBLE[key]) == expected, name
-        assert _plain_resp(body, key, version) == (expected if taken else None), name
-
-
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests(), st.data())
-def test_the_plain_request_reader_answers_only_as_the_field_by_field_reader(built: tuple[int, int, bytes],
-                                                                            data: st.DataObject) -> None:
-    body = memoryview(_mutated(built[2], data))[4:]
-    try:
-        head = peek_request(body)
-    except CodecError:
-        return  # no header: never read
-    found, fieldwise = _plain_req(body), _fieldwise_request(body, head)
-    if found is not None:
-        assert found == fieldwise
-    assert read_txn_request(body, head) == fieldwise
-
-
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(responses(), st.data())
-def test_the_plain_answer_reader_answers_only_as_the_field_by_field_reader(built: tuple[int, int, bytes],
-                                                                           data: st.DataObject) -> None:
-    key, version, frame = built
-    body = memoryview(_mutated(frame, data))[4:]
-    found, fieldwise = _plain_resp(body, key, version), _fieldwise_response(body, key, version >= FIRST_FLEXIBLE[key])
-    if found is not None:
-        assert found == fieldwise
-    assert read_txn_response(body, key, version) == fieldwise
+        read = AROUND + frame + AROUND
+        assert read_txn_response(read, key, version, len(AROUND), len(AROUND) + len(frame)) == expected, name

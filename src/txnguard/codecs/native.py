@@ -8,6 +8,9 @@ the proxy says so at start (a log line, `txnguard_native_data_path`, `/readyz`'s
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
+
+from kio.schema.errors import ErrorCode
 
 # (transactional id, producer id, producer epoch, [(topic, partition)], acks): a plain transactional Produce
 TransactionalWrite = tuple[str, int, int, list[tuple[str, int]], int]
@@ -30,6 +33,14 @@ def _absent(data: bytes | bytearray | memoryview, start: int, stop: int, flexibl
     raise RuntimeError(MISSING)  # never called: the fast path is off without the native module
 
 
+# The error codes kio knows (a contiguous range): the native readers decline an answer with any other, as kio
+# refuses it.
+# (Should a kio release leave a gap, no answer is read natively: an empty range, kio reads them all.)
+KNOWN_ERRORS = frozenset(int(code) for code in ErrorCode)
+_LOW, _HIGH = min(KNOWN_ERRORS), max(KNOWN_ERRORS)
+if _native is not None:
+    _native.set_known_errors(*((_LOW, _HIGH) if len(KNOWN_ERRORS) == _HIGH - _LOW + 1 else (0, -1)))
+
 # `scan_transactional(data, start, stop, flexible)`: the Produce from its transactional id at `start` to the frame's
 # end at `stop`, read in place in `data`; None when the general path must judge it (native/src/produce.rs).
 scan_transactional = _native.scan_transactional if _native is not None else _absent
@@ -41,3 +52,12 @@ class _NeverRaised(BaseException):
 
 # What a Rust panic becomes in Python (a BaseException): the core catches it and closes only that connection.
 PanicException: type[BaseException] = getattr(_native, "PanicException", _NeverRaised)
+
+# The life-cycle readers (native/src/lifecycle.rs), each on `data[start:stop]`; None for kio to read. Only called
+# where AVAILABLE (lifecycle_scan.py goes to kio without the module).
+# read_txn_request(data, start, stop, key, version) -> (transactional id, producer id, epoch, X) | None
+read_txn_request: Any = getattr(_native, "read_txn_request", None)
+# read_txn_response(data, start, stop, key, version) -> (error, producer id, epoch, accepted, all concurrent) | None
+read_txn_response: Any = getattr(_native, "read_txn_response", None)
+# read_txn_offset_commit(data, start, stop, version) -> (transactional id, group id, producer id, epoch) | None
+read_txn_offset_commit: Any = getattr(_native, "read_txn_offset_commit", None)

@@ -312,7 +312,7 @@ class Connection:
                     body = view[pos + 4:stop]
                     head = RequestHead(key, version, correlation_id)
                     parsing = clock.perf()
-                    commit = read_txn_offset_commit(body, head)
+                    commit = read_txn_offset_commit(data, head, pos + 4, stop)
                     if commit is None:
                         break
                     started = clock.perf()
