@@ -192,6 +192,28 @@ def s6_java_copiers_through_a_broker_crash(cluster: Cluster, start_proxy: StartP
         n = len(copy.inputs[p])
         assert r.shutdown_complete and (r.total_processed, r.remaining) == (n, 0), r
     _assert_exactly_once(cluster, proxy, copy, lambda v: v)
+    _assert_the_log_followed(proxy, [f"{copy.group}-tid-{p}" for p in copy.inputs])
+
+
+def _assert_the_log_followed(proxy: ProxyThread, txn_ids: Sequence[str]) -> None:
+    """The gateway's follower of __transaction_state through the crash: every partition read from its leader (those
+    the killed broker led: from their new leaders) to its end, no problem left, each copier's last transaction read
+    as committed (written after the crash), and no write refused on the log."""
+    assert proxy.proxy is not None and proxy.proxy.guard.follower is not None
+    follower = proxy.proxy.guard.follower
+    proxy.wait_for(lambda: follower.problem is None and proxy.metric("txnguard_transaction_log_lag_records") == 0
+                   and all(follower.partition_usable(p) for p in follower.leaders), 30, "the follower at the log's end")
+    states = {t: getattr(follower.view.describe(t), "state", None) for t in txn_ids}
+    assert set(states.values()) == {"CompleteCommit"}, states
+    refused_on_the_log = sum(s.value for m in proxy.proxy.metrics.registry.collect() for s in m.samples
+                             if s.name == "txnguard_verifications_total" and s.labels.get("evidence") == "log"
+                             and s.labels.get("decision") == "rejected")
+    assert refused_on_the_log == 0
+    by_evidence = {e: proxy.metric("txnguard_verifications_total", {"evidence": e, "outcome": "pass",
+                                                                      "decision": "forwarded"})
+                   for e in ("local", "log", "leader", "coordinator")}
+    print(f"the follower: {proxy.metric('txnguard_transaction_log_records_total', {'outcome': 'state'}):.0f} records "
+          f"read, lag 0; writes passed by evidence {by_evidence}")
 
 
 @pytest.mark.java

@@ -7,7 +7,8 @@ of exactly-once copies.
                                        restart on the same ports ─▶ the copier reconnects, its open
                                                   transaction is verified with the coordinator
     afterwards: every input record once in the output at read_committed, in order; find-hanging empty;
-                the new proxy refused nothing (no false rejection) and let nothing through unverified
+                the new proxy refused nothing (no false rejection) and let nothing through unverified; it read the
+                coordinator's log, __transaction_state, again from its start and is at its end (its /metrics)
 
     sidecar layout: copier ──▶ sidecar 1, 2, 3 ──▶ their brokers; SIGKILL the sidecar in front of the
                     copier's transaction coordinator (not the output's leader: that sidecar lives on and
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from txnguard.testing import clients
-from txnguard.testing.bounce import free_port, gateway, kill, listener_ports, run_bounce
+from txnguard.testing.bounce import follower_figures, free_port, gateway, kill, listener_ports, run_bounce
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.kafka import Cluster
 from txnguard.testing.proxy import ProxyProcess
@@ -55,6 +56,8 @@ def test_the_gateway_killed_and_restarted_mid_copy_loses_nothing_doubles_nothing
     # transaction the reset cut and starts the next one with AddPartitionsToTxn through the new proxy,
     # so its evidence is local again; the case below continues a transaction across the restart.)
     assert result.decisions_after > 0 and result.refused_after == 0, result
+    # The restarted gateway read the coordinator's log again, from its start, and is at its end.
+    assert result.log_records_after > 0 and result.log_lag_after == 0, result
     assert result.passed, result
 
 
@@ -63,7 +66,7 @@ def test_a_transaction_open_across_the_restart_is_verified_with_the_coordinator_
 ) -> None:
     """    client ─Init, AddPartitions, Produce "before"─▶ gateway 1 ✓ (local evidence)
                             SIGKILL gateway 1; gateway 2 on the same ports (empty registry)
-           client ─Produce "after" (same transaction)─▶ gateway 2: the coordinator's log ✓ Ongoing
+           client ─Produce "after" (same transaction)─▶ gateway 2: the coordinator's log, read again ✓ Ongoing
            client ─EndTxn(commit)─▶ exactly both records"""
     from txnguard.testing.scenarios import TxnActor
 
@@ -81,6 +84,7 @@ def test_a_transaction_open_across_the_restart_is_verified_with_the_coordinator_
         second = gateway(cluster, port, admin, audit, tmp_path / "after.log", brokers)
         assert actor.produce(topic, 0, [b"after"]).error_code == 0
         assert actor.end(commit=True) == 0
+        read, lag = follower_figures(admin)
     finally:
         for p in (first, second):
             if p is not None and p.proc is not None and p.proc.poll() is None:
@@ -88,9 +92,10 @@ def test_a_transaction_open_across_the_restart_is_verified_with_the_coordinator_
     clients.stable_end_offsets(cluster.bootstrap_servers, topic)
     assert clients.ConfluentKafkaClient().consume_committed(cluster.bootstrap_servers, topic) == [b"before", b"after"]
     [decision] = [r for r in map(json.loads, audit.read_text().splitlines()) if r.get("kind") == "decision"]
-    # The coordinator's log (which gateway 2 read before it was ready), or the leader or the coordinator asked.
-    assert (decision["outcome"], decision["evidence"]) in {("pass", "log"), ("pass", "coordinator"),
-                                                           ("pass", "leader")}, decision
+    # gateway 2 read the coordinator's log again before it was ready (its /readyz waits for that): the log, where
+    # the transaction is Ongoing with the partition, passed the write; and it follows the log to its end.
+    assert (decision["outcome"], decision["evidence"]) == ("pass", "log"), decision
+    assert read > 0 and lag == 0, (read, lag)
 
 
 @pytest.mark.parametrize("copier", ["java-2.8.2", "confluent-kafka"])
@@ -106,4 +111,6 @@ def test_the_coordinators_sidecar_killed_and_restarted_mid_copy_loses_nothing_do
     assert result.copied_exactly_once, result
     # Every refusal from the kill on says why and is retriable or rests on Kafka's own answer.
     assert result.decisions_after > 0 and result.unjustified == 0, result
+    # The restarted sidecar read the coordinator's log again (through the other sidecars too) and is at its end.
+    assert result.log_records_after > 0 and result.log_lag_after == 0, result
     assert result.passed, result

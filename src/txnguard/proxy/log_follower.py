@@ -13,7 +13,12 @@ own connections, without a consumer group (plain Fetch at offsets it keeps itsel
   record is replicated (acks=all), so anything the client heard of before its write is below that
   high watermark;
 * Metadata is read again on a leader error, a connection error or every `metadata_refresh_s`; a new
-  leader continues from the view's position (the log is the same log).
+  leader continues from the view's position (the log is the same log). Each Fetch carries the leader epoch
+  Metadata named: a broker that lost the leadership answers FENCED_LEADER_EPOCH, not what it holds as a
+  follower (Fetch v11+ reads from followers), whose high watermark lags the leader's: a record the coordinator
+  had acknowledged would be missing from a view "read to its end" (a false refusal, seen when the copier's
+  __transaction_state partition moved). A new leader's own watermark counts once ListOffsets
+  answers it is past the start of its epoch (KIP-207): until then it may lag what the old leader acknowledged.
 
 Health is per partition: the log decides for a transactional id only once the follower has read that id's
 partition to its high watermark, and while its leader answers. `caught_up_once` is readiness: every
@@ -35,9 +40,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.list_offsets.v4.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.types import TopicName
-from kio.static.primitive import i32, i32Timedelta, i64
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from txnguard.codecs.errors import CodecError, DecodeFailed
 from txnguard.codecs.transaction_log import TOPIC, UnknownVersion, records
@@ -77,6 +83,10 @@ class LogFollower:
         self._syncs = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
         self.leaders: dict[int, HostPort] = {}       # partition -> its leader's address
         self.high_watermarks: dict[int, int] = {}
+        # partition -> its leader's epoch as Metadata named it, sent in every Fetch (a broker that no longer leads
+        # it answers FENCED_LEADER_EPOCH instead of what it holds as a follower, to its own, older high watermark)
+        self.leader_epochs: dict[int, int] = {}
+        self._epoch_checked: dict[int, int] = {}   # partition -> the epoch whose leader's watermark reached its start
         self.caught_up_at: dict[int, float] = {}     # partition -> monotonic time it last reached the watermark
         self._behind: set[int] = set()               # partitions whose last Fetch ended below the high watermark
         self._failing: set[HostPort] = set()         # leaders whose last Fetch failed: their partitions decide nothing
@@ -170,6 +180,7 @@ class LogFollower:
             self.own = {p for p, a in mapped.items() if a is not None}
             leaders = {p: mapped[p] or a for p, a in leaders.items()}
         self.leaders = leaders
+        self.leader_epochs = {int(p.partition_index): int(p.leader_epoch) for p in topic.partitions}  # type: ignore[union-attr]
         self._check_caught_up()
         for p in leaders:
             self.view.positions.setdefault(p, 0)
@@ -202,8 +213,10 @@ class LogFollower:
                 return
             try:
                 conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
-                answer = await conn.request(self._fetch(partitions, self.max_wait_ms),
-                                            self.timeout_s + self.max_wait_ms / 1000)
+                # A new leader's watermark not past its epoch's start yet: a short poll, then asked again.
+                started = await self._epochs_started(conn, partitions)
+                wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
+                answer = await conn.request(self._fetch(partitions, wait_ms), self.timeout_s + wait_ms / 1000)
                 self._failing.discard(address)
                 _, failed = self._apply(answer)
                 if failed.issuperset(partitions):
@@ -227,9 +240,37 @@ class LogFollower:
             max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=max_wait_ms)), min_bytes=i32(1),
             max_bytes=i32(FETCH_MAX_BYTES),
             topics=(FetchTopic(topic=TopicName(TOPIC), partitions=tuple(
-                FetchPartition(partition=i32(p), fetch_offset=i64(self.view.positions.get(p, 0)),
+                FetchPartition(partition=i32(p), current_leader_epoch=i32(self.leader_epochs.get(p, -1)),
+                               fetch_offset=i64(self.view.positions.get(p, 0)),
                                partition_max_bytes=i32(PARTITION_MAX_BYTES)) for p in partitions)),),
             forgotten_topics_data=())
+
+    def _epoch_started(self, partition: int) -> bool:
+        epoch = self.leader_epochs.get(partition, -1)
+        return epoch < 0 or self._epoch_checked.get(partition) == epoch
+
+    async def _epochs_started(self, conn: Any, partitions: list[int], timeout_s: float | None = None) -> bool:
+        """Whether each partition's leader has a high watermark past the start of its epoch, asked once per epoch.
+
+        A leader just elected reports the watermark it knew as a follower until its followers fetch from it: below
+        records the previous leader had acknowledged (the coordinator answered its client), which a Fetch that stops
+        there would call the end of the log. ListOffsets LATEST answers OFFSET_NOT_AVAILABLE until the watermark
+        reached the epoch's start (KIP-207); till then the partition is not read to its end (`_apply`)."""
+        asked = {p: self.leader_epochs.get(p, -1) for p in partitions if not self._epoch_started(p)}
+        if not asked:
+            return True
+        latest = tuple(ListOffsetsPartition(partition_index=i32(p), current_leader_epoch=i32(e), timestamp=i64(-1))
+                       for p, e in asked.items())
+        answer = await conn.request(ListOffsetsRequest(replica_id=BrokerId(-1), isolation_level=i8(0), topics=(
+            ListOffsetsTopic(name=TopicName(TOPIC), partitions=latest),)), timeout_s or self.timeout_s)
+        for topic in answer.topics:
+            for part in topic.partitions:
+                p, code = int(part.partition_index), int(part.error_code)
+                if code == ErrorCode.none:
+                    self._epoch_checked[p] = asked[p]
+                elif code in LEADER_ERRORS:
+                    self._metadata_stale.set()
+        return all(self._epoch_started(p) for p in partitions)
 
     def _apply(self, answer: Any) -> tuple[set[int], set[int]]:
         """One Fetch answer into the view: (the partitions it read to the high watermark it reported, those that
@@ -264,7 +305,7 @@ class LogFollower:
                 self._read(p, part.records)
                 hw = int(part.high_watermark)
                 self.high_watermarks[p] = hw
-                if self.view.positions.get(p, 0) >= hw:
+                if self.view.positions.get(p, 0) >= hw and self._epoch_started(p):
                     self.caught_up_at[p] = now
                     self._behind.discard(p)
                     reached.add(p)
@@ -371,11 +412,16 @@ class LogFollower:
                     break
                 before = {p: self.view.positions.get(p, 0) for p in pending}
                 conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
+                started = await self._epochs_started(conn, sorted(pending), left)
                 answer = await conn.request(self._fetch(sorted(pending), 0), left)
                 done, failed = self._apply(answer)
                 reached |= done & pending
-                # A partition that moved on is asked again; one that did not (an unreadable batch) is not.
-                pending = {p for p in pending - done - failed if self.view.positions.get(p, 0) > before[p]}
+                # A partition that moved on is asked again, as one whose new leader's watermark is not past its
+                # epoch's start yet; one that did neither (an unreadable batch) is not.
+                pending = {p for p in pending - done - failed
+                           if self.view.positions.get(p, 0) > before[p] or not self._epoch_started(p)}
+                if not started:
+                    await asyncio.sleep(0.02)
         except (UpstreamError, OSError, CodecError, TimeoutError):
             self._syncs.drop(address)
         return reached

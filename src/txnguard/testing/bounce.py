@@ -132,6 +132,25 @@ def sidecar(node: Node, admin: int, audit: Path, log: Path) -> ProxyProcess:
                    "audit": {"path": str(audit)}}, (node.host, node.sidecar_port), admin, log)
 
 
+def follower_figures(admin: int, timeout_s: float = 10.0) -> tuple[float, float]:
+    """A proxy process's log follower from its /metrics: (records of __transaction_state read, records behind),
+    waiting (at most `timeout_s`) for the follower to be at the end of the log."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5) as r:
+                samples = [s for f in text_string_to_metric_families(r.read().decode()) for s in f.samples]
+        except OSError:  # the process is gone: no figures
+            return -1.0, -1.0
+        read = sum(s.value for s in samples if s.name == "txnguard_transaction_log_records_total")
+        lag = sum(s.value for s in samples if s.name == "txnguard_transaction_log_lag_records")
+        if lag == 0 or time.monotonic() > deadline:
+            return read, lag
+        time.sleep(0.1)
+
+
 def kill(proxy: ProxyProcess) -> None:
     assert proxy.proc is not None
     os.kill(proxy.proc.pid, signal.SIGKILL)
@@ -170,6 +189,9 @@ class _Gateway:
     def records_after(self, _killed_ms: int) -> list[dict[str, Any]]:
         return _records(self.after)
 
+    def follower_after(self) -> tuple[float, float]:
+        return follower_figures(self.admin)
+
     @property
     def all_procs(self) -> list[ProxyProcess]:
         return self.procs
@@ -206,6 +228,9 @@ class _Sidecars:
         # coordinator went through the killed sidecar).
         return [r for a in self.audits for r in _records(a) if r["time_ms"] >= killed_ms]
 
+    def follower_after(self) -> tuple[float, float]:
+        return follower_figures(self.admin[self.coordinator])
+
     @property
     def all_procs(self) -> list[ProxyProcess]:
         return list(self.procs.values())
@@ -233,6 +258,9 @@ class _Relays:
 
     def records_after(self, _killed_ms: int) -> list[dict[str, Any]]:
         return []
+
+    def follower_after(self) -> tuple[float, float]:
+        return -1.0, -1.0
 
     @property
     def all_procs(self) -> list[ProxyProcess]:
@@ -314,6 +342,10 @@ class BounceResult:
     unjustified: int
     evidence_after: list[str] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)  # "outcome/evidence: reason" -> count
+    # The restarted proxy's follower of __transaction_state (-1: no proxy): records it read (it read the log again,
+    # from its start), and how far behind the log's end it was once the copy ended.
+    log_records_after: float = -1.0
+    log_lag_after: float = -1.0
     detail: str = ""
 
     def row(self) -> str:
@@ -426,6 +458,7 @@ def run_bounce(cluster: Cluster, copier: str, tmp: Path, *, mode: str = "gateway
         if left_open:
             outcome = f"{outcome}; {left_open}"
         after = front.records_after(killed_ms)
+        log_read, log_lag = front.follower_after()
     finally:
         if isinstance(job, ConfluentChild) and not job.done():
             job.result(0)
@@ -449,4 +482,4 @@ def run_bounce(cluster: Cluster, copier: str, tmp: Path, *, mode: str = "gateway
     return BounceResult(
         copier, mode, front.victim, bool(finished and exactly_once and hanging == 0 and judged and not unjustified),
         seconds, killed_at, exactly_once, lost, duplicated, hanging, len(decisions), len(refused), len(unjustified),
-        sorted({r["evidence"] for r in decisions}), refusals, str(outcome)[:160])
+        sorted({r["evidence"] for r in decisions}), refusals, log_read, log_lag, str(outcome)[:160])

@@ -494,3 +494,54 @@ def create_topic(
             raise RawProtocolError(f"topic {name}: no leader answers for partitions {sorted(waiting)}")
         if waiting:
             time.sleep(0.05)
+
+
+def move_leader(bootstrap_servers: str, topic: str, partition: int, to: int, deadline_s: float = 30.0) -> int:
+    """Move the partition's leadership to replica `to`, the brokers staying up: AlterPartitionReassignments
+    puts `to` first in the same replica set (its preferred replica; no data moves), then ElectLeaders
+    (PREFERRED) elects it, as kafka-reassign-partitions.sh and kafka-leader-election.sh do. Returns the
+    leader it had. Waits until Metadata names `to` as the leader (`bootstrap_servers`: where the brokers
+    really listen; a ZooKeeper-mode broker answers NOT_CONTROLLER unless it is the controller, so each is
+    tried in turn)."""
+    host, port = any_broker(bootstrap_servers)
+    with RawClient(host, port) as c:
+        md = c.metadata([topic])
+    [part] = [p for t in md.topics for p in t.partitions if int(p.partition_index) == partition]
+    before, replicas = int(part.leader_id), [int(r) for r in part.replica_nodes]
+    if to not in replicas:
+        raise RawProtocolError(f"{topic}-{partition}: broker {to} is not among its replicas {replicas}")
+    order = (to, *(r for r in replicas if r != to))
+    ar, el = _schema_module(45, 0), _schema_module(43, 1)
+    reassign = ar.AlterPartitionReassignmentsRequest(timeout=_ms(30000), topics=(ar.ReassignableTopic(
+        name=topic, partitions=(ar.ReassignablePartition(partition_index=i32(partition),
+                                                         replicas=tuple(i32(r) for r in order)),)),))
+    elect = el.ElectLeadersRequest(election_type=i8(0), timeout=_ms(30000), topic_partitions=(
+        el.TopicPartitions(topic=topic, partitions=(i32(partition),)),))
+    end = time.monotonic() + deadline_s
+    addresses = bootstrap_servers.split(",")
+    why = "no broker answered"
+    while time.monotonic() < end:
+        for address in addresses:
+            with RawClient(*_split(address)) as c:
+                r = c.request(reassign)
+                codes = [r.error_code] + [p.error_code for t in r.responses for p in t.partitions]
+                if ErrorCode.not_controller in codes:
+                    continue
+                if any(code != ErrorCode.none for code in codes):
+                    raise RawProtocolError(f"AlterPartitionReassignments {topic}-{partition}: "
+                                           f"{[code.name for code in codes]}")
+                # The order is the controller's once the reassignment is recorded; then the election.
+                e = c.request(elect)
+                codes = [e.error_code] + [p.error_code for t in e.replica_election_results
+                                          for p in t.partition_result]
+                if ErrorCode.not_controller in codes:
+                    continue
+                bad = [code for code in codes if code not in (ErrorCode.none, ErrorCode.election_not_needed)]
+                if bad:
+                    why = f"ElectLeaders {topic}-{partition}: {[code.name for code in bad]}"
+                    break  # e.g. PREFERRED_LEADER_NOT_AVAILABLE while `to` catches up: asked again
+                if leader_of(bootstrap_servers, topic, partition)[0] == to:
+                    return before
+                why = f"{topic}-{partition}'s leader is not {to} yet"
+        time.sleep(0.1)
+    raise RawProtocolError(f"leadership of {topic}-{partition} did not move to {to} within {deadline_s:.0f}s: {why}")
