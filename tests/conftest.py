@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "test_coordinator_holds.py",
     "test_proxy_bounce.py",
     "test_unobserved_evidence.py",
+    "test_log_follower_faults.py",
     "test_log_follower.py",
     "test_release.py",
     "test_pipeline_standalone.py",
