@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod endpoints;
 pub mod lifecycle;
 pub mod produce;
 
@@ -97,6 +98,14 @@ fn read_txn_offset_commit(data: &Bound<'_, PyAny>, start: usize, stop: usize, ve
     Ok(found.map(|c| (c.transactional_id, c.group_id, c.producer_id, c.producer_epoch)))
 }
 
+/// `endpoints_absent(data, start, stop, key, version)`: True when a Produce v10-12 / Fetch v16-18 answer (from its
+/// correlation id in `data[start:stop]`) was read whole and names no broker (endpoints.rs); False: kio reads it.
+#[pyfunction]
+fn endpoints_absent(data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16, version: i16) -> PyResult<bool> {
+    let found = in_place!(data, |b| Some(endpoints::endpoints_absent(b, start, stop, key, version)));
+    Ok(found.unwrap_or(false))
+}
+
 /// `set_known_errors(low, high)`: the error codes kio knows (once, at import: codecs/native.py).
 #[pyfunction]
 fn set_known_errors(low: i16, high: i16) {
@@ -109,6 +118,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_txn_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_txn_response, m)?)?;
     m.add_function(wrap_pyfunction!(read_txn_offset_commit, m)?)?;
+    m.add_function(wrap_pyfunction!(endpoints_absent, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -61,3 +61,5 @@ read_txn_request: Any = getattr(_native, "read_txn_request", None)
 read_txn_response: Any = getattr(_native, "read_txn_response", None)
 # read_txn_offset_commit(data, start, stop, version) -> (transactional id, group id, producer id, epoch) | None
 read_txn_offset_commit: Any = getattr(_native, "read_txn_offset_commit", None)
+# endpoints_absent(data, start, stop, key, version) -> bool (native/src/endpoints.rs)
+endpoints_absent: Any = getattr(_native, "endpoints_absent", None)

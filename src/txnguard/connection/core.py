@@ -533,7 +533,7 @@ class Connection:
                     view = memoryview(data)
                 if action is _REWRITE_ADDRESSES:
                     # A Produce or Fetch answer that names no broker has nothing to rewrite: it passes as it is.
-                    if not node_endpoints.endpoints_absent(view[pos + 4:stop], entry.api_key, entry.api_version):
+                    if not node_endpoints.endpoints_absent(data, entry.api_key, entry.api_version, pos + 4, stop):
                         break
                 # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
                 # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
