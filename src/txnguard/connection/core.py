@@ -307,12 +307,9 @@ class Connection:
                     # count not known yet, a shape the in-place reader does not read): the general path.
                     if room <= 0 or version < 0 or not rules.wants(key, version):
                         break
-                    if view is None:
-                        view = memoryview(data)
-                    body = view[pos + 4:stop]
                     head = RequestHead(key, version, correlation_id)
                     parsing = clock.perf()
-                    commit = read_txn_offset_commit(data, head, pos + 4, stop)
+                    commit = read_txn_offset_commit(data, head, pos + 4, stop)  # in place: no slice
                     if commit is None:
                         break
                     started = clock.perf()
@@ -343,7 +340,7 @@ class Connection:
                     frames_in[key] += 1
                     bytes_in[key] += 4 + size
                     if inventory is not None:
-                        inventory.request(head, body)
+                        inventory.request(head, memoryview(data)[pos + 4:stop])
                     order.append(entry)
                     forwarded.append(entry)
                     pos = stop
