@@ -9,6 +9,7 @@
 //! version not read here, a length past the end) is `false`, and kio reads the answer.
 
 use crate::bytes::{Bytes, Cursor};
+use crate::compact::{count, skip_bytes, skip_tags};
 
 pub const PRODUCE: i16 = 0;
 pub const FETCH: i16 = 1;
@@ -27,33 +28,6 @@ pub fn read_here(key: i16, version: i16) -> bool {
         FETCH => (16..19).contains(&version),
         _ => false,
     }
-}
-
-fn skip_tags<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<()> {
-    for _ in 0..c.uvarint()? {
-        c.uvarint()?; // the tag
-        let size = c.uvarint()?;
-        c.skip(usize::try_from(size).ok()?)?;
-    }
-    Some(())
-}
-
-/// A compact (nullable) string or byte array (records): its length + 1, then its bytes.
-fn skip_bytes<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<()> {
-    let n = c.uvarint()?;
-    c.skip(usize::try_from(n.saturating_sub(1)).ok()?)
-}
-
-/// A compact array's length; each element takes at least `smallest` bytes, so more cannot fit.
-fn count<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>, smallest: u64, nullable: bool) -> Option<u64> {
-    let n = c.uvarint()? as i64 - 1;
-    if n == -1 && nullable {
-        return Some(0);
-    }
-    if n < 0 || (n as u64) * smallest > c.left() as u64 {
-        return None; // null where it may not be, or more than fits
-    }
-    Some(n as u64)
 }
 
 /// NodeEndpoints is tag 0; any tag at all goes to kio. Exactly one byte, a zero, must be left.

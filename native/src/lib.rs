@@ -10,14 +10,17 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod compact;
 pub mod endpoints;
+pub mod fetch;
 pub mod lifecycle;
+pub mod log_records;
 pub mod produce;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 use lifecycle::TxnRequest;
 
@@ -106,6 +109,49 @@ fn endpoints_absent(data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16
     Ok(found.unwrap_or(false))
 }
 
+/// (partition, error code, high watermark, log start offset, records start, records stop): -1, -1 for null records
+type Fetched = (i32, i16, i64, i64, i64, i64);
+
+/// `read_fetch_answer(data, start, stop)`: a Fetch v12 answer (from its correlation id in `data[start:stop]`) as
+/// (error code, [(topic, [Fetched])]), or None for kio to decode (fetch.rs).
+#[pyfunction]
+fn read_fetch_answer(data: &Bound<'_, PyAny>, start: usize, stop: usize)
+    -> PyResult<Option<(i16, Vec<(String, Vec<Fetched>)>)>> {
+    let found = in_place!(data, |b| fetch::read_fetch_answer(b, start, stop));
+    Ok(found.map(|a| {
+        let topics = a.topics.into_iter().map(|(name, parts)| {
+            let parts = parts.into_iter().map(|p| {
+                let (s, e) = p.records.map_or((-1, -1), |(s, e)| (s as i64, e as i64));
+                (p.partition, p.error_code, p.high_watermark, p.log_start_offset, s, e)
+            }).collect();
+            (name, parts)
+        }).collect();
+        (a.error_code, topics)
+    }))
+}
+
+/// (offset, key, value): key and value copied out, None when null.
+type Copied = (i64, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// `read_batch_records(data, start, stop)`: the records of the one uncompressed, non-control v2 batch in
+/// `data[start:stop]` as [(offset, key, value)] (bytes or None), or None when it is not read whole (log_records.rs).
+#[pyfunction]
+fn read_batch_records<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize)
+    -> PyResult<Option<Bound<'py, PyList>>> {
+    let found: Option<Vec<Copied>> = in_place!(data, |b| {
+        log_records::read_batch_records(b, start, stop).and_then(|records| {
+            records.into_iter().map(|(offset, key, value)| {
+                Some((offset, log_records::copied(b, key)?, log_records::copied(b, value)?))
+            }).collect::<Option<Vec<Copied>>>()
+        })
+    });
+    let Some(records) = found else { return Ok(None) };
+    let items = records.into_iter().map(|(offset, key, value)| {
+        (offset, key.map(|k| PyBytes::new(py, &k)), value.map(|v| PyBytes::new(py, &v)))
+    });
+    Ok(Some(PyList::new(py, items)?))
+}
+
 /// `set_known_errors(low, high)`: the error codes kio knows (once, at import: codecs/native.py).
 #[pyfunction]
 fn set_known_errors(low: i16, high: i16) {
@@ -119,6 +165,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_txn_response, m)?)?;
     m.add_function(wrap_pyfunction!(read_txn_offset_commit, m)?)?;
     m.add_function(wrap_pyfunction!(endpoints_absent, m)?)?;
+    m.add_function(wrap_pyfunction!(read_fetch_answer, m)?)?;
+    m.add_function(wrap_pyfunction!(read_batch_records, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

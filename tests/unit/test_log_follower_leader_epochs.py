@@ -18,18 +18,20 @@ from kio.schema.errors import ErrorCode
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.testing.fetch_answers import FetchesAsBytes
 from txnguard.verification.transaction_log import TransactionLogView
 
 LEADER = HostPort("127.0.0.1", 9092)
 
 
-class NewLeader:
+class NewLeader(FetchesAsBytes):
     """A fake connection to a leader just elected: ListOffsets answers OFFSET_NOT_AVAILABLE `not_yet` times, then
     none; every Fetch answers "no records, high watermark 0"."""
 
     def __init__(self, not_yet: int) -> None:
         self.not_yet = not_yet
         self.asked: list[str] = []
+        self.fetched: list[Any] = []  # the Fetches as kio decodes the follower's bytes
 
     async def get(self, address: Any) -> NewLeader:
         return self
@@ -48,6 +50,7 @@ class NewLeader:
             part = SimpleNamespace(partition_index=3, error_code=code)
             return SimpleNamespace(topics=[SimpleNamespace(partitions=[part])])
         self.asked.append("Fetch")
+        self.fetched.append(payload)
         part = SimpleNamespace(partition_index=3, error_code=ErrorCode.none, high_watermark=0, log_start_offset=0,
                                records=None)
         return SimpleNamespace(responses=[SimpleNamespace(partitions=[part])])
@@ -63,9 +66,14 @@ def follower_of(leader: NewLeader) -> LogFollower:
 
 
 def test_every_fetch_names_the_leader_epoch_metadata_gave() -> None:
-    f = follower_of(NewLeader(0))
-    [topic] = f._fetch([3], 0).topics
-    assert [int(p.current_leader_epoch) for p in topic.partitions] == [7]
+    async def scenario() -> list[int]:
+        leader = NewLeader(0)
+        f = follower_of(leader)
+        await f.sync(3, 5.0)
+        await f.close()
+        return [int(p.current_leader_epoch) for t in leader.fetched[-1].topics for p in t.partitions]
+
+    assert asyncio.run(scenario()) == [7]
 
 
 def test_a_new_leaders_watermark_is_the_end_only_once_past_its_epochs_start() -> None:

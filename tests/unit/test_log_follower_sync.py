@@ -16,12 +16,13 @@ from kio.schema.errors import ErrorCode
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.testing.fetch_answers import FetchesAsBytes
 from txnguard.verification.transaction_log import TransactionLogView
 
 LEADER = HostPort("127.0.0.1", 9092)
 
 
-class SlowLeader:
+class SlowLeader(FetchesAsBytes):
     """A fake connection: each Fetch waits for `release`, then answers "no records, high watermark 0"."""
 
     def __init__(self) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from kio.records.readers import read_batch
 
+from txnguard.codecs import native
 from txnguard.codecs.errors import DecodeFailed
 
 _I16 = struct.Struct(">h")
@@ -87,13 +88,26 @@ def records(data: bytes | memoryview) -> Iterator[LogRecord]:
         if attributes & _COMPRESSION:
             raise UnknownVersion(f"a compressed batch (attributes {attributes:#x}): the coordinator writes none")
         if not attributes & _CONTROL:
-            try:
-                batch, _ = read_batch(view[pos:stop], 0)
-            except (ValueError, IndexError, struct.error) as e:
-                raise DecodeFailed(f"record batch at byte {pos}: {e}") from None
-            for r in batch.records:
-                yield LogRecord(int(r.offset), r.key, r.value)
+            yield from _batch_records(data, view, pos, stop)
         pos = stop
+
+
+def _batch_records(data: bytes | memoryview, view: memoryview, pos: int, stop: int) -> Iterator[LogRecord]:
+    """The records of the one uncompressed, non-control batch at `data[pos:stop]`: read in place by the native
+    reader (strict: a batch it does not read whole is malformed), or by kio's batch reader without the module."""
+    if native.AVAILABLE:
+        found = native.read_batch_records(data, pos, stop)
+        if found is None:
+            raise DecodeFailed(f"record batch at byte {pos}: not read whole")
+        for offset, key, value in found:
+            yield LogRecord(offset, key, value)
+        return
+    try:
+        batch, _ = read_batch(view[pos:stop], 0)
+    except (ValueError, IndexError, struct.error) as e:
+        raise DecodeFailed(f"record batch at byte {pos}: {e}") from None
+    for r in batch.records:
+        yield LogRecord(int(r.offset), r.key, r.value)
 
 
 def transactional_id(key: bytes) -> str:

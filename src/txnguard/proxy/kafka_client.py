@@ -12,6 +12,7 @@ import itertools
 import ssl
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import scramp
@@ -209,23 +210,33 @@ class BrokerConnection(asyncio.Protocol):
 
     async def request_raw(self, payload: Any, timeout: float = 10.0) -> tuple[int, int, memoryview]:
         """Send one request; return (api key, version, response frame without its length)."""
+        api_key, version = int(payload.__api_key__), int(payload.__version__)
+        body = await self.request_encoded(
+            api_key, version, lambda correlation_id: schemas.encode_request(payload, correlation_id, CLIENT_ID),
+            timeout)
+        return api_key, version, body
+
+    async def request_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes],
+                              timeout: float = 10.0) -> memoryview:
+        """Send one request that `encode(correlation_id)` writes whole (length prefix included; the log follower
+        packs its Fetch by hand); return the response frame without its length."""
         if not self.is_open or self._transport is None:
             raise UpstreamError("connection is closed")
-        api_key, version = int(payload.__api_key__), int(payload.__version__)
         if not self.supports(api_key, version):
             assert self.api_versions is not None
             raise UnsupportedApi(api_key, version, self.api_versions.get(api_key))
         correlation_id = next(self._ids)
-        frame = schemas.encode_request(payload, correlation_id, CLIENT_ID)
+        frame = encode(correlation_id)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((correlation_id, api_key, version, fut))
         self._transport.write(frame)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            answer: tuple[int, int, memoryview] = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             # A late answer would desynchronise the pipeline: drop the connection.
             self._fail(UpstreamError(f"no response within {timeout}s"))
             raise UpstreamError(f"no response within {timeout}s") from None
+        return answer[2]
 
 
 class BrokerConnections:

@@ -1,0 +1,33 @@
+//! The pieces of Kafka's flexible (compact) encoding that several readers walk: tagged fields, compact
+//! byte strings, compact array counts. Every length is checked against what is left before it is used.
+
+use crate::bytes::{Bytes, Cursor};
+
+/// Tagged fields: a count, then (tag, size, bytes) each; skipped whole.
+pub fn skip_tags<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<()> {
+    for _ in 0..c.uvarint()? {
+        c.uvarint()?; // the tag
+        let size = c.uvarint()?;
+        c.skip(usize::try_from(size).ok()?)?;
+    }
+    Some(())
+}
+
+/// A compact (nullable) string or byte array (records): its length + 1, then its bytes.
+pub fn skip_bytes<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<()> {
+    let n = c.uvarint()?;
+    c.skip(usize::try_from(n.saturating_sub(1)).ok()?)
+}
+
+/// A compact array's length; each element takes at least `smallest` bytes, so more cannot fit. A null array
+/// (where `nullable`) counts 0.
+pub fn count<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>, smallest: u64, nullable: bool) -> Option<u64> {
+    let n = c.uvarint()? as i64 - 1;
+    if n == -1 && nullable {
+        return Some(0);
+    }
+    if n < 0 || (n as u64) * smallest > c.left() as u64 {
+        return None; // null where it may not be, or more than fits
+    }
+    Some(n as u64)
+}
