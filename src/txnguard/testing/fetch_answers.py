@@ -16,7 +16,7 @@ from kio.schema.fetch.v12 import response as fetch_v12
 from kio.schema.response_header.v1.header import ResponseHeader
 from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_writer
-from kio.static.primitive import i32, i32Timedelta, i64
+from kio.static.primitive import Records, i32, i32Timedelta, i64
 
 from txnguard.codecs import schemas
 from txnguard.codecs.transaction_log import TOPIC
@@ -36,7 +36,7 @@ def fetch_answer(correlation_id: int, partitions: Iterable[Any], topic: str = TO
                 current_leader=fetch_v12.LeaderIdAndEpoch(leader_id=BrokerId(-1), leader_epoch=i32(-1)),
                 snapshot_id=fetch_v12.SnapshotId(end_offset=i64(-1), epoch=i32(-1)),
                 aborted_transactions=None, preferred_read_replica=BrokerId(-1),
-                records=None if p.records is None else bytes(p.records))
+                records=None if p.records is None else Records(bytes(p.records)))
             for p in partitions)),))
     buf = io.BytesIO()
     entity_writer(ResponseHeader)(buf, ResponseHeader(correlation_id=i32(correlation_id)))
