@@ -28,6 +28,8 @@ pub struct FetchedPartition {
 #[derive(Debug, PartialEq, Eq)]
 pub struct FetchAnswer {
     pub error_code: i16,
+    /// The incremental fetch session (KIP-227) the broker keeps for the follower; 0: none.
+    pub session_id: i32,
     pub topics: Vec<(String, Vec<FetchedPartition>)>,
 }
 
@@ -60,7 +62,7 @@ fn answer<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<FetchAnswer> {
     skip_tags(c)?; // the response header's
     c.skip(4)?; // the throttle time
     let error_code = c.i16()?;
-    c.skip(4)?; // the session id
+    let session_id = c.i32()?;
     let mut topics = Vec::new();
     for _ in 0..count(c, 2, false)? {
         let n = c.uvarint()?;
@@ -77,7 +79,7 @@ fn answer<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<FetchAnswer> {
         topics.push((name, partitions));
     }
     skip_tags(c)?;
-    (c.left() == 0).then_some(FetchAnswer { error_code, topics })
+    (c.left() == 0).then_some(FetchAnswer { error_code, session_id, topics })
 }
 
 /// `buf[start..stop]`: a Fetch v12 answer from its correlation id on (the frame without its length prefix).
@@ -96,7 +98,7 @@ mod tests {
         b.push(0); // header tags
         b.extend(0i32.to_be_bytes());
         b.extend(0i16.to_be_bytes());
-        b.extend(0i32.to_be_bytes());
+        b.extend(9i32.to_be_bytes()); // session id
         b.push(2); // one topic
         b.push(20); // "__transaction_state": 19 bytes
         b.extend(b"__transaction_state");
@@ -127,7 +129,7 @@ mod tests {
     fn an_answer_is_read_with_its_records_bounds() {
         let b = answer_bytes(b"abc");
         let a = read_fetch_answer(b.as_slice(), 0, b.len()).unwrap();
-        assert_eq!(a.error_code, 0);
+        assert_eq!((a.error_code, a.session_id), (0, 9));
         assert_eq!(a.topics.len(), 1);
         let (name, parts) = &a.topics[0];
         assert_eq!(name, "__transaction_state");

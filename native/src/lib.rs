@@ -113,10 +113,10 @@ fn endpoints_absent(data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16
 type Fetched = (i32, i16, i64, i64, i64, i64);
 
 /// `read_fetch_answer(data, start, stop)`: a Fetch v12 answer (from its correlation id in `data[start:stop]`) as
-/// (error code, [(topic, [Fetched])]), or None for kio to decode (fetch.rs).
+/// (error code, session id, [(topic, [Fetched])]), or None for kio to decode (fetch.rs).
 #[pyfunction]
 fn read_fetch_answer(data: &Bound<'_, PyAny>, start: usize, stop: usize)
-    -> PyResult<Option<(i16, Vec<(String, Vec<Fetched>)>)>> {
+    -> PyResult<Option<(i16, i32, Vec<(String, Vec<Fetched>)>)>> {
     let found = in_place!(data, |b| fetch::read_fetch_answer(b, start, stop));
     Ok(found.map(|a| {
         let topics = a.topics.into_iter().map(|(name, parts)| {
@@ -126,7 +126,7 @@ fn read_fetch_answer(data: &Bound<'_, PyAny>, start: usize, stop: usize)
             }).collect();
             (name, parts)
         }).collect();
-        (a.error_code, topics)
+        (a.error_code, a.session_id, topics)
     }))
 }
 

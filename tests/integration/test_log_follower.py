@@ -2,7 +2,8 @@
 
     client ─InitProducerId, AddPartitionsToTxn, Produce, EndTxn─▶ broker (directly)
     proxy's follower ─Metadata, Fetch __transaction_state─▶ the id's latest state: Ongoing {p0}, then
-                                                            CompleteCommit (value v0 on 2.8 and 3.5, v1 on 4.4)
+                                                            CompleteCommit (value v0 on 2.8 and 3.5, v1 on 4.4),
+                                                            read in an incremental fetch session
     faults (3 brokers): the coordinator killed and restarted, its __transaction_state partition's leader moves;
                         the follower reads on from the new leader: a later transaction is seen
 """
@@ -58,6 +59,11 @@ def test_the_follower_reads_what_the_coordinator_wrote(kafka_pool: ClusterPool, 
     assert ended.partitions == frozenset()
     assert proxy.metric("txnguard_transaction_log_records_total", {"outcome": "unknown_version"}) == 0
     assert proxy.metric("txnguard_transaction_log_records_total", {"outcome": "malformed"}) == 0
+    # The long poll runs in an incremental fetch session the broker keeps (KIP-227): after the full Fetch that
+    # opened it, rounds list only what moved (a broker refusing the session would leave the id 0 or the epoch 1).
+    assert proxy.proxy is not None and proxy.proxy.guard.follower is not None
+    sessions = proxy.proxy.guard.follower._sessions
+    assert sessions and all(s.id != 0 and s.epoch > 1 for s in sessions.values()), sessions
     assert proxy.metric("txnguard_transaction_log_lag_seconds") >= 0
     print(f"\n{version}: value v{value_version}, {proxy.metric('txnguard_transaction_log_transactional_ids'):.0f} ids, "
           f"{proxy.metric('txnguard_transaction_log_records_total', {'outcome': 'state'}):.0f} records read")

@@ -33,9 +33,9 @@ def _frame(body: FetchResponse) -> bytes:
     return bytes(memoryview(schemas.encode(schemas.response_header_for(FETCH, 12, 42), body))[4:])
 
 
-def _kio(frame: bytes) -> tuple[int, list[tuple[str, int, int, int, int, bytes | None]]]:
+def _kio(frame: bytes) -> tuple[int, int, list[tuple[str, int, int, int, int, bytes | None]]]:
     _, body = schemas.decode_response(frame, FETCH, 12)
-    return int(body.error_code), [
+    return int(body.error_code), int(body.session_id), [
         (str(t.topic), int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
          None if p.records is None else bytes(p.records)) for t in body.responses for p in t.partitions]
 
@@ -44,8 +44,8 @@ def _native(frame: bytes, start: int = 0, stop: int | None = None) -> object:
     found = native.read_fetch_answer(frame, start, len(frame) if stop is None else stop)
     if found is None:
         return None
-    error, topics = found
-    return error, [(name, p, code, hw, log_start, None if s < 0 else frame[s:e])
+    error, session_id, topics = found
+    return error, session_id, [(name, p, code, hw, log_start, None if s < 0 else frame[s:e])
                    for name, parts in topics for p, code, hw, log_start, s, e in parts]
 
 
@@ -55,8 +55,8 @@ def test_an_answer_reads_as_kio_decodes_it(body):
     frame = _frame(body)
     assert _native(frame) == _kio(frame)
     # The wrapper the follower calls gives the same, records as views into the answer.
-    error, parts = read_fetch_answer(memoryview(frame))
-    assert (error, [(p.topic, p.partition, p.error_code, p.high_watermark, p.log_start_offset,
+    error, session_id, parts = read_fetch_answer(memoryview(frame))
+    assert (error, session_id, [(p.topic, p.partition, p.error_code, p.high_watermark, p.log_start_offset,
                      None if p.records is None else bytes(p.records)) for p in parts]) == _kio(frame)
 
 
@@ -85,7 +85,7 @@ def test_a_broken_answer_is_read_only_where_kio_reads_the_same(body, data):
 def test_an_answer_cut_short_or_with_bytes_after_it_is_left_to_kio():
     frame = _frame(FetchResponse(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=0,
                                  responses=()))
-    assert _native(frame) == (0, [])
+    assert _native(frame) == (0, 0, [])
     assert all(_native(frame[:cut]) is None for cut in range(len(frame)))
     assert _native(frame + b"\x00") is None
 

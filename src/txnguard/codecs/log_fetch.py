@@ -8,6 +8,11 @@ the answer read in place by the native reader (native/src/fetch.rs), with kio as
 the unit tests compare the request's bytes with kio's encoding, the property tests the answer with kio's
 decoding. An answer the native reader does not read whole goes to kio, which decodes it or refuses it
 (`DecodeFailed`), as before.
+
+The long poll runs in an incremental fetch session (KIP-227, `FetchSession`): once the broker holds the
+partitions and their offsets, a request lists only the partitions whose offset moved, and the answer only the
+partitions with records or a new watermark, so a round costs the same at 50 partitions as at one. The Fetches
+that read a partition to its end for a write (`sync`) stay sessionless: they ask once and are done.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ _HEAD = struct.Struct(">hhih")  # api key, version, correlation id, client id le
 _TOP = struct.Struct(">iiiibii")
 # partition, current leader epoch, fetch offset, last fetched epoch, log start offset, partition max bytes, tags
 _PARTITION = struct.Struct(">iiqiqib")
-_NO_SESSION, _NO_SESSION_EPOCH, _UNKNOWN = 0, -1, -1
+NO_SESSION, FINAL_EPOCH, INITIAL_EPOCH = 0, -1, 0  # sessionless: id 0 and the final epoch
+_UNKNOWN = -1
+_LAST_EPOCH = 2 ** 31 - 1  # then 1 again (the broker's FetchMetadata.nextEpoch)
+FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH = 70, 71
 _READ_UNCOMMITTED = 0  # the coordinator's log has no transactions of its own
 _CONSUMER = -1         # replica id: not a broker
 
@@ -59,14 +67,21 @@ def _uvarint(n: int) -> bytes:
             return bytes(out)
 
 
+class FetchAnswer(NamedTuple):
+    error_code: int
+    session_id: int
+    partitions: list[Fetched]
+
+
 def fetch_request(correlation_id: int, client_id: str, topic: str, partitions: Sequence[Wanted], *,
-                  max_wait_ms: int, min_bytes: int, max_bytes: int) -> bytes:
-    """The whole request frame (length prefix included), as kio would encode it."""
+                  max_wait_ms: int, min_bytes: int, max_bytes: int, session_id: int = NO_SESSION,
+                  session_epoch: int = FINAL_EPOCH) -> bytes:
+    """The whole request frame (length prefix included), as kio would encode it. Sessionless unless a session's
+    id and epoch are given (`FetchSession.next`)."""
     client = client_id.encode()
     name = topic.encode()
     parts = [_HEAD.pack(ApiKey.FETCH.value, VERSION, correlation_id, len(client)), client, b"\x00",
-             _TOP.pack(_CONSUMER, max_wait_ms, min_bytes, max_bytes, _READ_UNCOMMITTED, _NO_SESSION,
-                       _NO_SESSION_EPOCH),
+             _TOP.pack(_CONSUMER, max_wait_ms, min_bytes, max_bytes, _READ_UNCOMMITTED, session_id, session_epoch),
              b"\x02", _uvarint(len(name) + 1), name, _uvarint(len(partitions) + 1)]
     pack = _PARTITION.pack
     parts.extend(pack(p.partition, p.leader_epoch, p.fetch_offset, _UNKNOWN, _UNKNOWN, p.max_bytes, 0)
@@ -76,17 +91,69 @@ def fetch_request(correlation_id: int, client_id: str, topic: str, partitions: S
     return struct.pack(">i", len(body)) + body
 
 
-def read_fetch_answer(body: memoryview) -> tuple[int, list[Fetched]]:
-    """(top-level error, every partition) of a Fetch v12 answer: `body` is the frame after its length prefix.
-    Raises `DecodeFailed` (kio's verdict) for an answer that cannot be read."""
+def read_fetch_answer(body: memoryview) -> FetchAnswer:
+    """A Fetch v12 answer: `body` is the frame after its length prefix. Raises `DecodeFailed` (kio's verdict) for
+    an answer that cannot be read."""
     if native.AVAILABLE:
         found = native.read_fetch_answer(body, 0, len(body))
         if found is not None:
-            error, topics = found
-            return error, [Fetched(name, p, code, hw, log_start, body[s:e] if s >= 0 else None)
-                           for name, parts in topics for p, code, hw, log_start, s, e in parts]
+            error, session_id, topics = found
+            return FetchAnswer(error, session_id, [
+                Fetched(name, p, code, hw, log_start, body[s:e] if s >= 0 else None)
+                for name, parts in topics for p, code, hw, log_start, s, e in parts])
     _, answer = schemas.decode_response(body, ApiKey.FETCH.value, VERSION)
-    return int(answer.error_code), [
+    return FetchAnswer(int(answer.error_code), int(answer.session_id), [
         Fetched(str(t.topic), int(p.partition_index), int(p.error_code), int(p.high_watermark),
                 int(p.log_start_offset), None if p.records is None else memoryview(p.records))
-        for t in answer.responses for p in t.partitions]
+        for t in answer.responses for p in t.partitions])
+
+
+class FetchSession:
+    """The follower's incremental fetch session with one broker (KIP-227), as the Java consumer keeps it.
+
+    A full request (epoch 0; it names the old session, which the broker then closes) lists every partition; the
+    broker answers with a session id (0: it has no slot, and every request stays full). Then each request
+    carries the next epoch and lists only the partitions whose offset, leader epoch or size moved since the last
+    one, and the answer only the partitions with news (records, a new watermark or log start, an error): a
+    partition it leaves out is where it was. A changed set of partitions (a leader moved), a request that got no
+    answer, or the broker not knowing the session or its epoch: full again."""
+
+    def __init__(self) -> None:
+        self.id = NO_SESSION
+        self.epoch = INITIAL_EPOCH
+        self._held: dict[int, Wanted] = {}            # what the broker's session holds, as of the last answer
+        self._asked: dict[int, Wanted] | None = None  # the request on its way
+
+    def next(self, wanted: Sequence[Wanted]) -> tuple[int, int, list[Wanted], bool]:
+        """The next request: (session id, epoch, the partitions to list, whether it is full)."""
+        now = {w.partition: w for w in wanted}
+        self._asked = now
+        if self.id == NO_SESSION or self.epoch == INITIAL_EPOCH or now.keys() != self._held.keys():
+            self.epoch = INITIAL_EPOCH
+            return self.id, INITIAL_EPOCH, list(wanted), True
+        held = self._held
+        return self.id, self.epoch, [w for w in wanted if held[w.partition] != w], False
+
+    def answered(self, error_code: int, session_id: int) -> None:
+        """The answer to the request `next` made came (before any other `next`)."""
+        asked, self._asked = self._asked, None
+        if asked is None or error_code in (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH):
+            self.lost(forget=error_code == FETCH_SESSION_ID_NOT_FOUND)
+            return
+        if error_code:
+            self.lost()
+            return
+        if self.epoch == INITIAL_EPOCH:
+            self.id = session_id
+            self.epoch = 1 if session_id != NO_SESSION else INITIAL_EPOCH
+        else:
+            self.epoch = 1 if self.epoch == _LAST_EPOCH else self.epoch + 1
+        self._held = asked
+
+    def lost(self, *, forget: bool = False) -> None:
+        """Full again at the next request (`forget`: the broker no longer knows the session's id either)."""
+        if forget:
+            self.id = NO_SESSION
+        self.epoch = INITIAL_EPOCH
+        self._held = {}
+        self._asked = None

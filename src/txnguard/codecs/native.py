@@ -63,8 +63,9 @@ read_txn_response: Any = getattr(_native, "read_txn_response", None)
 read_txn_offset_commit: Any = getattr(_native, "read_txn_offset_commit", None)
 # endpoints_absent(data, start, stop, key, version) -> bool (native/src/endpoints.rs)
 endpoints_absent: Any = getattr(_native, "endpoints_absent", None)
-# The transaction log follower's readers. read_fetch_answer(data, start, stop) -> (error, [(topic, [(partition, error,
-# high watermark, log start offset, records start, records stop)])]) | None: a Fetch v12 answer (native/src/fetch.rs);
+# The transaction log follower's readers. read_fetch_answer(data, start, stop) -> (error, session id, [(topic,
+# [(partition, error, high watermark, log start offset, records start, records stop)])]) | None: a Fetch v12 answer
+# (native/src/fetch.rs);
 # read_batch_records(data, start, stop) -> [(offset, key, value)] | None: one uncompressed v2 batch
 # (native/src/log_records.rs). Only called where AVAILABLE (kio reads them without the module).
 read_fetch_answer: Any = getattr(_native, "read_fetch_answer", None)

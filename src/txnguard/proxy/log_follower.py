@@ -46,7 +46,16 @@ from kio.static.primitive import i8, i32, i64
 from txnguard.codecs import log_fetch
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError, DecodeFailed
-from txnguard.codecs.log_fetch import Fetched, Wanted
+from txnguard.codecs.log_fetch import (
+    FETCH_SESSION_ID_NOT_FOUND,
+    FINAL_EPOCH,
+    INVALID_FETCH_SESSION_EPOCH,
+    NO_SESSION,
+    FetchAnswer,
+    Fetched,
+    FetchSession,
+    Wanted,
+)
 from txnguard.codecs.transaction_log import TOPIC, UnknownVersion, records
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
@@ -61,6 +70,7 @@ TopicPartition = tuple[str, int]
 
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 PARTITION_MAX_BYTES = 1024 * 1024
+SESSION_ERRORS = frozenset({FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH})
 LEADER_ERRORS = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
                            ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch,
                            ErrorCode.leader_not_available, ErrorCode.kafka_storage_error})
@@ -104,6 +114,7 @@ class LogFollower:
         self.on_usable: Callable[[], None] | None = None  # told when `usable` changes (readiness is reconsidered)
         self._metadata_stale = asyncio.Event()
         self._loops: dict[HostPort, asyncio.Task[None]] = {}
+        self._sessions: dict[HostPort, FetchSession] = {}  # the long poll's fetch session with each leader
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         # `log`: another logger (`txnguard hanging` reads the log once and says what went wrong in its own words).
@@ -217,9 +228,13 @@ class LogFollower:
                 # A new leader's watermark not past its epoch's start yet: a short poll, then asked again.
                 started = await self._epochs_started(conn, partitions)
                 wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
-                answer = await self._fetch(conn, partitions, wait_ms, self.timeout_s + wait_ms / 1000)
+                session = self._sessions.setdefault(address, FetchSession())
+                answer, full = await self._fetch(conn, partitions, wait_ms, self.timeout_s + wait_ms / 1000, session)
+                session.answered(answer.error_code, answer.session_id)
                 self._failing.discard(address)
-                _, failed = self._apply(answer, partitions)
+                if answer.error_code in SESSION_ERRORS:
+                    continue  # the broker dropped the session (evicted, restarted): a full Fetch at once
+                _, failed = self._apply(answer, partitions, complete=full)
                 if failed.issuperset(partitions):
                     # Every partition answered an error, at once (no long poll): READ refused, or all moved away.
                     # Asked again after a backoff, as after a connection error, not in a loop of round trips (a
@@ -231,24 +246,28 @@ class LogFollower:
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 self._failing.add(address)
                 self._polls.drop(address)
+                self._sessions.pop(address, None)  # its id goes with it: the next one closes nothing
                 self._say_problem(f"reading {TOPIC} from {address}: {e!r}")
                 self._metadata_stale.set()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-    async def _fetch(self, conn: BrokerConnection, partitions: list[int], max_wait_ms: int,
-                     timeout_s: float) -> tuple[int, list[Fetched]]:
+    async def _fetch(self, conn: BrokerConnection, partitions: list[int], max_wait_ms: int, timeout_s: float,
+                     session: FetchSession | None = None) -> tuple[FetchAnswer, bool]:
         """One Fetch of `partitions` from the view's positions, packed by hand and read in place (log_fetch.py:
-        with kio, a round at 50 partitions cost about 1 ms of CPU, several times per transaction)."""
+        with kio, a round at 50 partitions cost about 1 ms of CPU, several times per transaction); in `session`
+        (the long poll's), only what moved. (The answer, whether it lists every partition.)"""
         wanted = [Wanted(p, self.leader_epochs.get(p, -1), self.view.positions.get(p, 0), PARTITION_MAX_BYTES)
                   for p in partitions]
+        session_id, epoch, listed, full = ((NO_SESSION, FINAL_EPOCH, wanted, True) if session is None
+                                           else session.next(wanted))
         body = await conn.request_encoded(
             ApiKey.FETCH.value, log_fetch.VERSION,
-            lambda correlation_id: log_fetch.fetch_request(correlation_id, CLIENT_ID, TOPIC, wanted,
-                                                           max_wait_ms=max_wait_ms, min_bytes=1,
-                                                           max_bytes=FETCH_MAX_BYTES),
+            lambda correlation_id: log_fetch.fetch_request(
+                correlation_id, CLIENT_ID, TOPIC, listed, max_wait_ms=max_wait_ms, min_bytes=1,
+                max_bytes=FETCH_MAX_BYTES, session_id=session_id, session_epoch=epoch),
             timeout_s)
-        return log_fetch.read_fetch_answer(body)
+        return log_fetch.read_fetch_answer(body), full
 
     def _epoch_started(self, partition: int) -> bool:
         epoch = self.leader_epochs.get(partition, -1)
@@ -277,36 +296,24 @@ class LogFollower:
                     self._metadata_stale.set()
         return all(self._epoch_started(p) for p in partitions)
 
-    def _apply(self, answer: tuple[int, list[Fetched]], asked: Iterable[int]) -> tuple[set[int], set[int]]:
+    def _apply(self, answer: FetchAnswer, asked: Iterable[int], *, complete: bool = True) -> tuple[set[int], set[int]]:
         """One Fetch answer into the view: (the partitions it read to the high watermark it reported, those that
-        answered an error other than an offset out of range; all it `asked` for on a top-level error)."""
+        answered an error other than an offset out of range; all it `asked` for on a top-level error). An answer
+        not `complete` (incremental, in a fetch session) leaves out the partitions with no news: one that was at
+        its high watermark still is."""
         now = time.monotonic()
         reached: set[int] = set()
         failed: set[int] = set()
-        error, parts = answer
+        error, _, parts = answer
         if error != ErrorCode.none:
             self._say_problem(f"Fetch of {TOPIC} answered {error}")
             return reached, set(asked)
         read_one = False
         for part in parts:
             p, code = part.partition, part.error_code
-            if code == ErrorCode.offset_out_of_range:
-                # Compaction or retention removed the start of the log: continue at its start (what was
-                # removed was superseded: compaction keeps each id's latest record).
-                self.view.positions[p] = max(self.view.positions.get(p, 0), part.log_start_offset)
-                continue
-            if code in LEADER_ERRORS:
-                self._metadata_stale.set()
-                failed.add(p)
-                continue
             if code != ErrorCode.none:
-                failed.add(p)
-                missing = missing_acl("transaction_log_fetch", code, TOPIC)
-                if missing is not None:
-                    self._deny()
-                    if self.on_refused is not None:
-                        self.on_refused(missing)
-                self._say_problem(f"Fetch of {TOPIC}-{p} answered {code}")
+                if self._partition_failed(part):
+                    failed.add(p)
                 continue
             read_one = True
             if part.records is not None:
@@ -319,12 +326,37 @@ class LogFollower:
                 reached.add(p)
             else:
                 self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
+        if not complete:
+            listed = {part.partition for part in parts}
+            for p in asked:
+                if p not in listed and p in self.caught_up_at and p not in self._behind:
+                    self.caught_up_at[p] = now
+                    reached.add(p)
         if read_one:
             self.denied = False
             if self.on_proved is not None:
                 self.on_proved(("READ", "Topic", TOPIC))
         self._check_caught_up()
         return reached, failed
+
+    def _partition_failed(self, part: Fetched) -> bool:
+        """A partition's error: whether it failed (an offset out of range does not: the log's start moved)."""
+        p, code = part.partition, part.error_code
+        if code == ErrorCode.offset_out_of_range:
+            # Compaction or retention removed the start of the log: continue at its start (what was
+            # removed was superseded: compaction keeps each id's latest record).
+            self.view.positions[p] = max(self.view.positions.get(p, 0), part.log_start_offset)
+            return False
+        if code in LEADER_ERRORS:
+            self._metadata_stale.set()
+            return True
+        missing = missing_acl("transaction_log_fetch", code, TOPIC)
+        if missing is not None:
+            self._deny()
+            if self.on_refused is not None:
+                self.on_refused(missing)
+        self._say_problem(f"Fetch of {TOPIC}-{p} answered {code}")
+        return True
 
     def _readiness_partitions(self) -> set[int]:
         return self.own if self.local is not None else set(self.leaders)
@@ -426,7 +458,7 @@ class LogFollower:
                 conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
                 started = await self._epochs_started(conn, sorted(pending), left)
                 asked = sorted(pending)
-                answer = await self._fetch(conn, asked, 0, left)
+                answer, _ = await self._fetch(conn, asked, 0, left)
                 done, failed = self._apply(answer, asked)
                 reached |= done & pending
                 # A partition that moved on is asked again, as one whose new leader's watermark is not past its

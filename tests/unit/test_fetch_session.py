@@ -1,0 +1,104 @@
+"""The log follower's incremental fetch session (KIP-227), as the broker expects it:
+
+    follower ─Fetch(session 0, epoch 0, all 3 partitions)─▶ broker ─session 41─▶
+             ─Fetch(session 41, epoch 1, none moved)──────▶        (answers only partitions with news)
+             ─Fetch(session 41, epoch 2, partition 1 at 7)─▶       (the one whose offset moved)
+    a leader moved (the set changed), an error, FETCH_SESSION_ID_NOT_FOUND: a full Fetch again
+"""
+
+from __future__ import annotations
+
+from txnguard.codecs.log_fetch import (
+    FETCH_SESSION_ID_NOT_FOUND,
+    INVALID_FETCH_SESSION_EPOCH,
+    FetchSession,
+    Wanted,
+)
+
+
+def at(*offsets: int) -> list[Wanted]:
+    return [Wanted(p, 5, offset, 1024) for p, offset in enumerate(offsets)]
+
+
+def test_a_session_lists_only_what_moved_after_its_full_fetch() -> None:
+    s = FetchSession()
+    assert s.next(at(0, 0, 0)) == (0, 0, at(0, 0, 0), True)
+    s.answered(0, 41)
+    assert s.next(at(0, 0, 0)) == (41, 1, [], False)
+    s.answered(0, 41)
+    assert s.next(at(0, 7, 0)) == (41, 2, [Wanted(1, 5, 7, 1024)], False)
+    s.answered(0, 41)
+    assert s.next(at(0, 7, 0)) == (41, 3, [], False)
+
+
+def test_a_leader_epoch_that_moved_is_listed_too() -> None:
+    s = FetchSession()
+    s.next(at(0, 0))
+    s.answered(0, 9)
+    moved = [Wanted(0, 5, 0, 1024), Wanted(1, 6, 0, 1024)]
+    assert s.next(moved) == (9, 1, [Wanted(1, 6, 0, 1024)], False)
+
+
+def test_a_changed_set_of_partitions_starts_a_full_fetch_that_closes_the_old_session() -> None:
+    s = FetchSession()
+    s.next(at(0, 0, 0))
+    s.answered(0, 41)
+    # Partition 2 moved to another leader: the old session's id with epoch 0 (the broker closes it, opens another).
+    assert s.next(at(0, 0)) == (41, 0, at(0, 0), True)
+    s.answered(0, 42)
+    assert s.next(at(0, 0)) == (42, 1, [], False)
+
+
+def test_a_broker_without_a_slot_gets_full_fetches() -> None:
+    s = FetchSession()
+    s.next(at(0, 0))
+    s.answered(0, 0)
+    assert s.next(at(3, 0)) == (0, 0, at(3, 0), True)
+
+
+def test_a_session_the_broker_lost_or_an_error_means_full_again() -> None:
+    s = FetchSession()
+    s.next(at(0))
+    s.answered(0, 41)
+    s.next(at(0))
+    s.answered(INVALID_FETCH_SESSION_EPOCH, 0)
+    assert s.next(at(0)) == (41, 0, at(0), True)  # the id kept: the full Fetch closes it
+    s.answered(FETCH_SESSION_ID_NOT_FOUND, 0)
+    assert s.next(at(0)) == (0, 0, at(0), True)   # forgotten: the broker no longer knows it
+    s.answered(0, 50)
+    s.next(at(0))
+    s.answered(6, 50)  # any other top-level error
+    assert s.next(at(0))[3]
+
+
+def test_the_epoch_wraps_to_one() -> None:
+    s = FetchSession()
+    s.next(at(0))
+    s.answered(0, 41)
+    s.epoch = 2 ** 31 - 1
+    s.next(at(0))
+    s.answered(0, 41)
+    assert s.next(at(0))[:2] == (41, 1)
+
+
+def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark() -> None:
+    """follower ─Fetch(session, epoch 3)─▶ broker ─news of partition 0 only─▶ partition 1 was at its end and still
+    is (a new watermark would have been listed); partition 2, stopped below its end, is not taken for caught up."""
+    from txnguard.codecs.log_fetch import FetchAnswer, Fetched
+    from txnguard.proxy.config import HostPort
+    from txnguard.proxy.log_follower import LogFollower
+    from txnguard.proxy.metrics import ProxyMetrics
+    from txnguard.verification.transaction_log import TransactionLogView
+
+    leader = HostPort("127.0.0.1", 9092)
+    f = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: (leader,), lambda h, p: HostPort(h, p))
+    f.leaders = {0: leader, 1: leader, 2: leader}
+    f.caught_up_at = {0: 1.0, 1: 1.0, 2: 1.0}
+    f._behind = {2}
+    answer = FetchAnswer(0, 41, [Fetched("__transaction_state", 0, 0, 0, 0, None)])
+    reached, failed = f._apply(answer, [0, 1, 2], complete=False)
+    assert (reached, failed) == ({0, 1}, set())
+    assert f.caught_up_at[1] > 1.0 and f.caught_up_at[2] == 1.0
+    # The same answer taken as complete (a full Fetch) says nothing of partition 1.
+    f.caught_up_at[1] = 1.0
+    assert f._apply(answer, [0, 1, 2])[0] == {0}
