@@ -230,13 +230,19 @@ class BrokerConnection(asyncio.Protocol):
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((correlation_id, api_key, version, fut))
         self._transport.write(frame)
+        # A timer, not wait_for(shield(...)): the follower asks several times per transaction, and those two
+        # cost a task's worth of objects and callbacks each time. Past the timeout every waiter fails: a late
+        # answer would desynchronise the pipeline, so the connection is dropped. A waiter cancelled meanwhile
+        # cancels only its future; its answer, when it comes, is still matched to it and dropped.
+        timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, timeout)
         try:
-            answer: tuple[int, int, memoryview] = await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            # A late answer would desynchronise the pipeline: drop the connection.
-            self._fail(UpstreamError(f"no response within {timeout}s"))
-            raise UpstreamError(f"no response within {timeout}s") from None
+            answer: tuple[int, int, memoryview] = await fut
+        finally:
+            timer.cancel()
         return answer[2]
+
+    def _timed_out(self, timeout: float) -> None:
+        self._fail(UpstreamError(f"no response within {timeout}s"))
 
 
 class BrokerConnections:
@@ -259,6 +265,11 @@ class BrokerConnections:
         self.on_versions = on_versions
         self._open: dict[Any, BrokerConnection] = {}
         self._opening: dict[Any, asyncio.Future[BrokerConnection]] = {}
+
+    def ready(self, address: Any) -> BrokerConnection | None:
+        """The open connection to `address`, if there is one (no await: the follower's every round asks)."""
+        conn = self._open.get(address)
+        return conn if conn is not None and conn.is_open else None
 
     async def get(self, address: Any) -> BrokerConnection:
         conn = self._open.get(address)

@@ -224,7 +224,9 @@ class LogFollower:
             if not partitions:
                 return
             try:
-                conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
+                conn = self._polls.ready(address)
+                if conn is None:
+                    conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
                 # A new leader's watermark not past its epoch's start yet: a short poll, then asked again.
                 started = await self._epochs_started(conn, partitions)
                 wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
@@ -455,7 +457,9 @@ class LogFollower:
                 if left <= 0:
                     break
                 before = {p: self.view.positions.get(p, 0) for p in pending}
-                conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
+                conn = self._syncs.ready(address)
+                if conn is None:
+                    conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
                 started = await self._epochs_started(conn, sorted(pending), left)
                 asked = sorted(pending)
                 answer, _ = await self._fetch(conn, asked, 0, left)

@@ -52,6 +52,10 @@ class FetchesAsBytes:
     async def request(self, payload: Any, timeout: float) -> Any:
         raise NotImplementedError
 
+    def ready(self, address: Any) -> Any:
+        """As `BrokerConnections.ready`: these fakes are their own (always open) connection."""
+        return self
+
     async def request_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes],
                               timeout: float = 10.0) -> memoryview:
         _, payload = schemas.decode_request(memoryview(encode(1))[4:])
