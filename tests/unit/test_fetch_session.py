@@ -15,70 +15,84 @@ from txnguard.codecs.log_fetch import (
     Wanted,
 )
 
+EPOCHS = {0: 5, 1: 5, 2: 5}
+
 
 def at(*offsets: int) -> list[Wanted]:
     return [Wanted(p, 5, offset, 1024) for p, offset in enumerate(offsets)]
 
 
+Request = tuple[int, int, list[Wanted], bool]
+
+
+def ask(s: FetchSession, *offsets: int, plan: int = 1, epochs: dict[int, int] = EPOCHS) -> Request:
+    return s.next(plan, list(range(len(offsets))), epochs, dict(enumerate(offsets)), 1024)
+
+
 def test_a_session_lists_only_what_moved_after_its_full_fetch() -> None:
     s = FetchSession()
-    assert s.next(at(0, 0, 0)) == (0, 0, at(0, 0, 0), True)
+    assert ask(s, 0, 0, 0) == (0, 0, at(0, 0, 0), True)
     s.answered(0, 41)
-    assert s.next(at(0, 0, 0)) == (41, 1, [], False)
+    assert ask(s, 0, 0, 0) == (41, 1, [], False)
     s.answered(0, 41)
-    assert s.next(at(0, 7, 0)) == (41, 2, [Wanted(1, 5, 7, 1024)], False)
+    assert ask(s, 0, 7, 0) == (41, 2, [Wanted(1, 5, 7, 1024)], False)
     s.answered(0, 41)
-    assert s.next(at(0, 7, 0)) == (41, 3, [], False)
+    assert ask(s, 0, 7, 0) == (41, 3, [], False)
 
 
-def test_a_leader_epoch_that_moved_is_listed_too() -> None:
+def test_an_offset_moved_while_its_request_got_no_answer_is_listed_again_in_full() -> None:
     s = FetchSession()
-    s.next(at(0, 0))
-    s.answered(0, 9)
-    moved = [Wanted(0, 5, 0, 1024), Wanted(1, 6, 0, 1024)]
-    assert s.next(moved) == (9, 1, [Wanted(1, 6, 0, 1024)], False)
-
-
-def test_a_changed_set_of_partitions_starts_a_full_fetch_that_closes_the_old_session() -> None:
-    s = FetchSession()
-    s.next(at(0, 0, 0))
+    ask(s, 0, 0)
     s.answered(0, 41)
-    # Partition 2 moved to another leader: the old session's id with epoch 0 (the broker closes it, opens another).
-    assert s.next(at(0, 0)) == (41, 0, at(0, 0), True)
+    ask(s, 0, 3)
+    s.lost()  # the connection dropped before the answer
+    assert ask(s, 0, 3) == (41, 0, at(0, 3), True)
+
+
+def test_a_new_plan_a_leader_or_its_epoch_moved_starts_a_full_fetch_that_closes_the_old_session() -> None:
+    s = FetchSession()
+    ask(s, 0, 0, 0)
+    s.answered(0, 41)
+    # Partition 2 moved to another leader (the caller's plan moved): the old session's id with epoch 0, which the
+    # broker closes as it opens another.
+    assert ask(s, 0, 0, plan=2) == (41, 0, at(0, 0), True)
     s.answered(0, 42)
-    assert s.next(at(0, 0)) == (42, 1, [], False)
+    assert ask(s, 0, 0, plan=2) == (42, 1, [], False)
+    s.answered(0, 42)
+    moved = {0: 5, 1: 6}
+    assert ask(s, 0, 0, plan=3, epochs=moved) == (42, 0, [Wanted(0, 5, 0, 1024), Wanted(1, 6, 0, 1024)], True)
 
 
 def test_a_broker_without_a_slot_gets_full_fetches() -> None:
     s = FetchSession()
-    s.next(at(0, 0))
+    ask(s, 0, 0)
     s.answered(0, 0)
-    assert s.next(at(3, 0)) == (0, 0, at(3, 0), True)
+    assert ask(s, 3, 0) == (0, 0, at(3, 0), True)
 
 
 def test_a_session_the_broker_lost_or_an_error_means_full_again() -> None:
     s = FetchSession()
-    s.next(at(0))
+    ask(s, 0)
     s.answered(0, 41)
-    s.next(at(0))
+    ask(s, 0)
     s.answered(INVALID_FETCH_SESSION_EPOCH, 0)
-    assert s.next(at(0)) == (41, 0, at(0), True)  # the id kept: the full Fetch closes it
+    assert ask(s, 0) == (41, 0, at(0), True)  # the id kept: the full Fetch closes it
     s.answered(FETCH_SESSION_ID_NOT_FOUND, 0)
-    assert s.next(at(0)) == (0, 0, at(0), True)   # forgotten: the broker no longer knows it
+    assert ask(s, 0) == (0, 0, at(0), True)   # forgotten: the broker no longer knows it
     s.answered(0, 50)
-    s.next(at(0))
+    ask(s, 0)
     s.answered(6, 50)  # any other top-level error
-    assert s.next(at(0))[3]
+    assert ask(s, 0)[3]
 
 
 def test_the_epoch_wraps_to_one() -> None:
     s = FetchSession()
-    s.next(at(0))
+    ask(s, 0)
     s.answered(0, 41)
     s.epoch = 2 ** 31 - 1
-    s.next(at(0))
+    ask(s, 0)
     s.answered(0, 41)
-    assert s.next(at(0))[:2] == (41, 1)
+    assert ask(s, 0)[:2] == (41, 1)
 
 
 def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark() -> None:

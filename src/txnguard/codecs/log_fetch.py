@@ -18,7 +18,7 @@ that read a partition to its end for a write (`sync`) stay sessionless: they ask
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from txnguard.codecs import native, schemas
@@ -115,24 +115,34 @@ class FetchSession:
     broker answers with a session id (0: it has no slot, and every request stays full). Then each request
     carries the next epoch and lists only the partitions whose offset, leader epoch or size moved since the last
     one, and the answer only the partitions with news (records, a new watermark or log start, an error): a
-    partition it leaves out is where it was. A changed set of partitions (a leader moved), a request that got no
-    answer, or the broker not knowing the session or its epoch: full again."""
+    partition it leaves out is where it was. A changed set of partitions or leader epochs (a leader moved), a
+    request that got no answer, or the broker not knowing the session or its epoch: full again."""
 
     def __init__(self) -> None:
         self.id = NO_SESSION
         self.epoch = INITIAL_EPOCH
-        self._held: dict[int, Wanted] = {}            # what the broker's session holds, as of the last answer
-        self._asked: dict[int, Wanted] | None = None  # the request on its way
+        self._plan: int | None = None               # the caller's version of the partitions and their epochs
+        self._held: dict[int, int] = {}              # partition -> the offset the broker's session holds
+        self._asked: dict[int, int] | None = None    # the same, as of the request on its way
 
-    def next(self, wanted: Sequence[Wanted]) -> tuple[int, int, list[Wanted], bool]:
-        """The next request: (session id, epoch, the partitions to list, whether it is full)."""
-        now = {w.partition: w for w in wanted}
-        self._asked = now
-        if self.id == NO_SESSION or self.epoch == INITIAL_EPOCH or now.keys() != self._held.keys():
-            self.epoch = INITIAL_EPOCH
-            return self.id, INITIAL_EPOCH, list(wanted), True
+    def next(self, plan: int, partitions: Sequence[int], epochs: Mapping[int, int], offsets: Mapping[int, int],
+             max_bytes: int) -> tuple[int, int, list[Wanted], bool]:
+        """The next request: (session id, epoch, the partitions to list, whether it is full). `plan` is the
+        caller's version of `partitions` and their leader `epochs` (it moves when either changes: full again);
+        within one plan only `offsets` move, and an incremental request lists the partitions whose offset did.
+        Its cost is a comparison of integers per partition, no object per partition that did not move."""
+        if self.id == NO_SESSION or self.epoch == INITIAL_EPOCH or plan != self._plan:
+            self.epoch, self._plan = INITIAL_EPOCH, plan
+            listed = [Wanted(p, epochs.get(p, -1), offsets.get(p, 0), max_bytes) for p in partitions]
+            self._asked = {w.partition: w.fetch_offset for w in listed}
+            return self.id, INITIAL_EPOCH, listed, True
         held = self._held
-        return self.id, self.epoch, [w for w in wanted if held[w.partition] != w], False
+        listed = [Wanted(p, epochs.get(p, -1), offsets.get(p, 0), max_bytes) for p in partitions
+                  if offsets.get(p, 0) != held.get(p)]
+        asked = dict(held)
+        asked.update((w.partition, w.fetch_offset) for w in listed)
+        self._asked = asked
+        return self.id, self.epoch, listed, False
 
     def answered(self, error_code: int, session_id: int) -> None:
         """The answer to the request `next` made came (before any other `next`)."""

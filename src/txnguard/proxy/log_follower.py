@@ -92,12 +92,18 @@ class LogFollower:
         self.on_refused, self.on_proved = on_refused, on_proved
         self._polls = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
         self._syncs = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
-        self.leaders: dict[int, HostPort] = {}       # partition -> its leader's address
-        self.high_watermarks: dict[int, int] = {}
+        # What Metadata said, and what each round reads of it without walking every partition (`_plan`): the
+        # partitions each leader leads, those whose leader epoch is not known to be started, and a version that
+        # moves when either changes (a fetch session then starts over with a full Fetch).
+        self._leaders: dict[int, HostPort] = {}      # partition -> its leader's address
         # partition -> its leader's epoch as Metadata named it, sent in every Fetch (a broker that no longer leads
         # it answers FENCED_LEADER_EPOCH instead of what it holds as a follower, to its own, older high watermark)
-        self.leader_epochs: dict[int, int] = {}
+        self._leader_epochs: dict[int, int] = {}
         self._epoch_checked: dict[int, int] = {}   # partition -> the epoch whose leader's watermark reached its start
+        self._led_by: dict[HostPort, list[int]] = {}
+        self._epochs_unchecked: set[int] = set()
+        self._plan_version = 0
+        self.high_watermarks: dict[int, int] = {}
         self.caught_up_at: dict[int, float] = {}     # partition -> monotonic time it last reached the watermark
         self._behind: set[int] = set()               # partitions whose last Fetch ended below the high watermark
         self._failing: set[HostPort] = set()         # leaders whose last Fetch failed: their partitions decide nothing
@@ -120,6 +126,37 @@ class LogFollower:
         # `log`: another logger (`txnguard hanging` reads the log once and says what went wrong in its own words).
         self.log = log if log is not None else logs.get(component="log_follower")
         self._register_metrics()
+
+    # -- what Metadata said -----------------------------------------------------------------------------
+
+    @property
+    def leaders(self) -> dict[int, HostPort]:
+        return self._leaders
+
+    @leaders.setter
+    def leaders(self, leaders: dict[int, HostPort]) -> None:
+        if leaders != self._leaders:
+            self._leaders = leaders
+            self._plan()
+
+    @property
+    def leader_epochs(self) -> dict[int, int]:
+        return self._leader_epochs
+
+    @leader_epochs.setter
+    def leader_epochs(self, epochs: dict[int, int]) -> None:
+        if epochs != self._leader_epochs:
+            self._leader_epochs = epochs
+            self._plan()
+
+    def _plan(self) -> None:
+        led_by: dict[HostPort, list[int]] = {}
+        for p in sorted(self._leaders):
+            led_by.setdefault(self._leaders[p], []).append(p)
+        self._led_by = led_by
+        self._epochs_unchecked = {p for p, e in self._leader_epochs.items()
+                                  if e >= 0 and self._epoch_checked.get(p) != e}
+        self._plan_version += 1
 
     # -- life cycle -----------------------------------------------------------------------------------
 
@@ -220,7 +257,7 @@ class LogFollower:
         """Long-poll the partitions `address` leads, while it leads any."""
         backoff = 0.1
         while not self._closed:
-            partitions = sorted(p for p, a in self.leaders.items() if a == address)
+            partitions = self._led_by.get(address)
             if not partitions:
                 return
             try:
@@ -228,7 +265,7 @@ class LogFollower:
                 if conn is None:
                     conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
                 # A new leader's watermark not past its epoch's start yet: a short poll, then asked again.
-                started = await self._epochs_started(conn, partitions)
+                started = self._epochs_unchecked.isdisjoint(partitions) or await self._epochs_started(conn, partitions)
                 wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
                 session = self._sessions.setdefault(address, FetchSession())
                 answer, full = await self._fetch(conn, partitions, wait_ms, self.timeout_s + wait_ms / 1000, session)
@@ -259,10 +296,13 @@ class LogFollower:
         """One Fetch of `partitions` from the view's positions, packed by hand and read in place (log_fetch.py:
         with kio, a round at 50 partitions cost about 1 ms of CPU, several times per transaction); in `session`
         (the long poll's), only what moved. (The answer, whether it lists every partition.)"""
-        wanted = [Wanted(p, self.leader_epochs.get(p, -1), self.view.positions.get(p, 0), PARTITION_MAX_BYTES)
-                  for p in partitions]
-        session_id, epoch, listed, full = ((NO_SESSION, FINAL_EPOCH, wanted, True) if session is None
-                                           else session.next(wanted))
+        epochs, positions = self._leader_epochs, self.view.positions
+        if session is None:
+            session_id, epoch, full = NO_SESSION, FINAL_EPOCH, True
+            listed = [Wanted(p, epochs.get(p, -1), positions.get(p, 0), PARTITION_MAX_BYTES) for p in partitions]
+        else:
+            session_id, epoch, listed, full = session.next(self._plan_version, partitions, epochs, positions,
+                                                           PARTITION_MAX_BYTES)
         body = await conn.request_encoded(
             ApiKey.FETCH.value, log_fetch.VERSION,
             lambda correlation_id: log_fetch.fetch_request(
@@ -272,8 +312,7 @@ class LogFollower:
         return log_fetch.read_fetch_answer(body), full
 
     def _epoch_started(self, partition: int) -> bool:
-        epoch = self.leader_epochs.get(partition, -1)
-        return epoch < 0 or self._epoch_checked.get(partition) == epoch
+        return partition not in self._epochs_unchecked
 
     async def _epochs_started(self, conn: Any, partitions: list[int], timeout_s: float | None = None) -> bool:
         """Whether each partition's leader has a high watermark past the start of its epoch, asked once per epoch.
@@ -294,6 +333,8 @@ class LogFollower:
                 p, code = int(part.partition_index), int(part.error_code)
                 if code == ErrorCode.none:
                     self._epoch_checked[p] = asked[p]
+                    if asked[p] == self._leader_epochs.get(p, -1):
+                        self._epochs_unchecked.discard(p)
                 elif code in LEADER_ERRORS:
                     self._metadata_stale.set()
         return all(self._epoch_started(p) for p in partitions)
@@ -330,10 +371,10 @@ class LogFollower:
                 self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
         if not complete:
             listed = {part.partition for part in parts}
-            for p in asked:
-                if p not in listed and p in self.caught_up_at and p not in self._behind:
-                    self.caught_up_at[p] = now
-                    reached.add(p)
+            caught_up_at, behind = self.caught_up_at, self._behind
+            still = [p for p in asked if p not in listed and p not in behind and p in caught_up_at]
+            caught_up_at.update(dict.fromkeys(still, now))
+            reached.update(still)
         if read_one:
             self.denied = False
             if self.on_proved is not None:
@@ -365,6 +406,8 @@ class LogFollower:
 
     def _check_caught_up(self) -> None:
         """Caught up once: every partition readiness waits for read to its high watermark (see the module)."""
+        if self.caught_up_once and self.problem is None:
+            return  # nothing to say again (every answer comes here: no walk of every partition for nothing)
         wanted = self._readiness_partitions()
         if all(self.partition_usable(p) for p in wanted) and (not self.caught_up_once or self.problem is not None):
             first = not self.caught_up_once
