@@ -25,6 +25,12 @@ and the broker), then measures, each side alternately so slow drift cancels:
 7. One-record transaction loops per client family (txnguard.testing.short_transactions: Java 3.5.2,
    confluent-kafka, kafka-python), as fast as each client goes, in every arm (`--only loops`).
 
+Two more txnguard arms, off by default, join the saturation, txn and loops parts, each a second `txnguard run`
+process beside the first (same flags, its own ports, its own CPU): `--general-path`, the proxy with its
+native module hidden (bench/general_path_proxy.py), so the general (kio) path reads every frame, checked at
+start by its txnguard_native_data_path gauge reading 0; and `--audit-on`, the proxy writing its audit records
+to a file (audit_path), since the txnguard arm itself runs with audit off (no audit_path: the default).
+
 The cluster uses the harness's sidecar layout: the broker's PLAINTEXT listener advertises the
 bare relay's port (a byte pipe cannot rewrite Metadata), and its BROKER listener advertises
 itself. The direct arm and the proxy's upstream use the BROKER listener, so direct clients
@@ -102,6 +108,12 @@ SIDES = ("direct", "proxy")
 FLOOR_SIDES = ("direct", "relay", "proxy")   # saturation with the bare relay: direct / bare relay / txnguard
 PEER = "kroxylicious"                        # the peer proxy's arm (saturation, txn, loops)
 RELAY_SCRIPT = Path(__file__).resolve().parent / "bare_relay.py"
+# The extra txnguard arms (saturation, txn, loops), each a txnguard process of its own beside the "proxy" one:
+GENERAL = "general"                          # the native module hidden: the general (kio) path reads every frame
+AUDIT_ON = "audit-on"                        # audit records written to a file (the "proxy" arm writes none)
+EXTRA_ARMS = (GENERAL, AUDIT_ON)
+TXNGUARD_SIDES = ("proxy", *EXTRA_ARMS)      # the arms a txnguard process carries (its counters tell the route)
+GENERAL_LAUNCHER = Path(__file__).resolve().parent / "general_path_proxy.py"
 
 # The issue's targets. Printed next to the figures; never asserted.
 TARGET_THROUGHPUT_RATIO = 0.95
@@ -145,13 +157,15 @@ class Settings:
     compare_rev: str | None = None  # "ab": a second proxy of this git revision, alternating with the first
     floor: bool = True              # saturation, txn, loops: a bare relay arm beside direct and proxy
     peer: bool = True               # saturation, txn, loops: a Kroxylicious arm
+    arms: tuple[str, ...] = ()      # saturation, txn, loops: extra txnguard arms, of EXTRA_ARMS
     txn_records: int = TXN_RECORDS  # txn: records per transactional ProducerPerformance run
     loop_transactions: int = LOOP_TRANSACTIONS   # loops: transactions per loop run
     families: tuple[str, ...] = FAMILIES         # loops: the client families
 
     @property
     def sat_sides(self) -> tuple[str, ...]:
-        return (*(FLOOR_SIDES if self.floor else SIDES), *((PEER,) if self.peer else ()))
+        return (*(FLOOR_SIDES if self.floor else SIDES), *(a for a in EXTRA_ARMS if a in self.arms),
+                *((PEER,) if self.peer else ()))
 
     @property
     def records(self) -> int:
@@ -363,6 +377,53 @@ class RelayProcess:
         return self.proc.returncode
 
 
+class LaunchedProxyProcess(ProxyProcess):
+    """ProxyProcess started as `python <launcher> run <args>` instead of `python -m txnguard.cli run <args>`.
+
+    The general-path arm's launcher hides txnguard._native before txnguard is imported, which an environment
+    variable cannot do; the rest (log, SIGTERM, waiting for the port) is ProxyProcess's.
+    """
+
+    def __init__(self, launcher: Path, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        super().__init__(args, log_path, env)
+        self.launcher = launcher
+
+    def start(self, wait_port: tuple[str, int] | None = None, timeout: float = 90.0) -> LaunchedProxyProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen([sys.executable, str(self.launcher), "run", *self.args], stdout=log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})})
+        log.close()
+        if wait_port is not None:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"proxy ({self.launcher.name}) exited with {self.proc.returncode}:\n"
+                                       f"{self.log()}")
+                with contextlib.suppress(OSError), socket.create_connection(wait_port, timeout=0.5):
+                    return self
+                time.sleep(0.1)
+            self.proc.kill()  # one that comes up after we gave up must not outlive the bench
+            self.proc.wait()
+            raise RuntimeError(f"proxy ({self.launcher.name}) did not listen on {wait_port} within {timeout:.0f} s")
+        return self
+
+
+@dataclass
+class ArmProxy:
+    """An extra txnguard arm: a `txnguard run` process of its own beside the bench's proxy, same flags."""
+
+    proxy: ProxyProcess
+    listen: int
+    admin: str
+    native: float                   # its txnguard_native_data_path gauge at start
+    audit_path: Path | None = None  # the audit-on arm's records
+
+    @property
+    def pid(self) -> int:
+        assert self.proxy.proc is not None
+        return self.proxy.proc.pid
+
+
 @dataclass
 class Bench:
     cluster: kafka.Cluster
@@ -372,6 +433,7 @@ class Bench:
     stamp: str = ""
     relay: RelayProcess | None = None
     peer: KroxyliciousProcess | None = None
+    arms: dict[str, ArmProxy] = dataclasses.field(default_factory=dict)   # the extra txnguard arms by side
 
     @property
     def pid(self) -> int:
@@ -387,6 +449,8 @@ class Bench:
         if side == PEER:
             assert self.peer is not None
             return self.peer.pid
+        if side in self.arms:
+            return self.arms[side].pid
         return self.pid
 
     @property
@@ -401,7 +465,13 @@ class Bench:
         if side == PEER:
             assert self.peer is not None
             return self.peer.bootstrap
+        if side in self.arms:
+            return f"{HOST}:{self.arms[side].listen}"
         return f"{HOST}:{self.listen}"
+
+    def counters(self) -> dict[str, dict[str, float]]:
+        """The /metrics of every txnguard process by the side it carries: "proxy" and the extra arms."""
+        return {"proxy": scrape_metrics(self.admin), **{side: scrape_metrics(a.admin) for side, a in self.arms.items()}}
 
     def relay_counts(self) -> tuple[int, int, int]:
         return self.relay.counts() if self.relay is not None else (0, 0, 0)
@@ -738,15 +808,20 @@ def end_offset(b: Bench, topic: str) -> int:
         return int(c.list_offsets(topic, 0, read_committed=False))
 
 
-def _through_proxy(b: Bench, before: dict[str, float]) -> tuple[float, float]:
-    """(MiB framed both ways, requests) through the proxy since `before`."""
-    after = scrape_metrics(b.admin)
+def _through_proxy(b: Bench, before: dict[str, dict[str, float]], side: str) -> tuple[float, float, float]:
+    """(MiB framed both ways, requests) since `before` (Bench.counters) through the txnguard process of `side`,
+    or for the other arms through all of them (which should be ~0); and the requests through the other txnguard
+    processes of a txnguard arm (0: each txnguard arm's Metadata names its own listener)."""
+    after = b.counters()
 
     def requests(m: dict[str, float]) -> float:
         return sum(v for k, v in m.items() if k.startswith("txnguard_frames_total{") and "client_to_broker" in k)
 
-    return ((metric_sum(after, "txnguard_bytes_total") - metric_sum(before, "txnguard_bytes_total")) / MIB,
-            requests(after) - requests(before))
+    own = [side] if side in after else list(after)
+    mib = sum(metric_sum(after[n], "txnguard_bytes_total") - metric_sum(before[n], "txnguard_bytes_total")
+              for n in own) / MIB
+    return (mib, sum(requests(after[n]) - requests(before[n]) for n in own),
+            sum(requests(after[n]) - requests(before[n]) for n in after if n not in own))
 
 
 def _relayed(b: Bench, before: tuple[int, int, int]) -> dict[str, Any]:
@@ -807,11 +882,11 @@ def profiled(b: Bench, template: str | None, name: str) -> Iterator[None]:
 def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: str | None = None) -> dict[str, Any]:
     """ProducerPerformance --throughput -1: the producer (Kafka's defaults, acks=all) is the only limit."""
     topic = b.topic(f"sat{size}", side)
-    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
+    before, relay_before, peer_before = b.counters(), b.relay_counts(), b.peer_counts()
     with profiled(b, profile_cmd, f"profile-{size}-produce-{b.stamp}"), cpu_meter(b.pid_of(side)) as cpu:
         r = java_producer_performance(b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=size,
                                       throughput=-1, timeout_s=120 + records * size / MIB)  # >= 1 MiB/s
-    via, requests = _through_proxy(b, before)
+    via, requests, stray = _through_proxy(b, before, side)
     relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
     payload = r.records * size / MIB
     written = end_offset(b, topic)
@@ -821,8 +896,8 @@ def sat_produce_run(b: Bench, side: str, size: int, records: int, profile_cmd: s
                         f"the log ends at offset {written}")
     return {**asdict(r), **cpu, **_per_request(cpu, requests), "side": side, "topic": topic, "record_size": size,
             "payload_mib": payload,
-            "end_offset": written, "proxy_frame_mib": via, "problems": problems, **relayed,
-            "relay_payload_mib": relayed["relay_to_upstream_mib"],
+            "end_offset": written, "proxy_frame_mib": via, "stray_requests": stray, "problems": problems,
+            **relayed, "relay_payload_mib": relayed["relay_to_upstream_mib"],
             "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
 
 
@@ -831,11 +906,11 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
     """ConsumerPerformance over `topic` from the beginning (its own new group), up to `records` records."""
     args = ["--bootstrap-server", b.bootstrap(side), "--topic", topic, "--messages", str(records),
             "--timeout", str(SAT_CONSUMER_TIMEOUT_MS), "--group", f"bench-{uuid.uuid4().hex[:10]}"]
-    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
+    before, relay_before, peer_before = b.counters(), b.relay_counts(), b.peer_counts()
     with profiled(b, profile_cmd, f"profile-{size}-consume-{b.stamp}"), cpu_meter(b.pid_of(side)) as cpu:
         run = run_tool(consumer_perf_command(args),
                        timeout_s=60 + 2 * SAT_CONSUMER_TIMEOUT_MS / 1000 + records * size / MIB)
-    via, requests = _through_proxy(b, before)
+    via, requests, stray = _through_proxy(b, before, side)
     relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
     stats = parse_consumer_performance(run.stdout)
     if stats is None:
@@ -856,19 +931,22 @@ def sat_consume_run(b: Bench, side: str, size: int, topic: str, records: int,
             "consumed_records": consumed_msgs, "consumed_mib": consumed_mib,
             "mb_per_sec": stats["MB.sec"], "fetch_mb_per_sec": stats["fetch.MB.sec"],
             "fetch_records_per_sec": stats["fetch.nMsg.sec"], "rebalance_ms": stats["rebalance.time.ms"],
-            "fetch_ms": stats["fetch.time.ms"], "proxy_frame_mib": via, "problems": problems, **relayed,
+            "fetch_ms": stats["fetch.time.ms"], "proxy_frame_mib": via, "stray_requests": stray,
+            "problems": problems, **relayed,
             "relay_payload_mib": relayed["relay_to_client_mib"],
             "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload}
 
 
 def _route_problems(run: dict[str, Any], payload_mib: float) -> list[str]:
-    """Did the run really go where its side says? The proxy's and the bare relay's byte counters tell."""
+    """Did the run really go where its side says? The txnguard processes' and the bare relay's byte counters tell."""
     via, side = run["proxy_frame_mib"], run["side"]
     out = []
-    if side == "proxy" and via < 0.95 * payload_mib:
-        out.append(f"{side} run carried only {via:.1f} of {payload_mib:.1f} MiB through the proxy")
-    if side != "proxy" and via > 0.01 * payload_mib + 1:
-        out.append(f"{side} run sent {via:.1f} MiB through the proxy")
+    if side in TXNGUARD_SIDES and via < 0.95 * payload_mib:
+        out.append(f"{side} run carried only {via:.1f} of {payload_mib:.1f} MiB through its txnguard process")
+    if side not in TXNGUARD_SIDES and via > 0.01 * payload_mib + 1:
+        out.append(f"{side} run sent {via:.1f} MiB through txnguard")
+    if run.get("stray_requests", 0.0) > 0:
+        out.append(f"{side} run sent {run['stray_requests']:.0f} requests through another txnguard arm's process")
     # The payload's own direction (to the broker when producing, to the client when consuming) carries
     # the records plus their framing: never less than the payload.
     if run.get("relay_errors"):
@@ -993,6 +1071,9 @@ def saturation_size(b: Bench, s: Settings, size: int) -> dict[str, Any]:
         out["paired_ratios_floor"] = paired_floor
     if PEER in sides:
         out["paired_ratios_peer"] = paired_peer
+    if set(EXTRA_ARMS) & set(sides):  # the extra txnguard arms against direct and against txnguard
+        out["paired_ratios_arms"] = {kind: extra_pairs(runs, s.rounds, sides, key, kind=kind)
+                                     for kind, key in (("produce", "mb_per_sec"), ("consume", "fetch_mb_per_sec"))}
     return out
 
 
@@ -1053,7 +1134,29 @@ def saturation_rows(sat: dict[str, Any]) -> list[Row]:
             rows += floor_rows(n, p, c)
         if PEER in p:
             rows += sat_peer_rows(n, p, c)
+        for side in EXTRA_ARMS:
+            if side in p:
+                rows += sat_arm_rows(n, p, c, side)
     return rows
+
+
+def sat_arm_rows(n: str, p: dict[str, dict[str, float]], c: dict[str, dict[str, float]], side: str) -> list[Row]:
+    """An extra txnguard arm beside direct and txnguard ("X | Y": X in the direct column, Y in the proxy one)."""
+    label = _arm_label(side)
+    pd, pa, pp = (p[x]["mb_per_sec"] for x in ("direct", side, "proxy"))
+    cd, ca, cp = (c[x]["fetch_mb_per_sec"] for x in ("direct", side, "proxy"))
+    pac, ppc = p[side]["proxy_cpu_ms_per_mib"], p["proxy"]["proxy_cpu_ms_per_mib"]
+    cac, cpc = c[side]["proxy_cpu_ms_per_mib"], c["proxy"]["proxy_cpu_ms_per_mib"]
+    return [
+        Row(f"{n}: produce at saturation (MB/s), direct | {label}", pd, pa, pa / pd, "ratio", "", None),
+        Row(f"{n}: consume at saturation (fetch MB/s), direct | {label}", cd, ca, ca / cd, "ratio", "", None),
+        Row(f"{n}: produce at saturation (MB/s), txnguard | {label}", pp, pa, pa / pp, "ratio", "", None),
+        Row(f"{n}: consume at saturation (fetch MB/s), txnguard | {label}", cp, ca, ca / cp, "ratio", "", None),
+        Row(f"{n}: CPU per MiB produced (ms), txnguard | {label}", ppc, pac, pac / max(ppc, 1e-9), "ratio", "",
+            None),
+        Row(f"{n}: CPU per MiB consumed (ms), txnguard | {label}", cpc, cac, cac / max(cpc, 1e-9), "ratio", "",
+            None),
+    ]
 
 
 def sat_peer_rows(n: str, p: dict[str, dict[str, float]], c: dict[str, dict[str, float]]) -> list[Row]:
@@ -1134,6 +1237,10 @@ def saturation_notes(sat: dict[str, Any]) -> list[str]:
                        f"{k['produce'][f'{PEER}/direct']}; consume {k['consume'][f'{PEER}/direct']}; "
                        f"txnguard/Kroxylicious: produce {k['produce'][f'proxy/{PEER}']}; "
                        f"consume {k['consume'][f'proxy/{PEER}']}")
+        for name in x.get("paired_ratios_arms", {}).get("produce", {}):
+            out.append(f"{_size_name(x['record_size'])}: per-round {_pair_label(name)}: produce "
+                       f"{_ratios_text(x['paired_ratios_arms']['produce'][name])}; consume "
+                       f"{_ratios_text(x['paired_ratios_arms']['consume'][name])}")
     return out
 
 
@@ -1156,12 +1263,20 @@ def per_round(runs: list[dict[str, Any]], key: str, rounds: int, num: str, den: 
     return out
 
 
+def extra_pairs(runs: list[dict[str, Any]], rounds: int, sides: tuple[str, ...], key: str,
+                **match: Any) -> dict[str, list[float]]:
+    """Each round's ratio of every extra txnguard arm in `sides` to direct and to the txnguard arm."""
+    return {f"{side}/{other}": per_round(runs, key, rounds, side, other, **match)
+            for side in EXTRA_ARMS if side in sides for other in ("direct", "proxy")}
+
+
 def _ratios_text(ratios: list[float]) -> str:
     return ", ".join(f"x{r:.3f}" for r in ratios)
 
 
 def _arm_label(side: str) -> str:
-    return {"direct": "direct", "relay": "bare relay", "proxy": "txnguard", PEER: "Kroxylicious"}[side]
+    return {"direct": "direct", "relay": "bare relay", "proxy": "txnguard", GENERAL: "txnguard general path",
+            AUDIT_ON: "txnguard audit on", PEER: "Kroxylicious"}[side]
 
 
 def _cpu_label(side: str) -> str:
@@ -1175,13 +1290,13 @@ def txn_run(b: Bench, side: str, records: int) -> dict[str, Any]:
     transactions = end offset - records.
     """
     topic = b.topic("txn", side)
-    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
+    before, relay_before, peer_before = b.counters(), b.relay_counts(), b.peer_counts()
     with cpu_meter(b.pid_of(side)) as cpu:
         r = java_producer_performance(
             b.bootstrap(side), topic, records, JAVA_CLIENT, record_size=TXN_RECORD_SIZE, throughput=-1,
             transactional_id=f"bench-txn-{side}-{uuid.uuid4().hex[:8]}", transaction_duration_ms=TXN_DURATION_MS,
             timeout_s=120 + records * TXN_RECORD_SIZE / MIB)
-    via, requests = _through_proxy(b, before)
+    via, requests, stray = _through_proxy(b, before, side)
     relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
     payload = r.records * TXN_RECORD_SIZE / MIB
     written = end_offset(b, topic)
@@ -1193,6 +1308,7 @@ def txn_run(b: Bench, side: str, records: int) -> dict[str, Any]:
                         f"(last stable offset {stable}): {transactions} commit markers")
     run = {**asdict(r), **cpu, **_per_request(cpu, requests), **relayed, "side": side, "topic": topic,
            "payload_mib": payload, "end_offset": written, "transactions": transactions, "proxy_frame_mib": via,
+           "stray_requests": stray,
            "relay_payload_mib": relayed["relay_to_upstream_mib"], "problems": problems,
            "proxy_cpu_ms_per_mib": 1000 * cpu["proxy_cpu_s"] / payload,
            "proxy_cpu_ms_per_txn": 1000 * cpu["proxy_cpu_s"] / max(transactions, 1)}
@@ -1242,6 +1358,7 @@ def txn_phase(b: Bench, s: Settings) -> dict[str, Any]:
               for side in sides if side != "direct"}
     if PEER in sides:
         paired[f"proxy/{PEER}"] = per_round(runs, "records_per_sec", s.rounds, "proxy", PEER)
+    paired.update(extra_pairs(runs, s.rounds, sides, "records_per_sec"))
     warnings = [p for r in runs for p in r["problems"]]
     for w in warnings:
         say(f"  WARNING: {w}")
@@ -1281,6 +1398,19 @@ def txn_rows(txn: dict[str, Any]) -> list[Row]:
                         med["proxy"]["proxy_cpu_ms_per_mib"] - med["relay"]["proxy_cpu_ms_per_mib"], "diff", "", None))
     rows.append(Row("txn producer transactions per run, direct | txnguard", d["transactions"],
                     med["proxy"]["transactions"], None, "", "", None))
+    for side in EXTRA_ARMS:
+        if side in med:
+            a, p, label = med[side], med["proxy"], _arm_label(side)
+            rows += [
+                Row(f"txn producer (records/s), direct | {label}", d["records_per_sec"], a["records_per_sec"],
+                    a["records_per_sec"] / d["records_per_sec"], "ratio", "", None),
+                Row(f"txn producer CPU per MiB (ms), txnguard | {label}", p["proxy_cpu_ms_per_mib"],
+                    a["proxy_cpu_ms_per_mib"], a["proxy_cpu_ms_per_mib"] / max(p["proxy_cpu_ms_per_mib"], 1e-9),
+                    "ratio", "", None),
+                Row(f"txn producer CPU per transaction (ms), txnguard | {label}", p["proxy_cpu_ms_per_txn"],
+                    a["proxy_cpu_ms_per_txn"], a["proxy_cpu_ms_per_txn"] / max(p["proxy_cpu_ms_per_txn"], 1e-9),
+                    "ratio", "", None),
+            ]
     return rows
 
 
@@ -1288,18 +1418,20 @@ def txn_rows(txn: dict[str, Any]) -> list[Row]:
 
 
 def loop_run(b: Bench, side: str, family: str, topic: str, transactions: int) -> dict[str, Any]:
-    before, relay_before, peer_before = scrape_metrics(b.admin), b.relay_counts(), b.peer_counts()
+    before, relay_before, peer_before = b.counters(), b.relay_counts(), b.peer_counts()
     with cpu_meter(b.pid_of(side)) as cpu:
         result = run_loop(family, b.bootstrap(side), topic, f"bench-loop-{family}-{side}-{uuid.uuid4().hex[:8]}",
                           transactions)
-    _, requests = _through_proxy(b, before)
+    _, requests, stray = _through_proxy(b, before, side)
     relayed = {**_relayed(b, relay_before), **_peer_io(b, peer_before)}
     problems = []
     # Route: every transaction is several requests (AddPartitionsToTxn, Produce, EndTxn), each tens of bytes.
-    if side == "proxy" and requests < 3 * result.transactions:
-        problems.append(f"loop {family} via txnguard: only {requests:.0f} requests through it")
-    if side != "proxy" and requests > 0:
+    if side in TXNGUARD_SIDES and requests < 3 * result.transactions:
+        problems.append(f"loop {family} via {_arm_label(side)}: only {requests:.0f} requests through it")
+    if side not in TXNGUARD_SIDES and requests > 0:
         problems.append(f"loop {family} {side}: {requests:.0f} requests through txnguard")
+    if stray > 0:
+        problems.append(f"loop {family} {side}: {stray:.0f} requests through another txnguard arm's process")
     carried = relayed["relay_to_upstream_mib"] * MIB
     if side == "relay" and carried < 100 * result.transactions:
         problems.append(f"loop {family} via the bare relay: only {carried:.0f} bytes carried")
@@ -1311,6 +1443,7 @@ def loop_run(b: Bench, side: str, family: str, topic: str, transactions: int) ->
         problems.append(f"loop {family} {side}: Kroxylicious used {relayed['peer_cpu_s']:.2f} s of CPU meanwhile")
     return {**cpu, **relayed, "side": side, "family": family, "transactions": result.transactions,
             "seconds": result.seconds, "per_second": result.per_second, "proxy_requests": requests,
+            "stray_requests": stray,
             "proxy_cpu_ms_per_txn": 1000 * cpu["proxy_cpu_s"] / max(result.transactions, 1), "problems": problems}
 
 
@@ -1353,6 +1486,8 @@ def loops_phase(b: Bench, s: Settings) -> dict[str, Any]:
     if PEER in sides:
         for family in s.families:
             paired[family][f"proxy/{PEER}"] = per_round(runs, "per_second", s.rounds, "proxy", PEER, family=family)
+    for family in s.families:
+        paired[family].update(extra_pairs(runs, s.rounds, sides, "per_second", family=family))
     warnings = [p for r in runs for p in r["problems"]]
     for w in warnings:
         say(f"  WARNING: {w}")
@@ -1379,6 +1514,13 @@ def loops_rows(loops: dict[str, Any]) -> list[Row]:
         if "relay" in med:
             r = med["relay"]["per_second"]
             rows.append(Row(f"{family} loop (txn/s), direct | bare relay", d, r, r / d, "ratio", "", None))
+        for side in EXTRA_ARMS:
+            if side in med:
+                a, label = med[side]["per_second"], _arm_label(side)
+                ac, pc = med[side]["proxy_cpu_ms_per_txn"], med["proxy"]["proxy_cpu_ms_per_txn"]
+                rows += [Row(f"{family} loop (txn/s), direct | {label}", d, a, a / d, "ratio", "", None),
+                         Row(f"{family} loop CPU per transaction (ms), txnguard | {label}", pc, ac,
+                             ac / max(pc, 1e-9), "ratio", "", None)]
     return rows
 
 
@@ -1401,13 +1543,22 @@ def _pair_label(name: str) -> str:
 
 
 def peer_table(result: dict[str, Any]) -> str | None:
-    """The side-by-side table (markdown) of the parts run with the Kroxylicious arm: direct's figure, the
-    other arms' ratios to it, and each proxy's CPU (medians)."""
-    sides = ("direct", "relay", "proxy", PEER)
+    """The side-by-side table (markdown) of the parts run with the Kroxylicious arm or an extra txnguard arm:
+    direct's figure, the other arms' ratios to it, and each proxy's CPU (medians). One column per arm the run
+    had, so the default run's table (direct, bare relay, txnguard, Kroxylicious) keeps its columns."""
+    medians_by_part = [x["median"][kind] for x in result.get("saturation", {}).get("sizes", [])
+                       for kind in ("produce", "consume")]
+    medians_by_part += [result["transactional_producer"]["median"]] if "transactional_producer" in result else []
+    medians_by_part += list(result.get("transaction_loops", {}).get("median", {}).values())
+    present = {side for med in medians_by_part for side in med}
+    if result.get("transaction_loops", {}).get("peer_failed"):
+        present.add(PEER)
+    sides = tuple(x for x in ("direct", "relay", "proxy", *EXTRA_ARMS, PEER) if x in present or x == "direct")
+    wanted = {PEER, *EXTRA_ARMS}  # the arms this table is for: with none of them, no table
     lines = []
 
     def row(name: str, by_side: dict[str, dict[str, float]], key: str, unit: str, failed: bool = False) -> None:
-        if "direct" not in by_side or not (PEER in by_side or failed):
+        if "direct" not in by_side or not (wanted & set(by_side) or failed):
             return
         d = by_side["direct"][key]
         cells = [f"{_num(d)} {unit}"] + [f"x{by_side[side][key] / d:.3f}" if side in by_side else
@@ -1415,7 +1566,7 @@ def peer_table(result: dict[str, Any]) -> str | None:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
 
     def cpu_row(name: str, by_side: dict[str, dict[str, float]], key: str) -> None:
-        if PEER not in by_side:
+        if not wanted & set(by_side):
             return
         cells = [""] + [f"{by_side[side][key]:.3f}" if side in by_side else "-" for side in sides[1:]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -1439,8 +1590,8 @@ def peer_table(result: dict[str, Any]) -> str | None:
         cpu_row(f"CPU per transaction, {family} loop (ms)", med, "proxy_cpu_ms_per_txn")
     if not lines:
         return None
-    head = f"| | direct | bare relay | txnguard | Kroxylicious {KROXYLICIOUS_VERSION} |"
-    return "\n".join([head, "| --- | --- | --- | --- | --- |", *lines])
+    names = [f"Kroxylicious {KROXYLICIOUS_VERSION}" if side == PEER else _arm_label(side) for side in sides]
+    return "\n".join(["| | " + " | ".join(names) + " |", "|" + " --- |" * (len(sides) + 1), *lines])
 
 
 # -- two proxy revisions, one load -------------------------------------------------------------------
@@ -1666,8 +1817,48 @@ def proxy_source(rev: str | None, tmp: Path) -> tuple[dict[str, str], dict[str, 
     return env, {"source": f"git archive {rev}", "commit": commit, "head": head}
 
 
+def native_gauge(admin: str) -> float:
+    """A txnguard process's txnguard_native_data_path: 1 with the native data path, 0 on the general path only."""
+    value = scrape_metrics(admin).get("txnguard_native_data_path")
+    if value is None:
+        raise RuntimeError(f"the proxy at {admin} exports no txnguard_native_data_path")
+    return value
+
+
+def start_arm(side: str, b: Bench, tmp: Path, proxy_env: dict[str, str] | None) -> ArmProxy:
+    """An extra txnguard arm: `txnguard run` with the bench proxy's flags on ports of its own, started through
+    bench/general_path_proxy.py (GENERAL) or with an audit file (AUDIT_ON). Not returned unless it is what
+    its side says: a general-path arm whose native data path gauge is not 0 would measure the txnguard arm
+    again under another name."""
+    listen, admin_port = proxy_ports()
+    admin = f"{HOST}:{admin_port}"
+    args = ["--upstream", b.direct_bootstrap, "--listen", f"{HOST}:{listen}", "--admin", admin, "--mode", "gateway"]
+    log = tmp / f"proxy-{side}.log"
+    audit = tmp / "audit-on.jsonl" if side == AUDIT_ON else None
+    proxy: ProxyProcess
+    if side == GENERAL:
+        proxy = LaunchedProxyProcess(GENERAL_LAUNCHER, args, log, env=proxy_env)
+    else:
+        # The environment, not a config file: the arm's flags stay the bench proxy's, only audit_path differs.
+        proxy = ProxyProcess(args, log, env={**(proxy_env or {}), "TXNGUARD_AUDIT_PATH": str(audit)})
+    try:
+        proxy.start(wait_port=(HOST, listen))
+        wait_ready(admin, listen + 2)
+        native = native_gauge(admin)
+        if side == GENERAL and native != 0:
+            raise RuntimeError(f"the general-path arm reports txnguard_native_data_path {native:g}, not 0: the "
+                               "native module was not hidden, so the arm would not measure the general path")
+        if audit is not None and not audit.exists():  # the audit log opens its file at start
+            raise RuntimeError(f"the audit-on arm did not open its audit file {audit}")
+    except BaseException:
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            proxy.terminate(timeout=10)
+        raise
+    return ArmProxy(proxy, listen, admin, native, audit)
+
+
 def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, relay: bool = False,
-          peer: bool = False) -> Bench:
+          peer: bool = False, arms: tuple[str, ...] = ()) -> Bench:
     say(f"starting Kafka {KAFKA_VERSION} (1 node, sidecar layout) in {tmp} ...")
     cluster = kafka.up(KAFKA_VERSION, 1, tmp / "kafka", sidecars=True)
     listen, admin_port = proxy_ports()
@@ -1691,10 +1882,15 @@ def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, r
             leader = raw.leader_of(b.peer.bootstrap, b.topic("route", PEER), 0)
             if leader[1:] != (b.peer.host, b.peer.node_port(leader[0])):
                 raise RuntimeError(f"Kroxylicious's Metadata names {leader} for the broker, not its own port")
+        for side in arms:
+            b.arms[side] = start_arm(side, b, tmp, proxy_env)
     except BaseException:
         # The caller only learns of the cluster (through its folder), not of these processes.
         if b.proxy.proc is not None and b.proxy.proc.poll() is None:
             b.proxy.terminate(timeout=10)
+        for arm in b.arms.values():
+            if arm.proxy.proc is not None and arm.proxy.proc.poll() is None:
+                arm.proxy.terminate(timeout=10)
         if b.relay is not None:
             b.relay.stop()
         if b.peer is not None:
@@ -1705,6 +1901,14 @@ def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, r
         + (f"; bare relay pid {b.relay.proc.pid} on {HOST}:{node.sidecar_port} -> {node.address}" if b.relay else "")
         + (f"; Kroxylicious {KROXYLICIOUS_VERSION} pid {b.peer.pid} on {b.peer.bootstrap} (broker {node.id} via "
            f"{b.peer.port + 1}, heap {b.peer.heap})" if b.peer else ""))
+    # The txnguard arm is the native one only if its build has the module (a --proxy-rev archive has no .so).
+    native = native_gauge(admin)
+    say(f"txnguard arm: txnguard_native_data_path {native:g}"
+        + ("" if native else " (WARNING: no native module in this build: the txnguard arm runs the general path)"))
+    for side, arm in b.arms.items():
+        say(f"{_arm_label(side)} arm: pid {arm.pid} on {HOST}:{arm.listen} (broker 1 via {arm.listen + 2}), admin "
+            f"{arm.admin}, txnguard_native_data_path {arm.native:g}"
+            + (f", audit records to {arm.audit_path}" if arm.audit_path else ""))
     return b
 
 
@@ -1712,6 +1916,12 @@ def stop(b: Bench | None, cluster_dir: Path) -> None:
     if b is not None and b.proxy.proc is not None and b.proxy.proc.poll() is None:
         code = b.proxy.terminate(timeout=30)
         say(f"proxy stopped (exit {code})")
+    for side, arm in (b.arms if b is not None else {}).items():
+        if arm.proxy.proc is not None and arm.proxy.proc.poll() is None:
+            say(f"{_arm_label(side)} proxy stopped (exit {arm.proxy.terminate(timeout=30)})")
+        if arm.audit_path is not None and arm.audit_path.exists():
+            with open(arm.audit_path, "rb") as f:
+                say(f"{_arm_label(side)}: {sum(1 for _ in f)} audit records written")
     if b is not None and b.relay is not None:
         say(f"bare relay stopped (exit {b.relay.stop()})")
     if b is not None and b.peer is not None:
@@ -1757,9 +1967,12 @@ def measure(b: Bench, s: Settings) -> dict[str, Any]:
     return out
 
 
-def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
+def report(result: dict[str, Any], stamp: str, proxy_log: Path, arm_logs: dict[str, Path] | None = None) -> None:
     log = proxy_log_findings(proxy_log.read_text(errors="replace"))
     result["proxy_log"] = log
+    # The extra txnguard arms' own logs: the same account, kept beside the main one.
+    result["arm_proxy_logs"] = {side: proxy_log_findings(path.read_text(errors="replace"))
+                                for side, path in (arm_logs or {}).items() if path.exists()}
     say("\n=== proxy overhead: medians, direct vs through txnguard (targets are information only) ===")
     say(result["table"])
     say("(Java tool percentiles are truncated to whole ms; the raw RTT rows resolve microseconds.)")
@@ -1774,12 +1987,18 @@ def report(result: dict[str, Any], stamp: str, proxy_log: Path) -> None:
         f"non-JSON lines {log['non_json_count']}")
     for line in log["samples"] + log["non_json_lines"][:5]:
         say(f"  | {line[:300]}")
+    for side, found in result["arm_proxy_logs"].items():
+        say(f"{_arm_label(side)} proxy log levels {found['levels']}; warnings/errors "
+            f"{found['problem_events'] or 'none'}; non-JSON lines {found['non_json_count']}")
     say(f"proxy counters at the end: {result['proxy_metrics']}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"proxy_overhead-{stamp}.json"
     out.write_text(json.dumps({k: v for k, v in result.items() if k != "table"}, indent=2, default=str))
     kept_log = RESULTS / f"proxy_overhead-{stamp}.proxy.log"
     shutil.copyfile(proxy_log, kept_log)
+    for side, path in (arm_logs or {}).items():
+        if path.exists():
+            shutil.copyfile(path, RESULTS / f"proxy_overhead-{stamp}.{side}.proxy.log")
     say(f"\nwrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out} "
         f"(proxy log: {kept_log.name})")
 
@@ -1819,6 +2038,13 @@ def main() -> int:
     parser.add_argument("--no-peer", action="store_true",
                         help=f"saturation, txn and loops without the Kroxylicious {KROXYLICIOUS_VERSION} arm "
                              "(make kroxylicious fetches it)")
+    parser.add_argument("--general-path", action="store_true",
+                        help="saturation, txn and loops with one more arm: txnguard with its native module hidden "
+                             "(bench/general_path_proxy.py), every frame on the general (kio) path; refused at "
+                             "start unless its txnguard_native_data_path reads 0")
+    parser.add_argument("--audit-on", action="store_true",
+                        help="saturation, txn and loops with one more arm: txnguard writing its audit records to a "
+                             "file (audit_path; the txnguard arm runs with audit off, the default)")
     parser.add_argument("--txn-records", type=int, default=None,
                         help=f"txn: records of {TXN_RECORD_SIZE} B per transactional ProducerPerformance run "
                              f"(default {TXN_RECORDS:,}; {QUICK.txn_records:,} with --quick)")
@@ -1849,6 +2075,7 @@ def main() -> int:
         rounds=args.rounds if args.rounds is not None else base.rounds,
         sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
         compare_rev=args.compare_rev, floor=not args.no_floor, peer=not args.no_peer,
+        arms=tuple(side for side, on in ((GENERAL, args.general_path), (AUDIT_ON, args.audit_on)) if on),
         txn_records=args.txn_records if args.txn_records is not None else base.txn_records,
         loop_transactions=args.loop_transactions if args.loop_transactions is not None else base.loop_transactions,
         families=tuple(f.strip() for f in args.families.split(",") if f.strip()),
@@ -1881,17 +2108,23 @@ def main() -> int:
         proxy_env, result["proxy_source"] = proxy_source(args.proxy_rev, tmp)
         say(f"proxy code: {result['proxy_source']}")
         arms = bool(set(ARM_PARTS) & set(s.parts))
-        b = start(tmp, proxy_log, proxy_env, relay=s.floor and arms, peer=s.peer and arms)
+        b = start(tmp, proxy_log, proxy_env, relay=s.floor and arms, peer=s.peer and arms,
+                  arms=s.arms if arms else ())
         b.stamp = stamp
         result.update(measure(b, s))
         result["warnings"] = early + result["warnings"]
     finally:
         stop(b, tmp / "kafka")
+        arm_logs = {side: arm.proxy.log_path for side, arm in (b.arms if b is not None else {}).items()}
+        audit = b.arms[AUDIT_ON].audit_path if b is not None and AUDIT_ON in b.arms else None
+        if audit is not None:
+            with contextlib.suppress(OSError), open(audit, "rb") as f:
+                result["audit_on_records"] = sum(1 for _ in f)
         result["elapsed_s"] = time.monotonic() - t0
         result["machine"]["loadavg_at_end"] = os.getloadavg()
         if proxy_log.exists():
             if "table" in result:
-                report(result, stamp, proxy_log)
+                report(result, stamp, proxy_log, arm_logs)
             else:
                 shutil.copyfile(proxy_log, _failed_log(stamp))  # the evidence of what went wrong
         shutil.rmtree(tmp, ignore_errors=True)
