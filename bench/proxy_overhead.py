@@ -1809,12 +1809,34 @@ def proxy_source(rev: str | None, tmp: Path) -> tuple[dict[str, str], dict[str, 
     root.mkdir()
     archive = subprocess.run([*git, "archive", commit, "src"], capture_output=True, check=True, timeout=60).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True, timeout=60)
+    native = build_native(git, commit, root, repo)
     env = {"PYTHONPATH": str(root / "src")}
     where = subprocess.run([sys.executable, "-c", "import txnguard.cli as c; print(c.__file__)"],
                            env={**os.environ, **env}, capture_output=True, text=True, check=True, timeout=60).stdout
     if not where.strip().startswith(str(root)):
         raise RuntimeError(f"txnguard.cli loads from {where.strip()}, not from {root}")
-    return env, {"source": f"git archive {rev}", "commit": commit, "head": head}
+    return env, {"source": f"git archive {rev}", "commit": commit, "head": head, "native": native}
+
+
+def build_native(git: list[str], commit: str, root: Path, repo: Path) -> str:
+    """Build the revision's own native module (its native/ crate, if it has one) into the archive's package, as
+    `pip install` would: without it that revision's proxy would run the general path for every frame, and the
+    comparison would not be of the two revisions' data paths. The cargo build cache lives in the working tree's
+    native/target/bench-revisions (a rebuild of an unchanged crate takes seconds)."""
+    listed = subprocess.run([*git, "ls-tree", "--name-only", commit, "native/Cargo.toml"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    if not listed:
+        return "none (the revision has no native crate)"
+    archive = subprocess.run([*git, "archive", commit, "native"], capture_output=True, check=True, timeout=60).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True, timeout=60)
+    target = repo / "native" / "target" / "bench-revisions"
+    say(f"building the native module of {commit[:12]} (cargo, release) ...")
+    subprocess.run(["cargo", "build", "--release", "--offline", "--features", "extension-module",
+                    "--manifest-path", str(root / "native" / "Cargo.toml")],
+                   env={**os.environ, "CARGO_TARGET_DIR": str(target)}, check=True, timeout=900,
+                   stdout=subprocess.DEVNULL)
+    shutil.copy(target / "release" / "lib_native.so", root / "src" / "txnguard" / "_native.abi3.so")
+    return f"built from {commit[:12]}'s native/"
 
 
 def native_gauge(admin: str) -> float:
@@ -1901,7 +1923,7 @@ def start(tmp: Path, proxy_log: Path, proxy_env: dict[str, str] | None = None, r
         + (f"; bare relay pid {b.relay.proc.pid} on {HOST}:{node.sidecar_port} -> {node.address}" if b.relay else "")
         + (f"; Kroxylicious {KROXYLICIOUS_VERSION} pid {b.peer.pid} on {b.peer.bootstrap} (broker {node.id} via "
            f"{b.peer.port + 1}, heap {b.peer.heap})" if b.peer else ""))
-    # The txnguard arm is the native one only if its build has the module (a --proxy-rev archive has no .so).
+    # The txnguard arm is the native one only if its build has the module (`proxy_source` builds a revision's).
     native = native_gauge(admin)
     say(f"txnguard arm: txnguard_native_data_path {native:g}"
         + ("" if native else " (WARNING: no native module in this build: the txnguard arm runs the general path)"))
@@ -2054,8 +2076,8 @@ def main() -> int:
     parser.add_argument("--families", default=",".join(FAMILIES),
                         help=f"loops: client families, comma-separated (default {','.join(FAMILIES)})")
     parser.add_argument("--proxy-rev", default=None,
-                        help="run the proxy of this git revision (git archive into the temporary folder) instead "
-                             "of the working tree's src/")
+                        help="run the proxy of this git revision (git archive into the temporary folder, its native "
+                             "module built from its native/ crate) instead of the working tree's src/")
     parser.add_argument("--compare-rev", default=None,
                         help="for --only ab: the git revision whose proxy runs beside this one (e.g. the previous "
                              "commit); --records, --rounds and --sat-mib apply")
