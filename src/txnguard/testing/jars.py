@@ -15,7 +15,7 @@ from pathlib import Path
 # The versions the project tests against (KRaft servers and their tools), and the ZooKeeper-mode
 # servers (kafka_2.13 carries the ZooKeeper its POM names: 2.8.2 -> 3.5.9, 3.0.2 -> 3.6.3,
 # 3.4.1 -> 3.6.4).
-KAFKA_VERSIONS = ("3.5.2", "3.9.2", "4.4.0")
+KAFKA_VERSIONS = ("3.3.2", "3.5.2", "3.9.2", "4.4.0")  # 3.3.2: the first KRaft cell of the support table
 ZOOKEEPER_KAFKA_VERSIONS = ("2.8.2", "3.0.2", "3.4.1")
 JAVA_CLIENT_VERSIONS = ("2.8.2", "3.5.2")
 # Tools of a ZooKeeper-mode version: 3.0.2's own kafka-transactions.sh find-hanging (TransactionsCommand
