@@ -6,7 +6,7 @@ Run: `.venv/bin/python bench/hanging_scan_cost.py [--partitions 100,1000,2000] [
 A 1-node Kafka (KRaft unless --zookeeper), topics of 100 partitions each up to every size of --partitions, and
 --open transactions left open (begun within their timeout, each with a record on one partition: DescribeProducers
 then answers with active producers, as on a busy cluster). For each size, --rounds scans of the whole cluster
-with the code the proxy's periodic scan runs (`txnguard.proxy.hanging.scan`, own-timeout rule, a fresh
+with the code the proxy's periodic scan runs (`txnguard.proxy.hanging_io.scan`, own-timeout rule, a fresh
 connection each scan as after a failed one; the first round also opens the connections): the scan's wall time,
 the scanning process's CPU (what a proxy with `health.hanging_scan_interval_s` pays each interval) and the
 broker's CPU over the scan (from /proc: user + system of its JVM), and the requests it made. Open transactions
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from txnguard.proxy import hanging
+from txnguard.proxy import hanging_io
 from txnguard.proxy.config import HostPort
 from txnguard.testing import kafka, raw
 from txnguard.testing.scenarios import TxnActor
@@ -42,7 +42,7 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-class CountingAdmin(hanging.ClusterAdmin):
+class CountingAdmin(hanging_io.ClusterAdmin):
     """The scan's admin client, counting the requests it sends by kind."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -59,7 +59,7 @@ async def one_scan(bootstrap: HostPort) -> tuple[float, float, dict[str, int], i
     admin = CountingAdmin([bootstrap], timeout_s=60.0)
     try:
         wall, cpu = time.perf_counter(), time.process_time()
-        result = await hanging.scan(admin, hanging.Scope(), OwnTimeout())
+        result = await hanging_io.scan(admin, hanging_io.Scope(), OwnTimeout())
         return time.perf_counter() - wall, time.process_time() - cpu, admin.sent, len(result.findings)
     finally:
         await admin.close()

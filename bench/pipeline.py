@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from txnguard.pipeline import job, session
+from txnguard.pipeline import job, spark_session
 from txnguard.pipeline.synthetic import Generator
 from txnguard.testing import kafka
 from txnguard.testing.fixtures import fresh_topic
@@ -207,8 +207,8 @@ def main() -> None:
     cluster = None
     try:
         started = time.perf_counter()
-        spark = session.build(args.master, kafka_jars="kafka" in sources, shuffle_partitions=args.shuffle_partitions,
-                              driver_memory=args.driver_memory)
+        spark = spark_session.build(args.master, kafka_jars="kafka" in sources,
+                                    shuffle_partitions=args.shuffle_partitions, driver_memory=args.driver_memory)
         print(f"SparkSession ({args.master}, driver memory {args.driver_memory}) started in "
               f"{time.perf_counter() - started:.1f} s", flush=True)
         if "jsonl" in sources:

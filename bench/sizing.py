@@ -29,9 +29,9 @@ from txnguard.testing import kafka
 from txnguard.testing.bounce import free_port
 from txnguard.testing.proxy import ProxyProcess
 from txnguard.testing.raw import RawClient
-from txnguard.testing.transaction_log import key, value
+from txnguard.testing.transaction_log_writer import key, value
 from txnguard.verification.registry import Registry, RegistryLimits
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 
 def rss_kib(pid: int) -> int:

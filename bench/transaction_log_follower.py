@@ -4,7 +4,7 @@ Run: `.venv/bin/python bench/transaction_log_follower.py [--ids 100000] [--kafka
 
 * pure: the view fed `--ids` ids, each with the records a transaction leaves (InitProducerId's Empty, an
   AddPartitionsToTxn's Ongoing with two partitions, the EndTxn's PrepareCommit and CompleteCommit), as the
-  coordinator writes them (txnguard.testing.transaction_log); prints the records read per second and the
+  coordinator writes them (txnguard.testing.transaction_log_writer); prints the records read per second and the
   view's memory (tracemalloc, after the records are gone) per id;
 * `--race N`: a 1-node Kafka 3.5.2 and a gateway following its log; N transactions ended directly at the
   broker (EndTxn answered), and for each the time until the follower's view shows it ended (PrepareCommit
@@ -33,8 +33,8 @@ from txnguard.codecs.transaction_log import LogRecord, TxnLogValue
 from txnguard.testing import kafka
 from txnguard.testing.bounce import free_port
 from txnguard.testing.proxy import ProxyThread
-from txnguard.testing.transaction_log import key, value
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.testing.transaction_log_writer import key, value
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 
 def pure(ids: int) -> None:

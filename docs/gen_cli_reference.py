@@ -2,7 +2,7 @@
 
 A MkDocs hook (mkdocs.yml `hooks:`): in docs/reference/cli.md, each line `<!-- txnguard-help: txnguard kafka up -->`
 becomes a text block with that command's help, formatted by its own argparse parser (`txnguard.cli.build_parser`
-and, for kafka, dev and demo, `txnguard.testing.cli.build_parser`), 100 columns wide. So every command, flag and
+and, for kafka, dev and demo, `txnguard.testing.harness_cli.build_parser`), 100 columns wide. So every command, flag and
 default on the page is the code's; the prose around the blocks is the page's own. A marker naming no command fails
 the build; tests/unit/test_cli_reference.py fails when a command has no marker.
 
@@ -38,7 +38,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     if src not in sys.path:
         sys.path.insert(0, src)  # this checkout's code, also when another txnguard is installed
     from txnguard import cli
-    from txnguard.testing import cli as harness_cli
+    from txnguard.testing import harness_cli
 
     top = cli.build_parser()
     harness = _subcommands(harness_cli.build_parser())

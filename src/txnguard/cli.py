@@ -10,7 +10,7 @@
 * `txnguard demo`: on a real Kafka 3.5.2, the hanging transaction txnguard prevents, direct and proxied.
 * `txnguard --version`: the installed package's version (pyproject.toml's, through the package metadata).
 
-`txnguard --help` lists every subcommand. The last three live with the test harness (`txnguard.testing.cli`) and
+`txnguard --help` lists every subcommand. The last three live with the test harness (`txnguard.testing.harness_cli`) and
 are loaded by name only when asked for: the proxy's own commands never import the harness (an import contract says so
 for static imports, and tests/unit/test_cli_imports.py checks it at run time).
 """
@@ -103,7 +103,7 @@ def _config_schema(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """`txnguard` and its subcommands. The harness's (HARNESS_COMMANDS) are listed by name and help only:
-    `main` hands them to `txnguard.testing.cli` before parsing, whose parsers define their options."""
+    `main` hands them to `txnguard.testing.harness_cli` before parsing, whose parsers define their options."""
     import txnguard
 
     parser = argparse.ArgumentParser(prog="txnguard")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in HARNESS_COMMANDS:
-        harness = importlib.import_module("txnguard.testing.cli")
+        harness = importlib.import_module("txnguard.testing.harness_cli")
         return int(harness.main(argv))
     args = build_parser().parse_args(argv)
     from txnguard.pipeline import options as report_options

@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from test_hanging import lso_and_hw, make_open_transaction, txnguard
 
-from txnguard.proxy import hanging
+from txnguard.proxy import hanging_io
 from txnguard.proxy.config import HostPort
 from txnguard.testing import clients, kafka, raw
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
@@ -229,15 +229,15 @@ def test_each_sidecar_scans_what_its_broker_leads(lagging_cluster: kafka.Cluster
     cluster = lagging_cluster
     topic = fresh_topic(cluster, unique_name("sidecars"), partitions=3, replication_factor=2)
 
-    async def sidecar_scan(node: kafka.Node) -> hanging.ScanResult:
-        admin = hanging.ClusterAdmin([HostPort(node.host, node.port)])  # a sidecar's upstream: its own broker
+    async def sidecar_scan(node: kafka.Node) -> hanging_io.ScanResult:
+        admin = hanging_io.ClusterAdmin([HostPort(node.host, node.port)])  # a sidecar's upstream: its own broker
         try:
-            return await hanging.scan(admin, hanging.Scope(topic=topic, local_broker=True), OwnTimeout())
+            return await hanging_io.scan(admin, hanging_io.Scope(topic=topic, local_broker=True), OwnTimeout())
         finally:
             await admin.close()
 
     async def own_id(node: kafka.Node) -> int:
-        admin = hanging.ClusterAdmin([HostPort(node.host, node.port)])
+        admin = hanging_io.ClusterAdmin([HostPort(node.host, node.port)])
         try:
             return await admin.own_broker_id(await admin.metadata(topic))
         finally:

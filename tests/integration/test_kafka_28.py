@@ -5,7 +5,7 @@ does not list (2.8 closes the connection on one: `Unexpected api key: 65` in its
 what the proxy saw (a gateway sees every AddPartitionsToTxn of a transaction it saw begin), from the
 coordinator's own log, `__transaction_state`, which every proxy follows (every AddPartitionsToTxn and EndTxn
 is there, wherever it went through), and from the leader (DescribeProducers). Without the log
-(`verification.transaction_log: false`), a write with neither of the others is refused at once as not
+(`verification.transaction_log_view: false`), a write with neither of the others is refused at once as not
 added, with the error each client family aborts on (INVALID_TXN_STATE; TRANSACTION_ABORTABLE for
 kafka-python), never held:
 

@@ -349,7 +349,7 @@ def test_mtls_to_the_proxy_with_sasl_inside_keeps_each_clients_own_principal(acl
     The certificate admits the client to the proxy; the broker's decision follows the SASL identity."""
     from confluent_kafka import Producer
 
-    from txnguard.testing.tls import make_certs
+    from txnguard.testing.certificates import make_certs
 
     certs = make_certs(tmp_path / "certs")
     topic = fresh_topic(acl_cluster, unique_name("acl"))

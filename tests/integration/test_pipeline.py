@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-from txnguard.pipeline import arrow_aggregates, incidents, job, local_merge, ranges, session, tables
+from txnguard.pipeline import arrow_aggregates, incidents, job, local_merge, ranges, spark_session, tables
 from txnguard.pipeline.schema import from_arrow_schema
 from txnguard.pipeline.synthetic import Generator
 from txnguard.policies.outcomes import Outcome
@@ -35,7 +35,7 @@ from txnguard.testing.proxy import gateway_for
 from txnguard.testing.scenarios import TxnActor, error_name, wait_stable
 from txnguard.verification.audit import ClientInfo, audit_record, end_txn_hold_record, transaction_log_id_record
 from txnguard.verification.bypass import LogId
-from txnguard.verification.outcomes import Evidence, Verdict
+from txnguard.verification.verdicts import Evidence, Verdict
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ LOG_IDS = [transaction_log_id_record(time_ms=1767225602000, proxy_id="gateway@g-
 
 @pytest.fixture(scope="module")
 def spark():
-    s = session.build("local[2]", kafka_jars=True, shuffle_partitions=4)
+    s = spark_session.build("local[2]", kafka_jars=True, shuffle_partitions=4)
     yield s
     s.stop()
 

@@ -11,7 +11,7 @@ would refuse every transaction. So it reads its broker's ApiVersions at start an
 In `monitor` mode nothing is refused: 200, and the body says the same. A broker that cannot be reached at
 start is retried (not a crash, not a start that never ends) and the sidecar is not ready until it is read.
 
-All of that is without the coordinator's log (`verification.transaction_log: false`). Following
+All of that is without the coordinator's log (`verification.transaction_log_view: false`). Following
 `__transaction_state`, a sidecar on 2.8 has the evidence DescribeTransactions would give, and is ready once
 it has read the log (tests/integration/test_kafka_28.py carries transactions through such sidecars).
 """

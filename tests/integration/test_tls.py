@@ -15,9 +15,9 @@ import uuid
 import pytest
 
 from txnguard.testing import kafka
+from txnguard.testing.certificates import make_certs
 from txnguard.testing.proxy import broker_addresses
 from txnguard.testing.raw import create_topic
-from txnguard.testing.tls import make_certs
 
 pytestmark = pytest.mark.integration
 

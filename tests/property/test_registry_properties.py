@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txnguard.verification.outcomes import Outcome
 from txnguard.verification.registry import Registry, RegistryLimits
+from txnguard.verification.verdicts import Outcome
 
 PARTS = [("t", 0), ("t", 1), ("u", 0)]
 event = st.one_of(

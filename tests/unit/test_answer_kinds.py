@@ -56,8 +56,8 @@ from txnguard.verification.checks import (
 )
 from txnguard.verification.decisions import Decision, PendingCheck, TransactionRules
 from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
 from txnguard.verification.registry import Registry, RegistryLimits
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
 CLIENT = ClientInfo("c", None, None, JAVA, "bootstrap", 2)
 TIMEOUT_MS = 60_000

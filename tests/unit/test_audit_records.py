@@ -22,7 +22,7 @@ from txnguard.verification.audit import (
     record_key,
 )
 from txnguard.verification.inventory import ConnectionInventory, transactional_id
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 PRODUCER = ProducerIdentity(4000, 3)
 CLIENT = ClientInfo("app-1", "confluent-kafka-python", "2.16.1-rdkafka-2.16.1", "librdkafka", "broker-1", 17)

@@ -13,7 +13,7 @@ from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequ
 from kio.schema.types import TransactionalId
 
 from txnguard.codecs.api_keys import ApiKey
-from txnguard.proxy.capabilities import BrokerCapabilities
+from txnguard.proxy.capability_report import BrokerCapabilities
 from txnguard.proxy.kafka_client import BrokerConnection, UnsupportedApi
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.capabilities import lacking

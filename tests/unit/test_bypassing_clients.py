@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue
-from txnguard.testing.transaction_log import key, value
+from txnguard.testing.transaction_log_writer import key, value
 from txnguard.verification.audit import TRANSACTION_LOG_ID, transaction_log_id_record
 from txnguard.verification.bypass import ACTIVE_WITHIN_MS, SeenIds, listing, unseen_count
 from txnguard.verification.registry import Registry, RegistryLimits
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000

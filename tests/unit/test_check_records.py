@@ -51,7 +51,7 @@ from txnguard.verification.checks import (
     TransactionDescription,
 )
 from txnguard.verification.decisions import Decision, PendingCheck
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 CLIENT = ClientInfo("c", None, None, JAVA, "bootstrap", 2)
 TIMEOUT_MS = 60_000

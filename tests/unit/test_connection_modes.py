@@ -41,7 +41,7 @@ from txnguard.connection.commands import (
 )
 from txnguard.connection.modes import TRANSITIONS, Event, Mode, ModeError, next_mode
 from txnguard.verification.checks import PartitionVerdicts
-from txnguard.verification.outcomes import Evidence, passed
+from txnguard.verification.verdicts import Evidence, passed
 
 R, H, P, W, D, L, C = (Mode.RELAY, Mode.HOLDING, Mode.RAW_PENDING, Mode.RAW, Mode.DRAINING, Mode.LINGERING,
                        Mode.CLOSED)

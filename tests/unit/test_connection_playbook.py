@@ -48,7 +48,7 @@ from txnguard.connection.commands import (
     Side,
 )
 from txnguard.verification.checks import PartitionVerdicts
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
 NOT_ADDED = Verdict(Outcome.NOT_IN_TRANSACTION, Evidence.COORDINATOR, "not added")
 

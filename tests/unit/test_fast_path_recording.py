@@ -38,7 +38,7 @@ from txnguard.proxy.guard import TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.checks import PartitionVerdicts
 from txnguard.verification.inventory import ConnectionInventory
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 T2 = ("audit.events", 0)
 OFFSETS_PARTITIONS = 50

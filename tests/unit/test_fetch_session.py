@@ -102,7 +102,7 @@ def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark(
     from txnguard.proxy.config import HostPort
     from txnguard.proxy.log_follower import LogFollower
     from txnguard.proxy.metrics import ProxyMetrics
-    from txnguard.verification.transaction_log import TransactionLogView
+    from txnguard.verification.transaction_log_view import TransactionLogView
 
     leader = HostPort("127.0.0.1", 9092)
     f = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: (leader,), lambda h, p: HostPort(h, p))

@@ -31,21 +31,22 @@ from kio.schema.errors import ErrorCode
 from txnguard import cli
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue
-from txnguard.proxy import config, hanging, hanging_cli, hanging_monitor
+from txnguard.proxy import config, hanging_cli, hanging_io, hanging_monitor
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import UnsupportedApi
 from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
-from txnguard.testing.transaction_log import key, value
+from txnguard.testing.transaction_log_writer import key, value
 from txnguard.verification.hanging import OwnTimeout, ProducerState, TransactionView
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 MIN = 60_000
 HOUR = 60 * MIN
 TOPIC = "t"
 WRITE_TXN_MARKERS, DESCRIBE_CONFIGS = ApiKey.WRITE_TXN_MARKERS, ApiKey.DESCRIBE_CONFIGS
 # What the one-shot read of __transaction_state gives a principal without DESCRIBE on it.
-DENIED = hanging.LogRead({}, "the principal may not DESCRIBE or READ __transaction_state (TOPIC_AUTHORIZATION_FAILED)")
+DENIED = hanging_io.LogRead(
+    {}, "the principal may not DESCRIBE or READ __transaction_state (TOPIC_AUTHORIZATION_FAILED)")
 
 
 class FakeBroker:
@@ -123,7 +124,7 @@ class FakeCluster:
         self.transaction_log = DENIED  # what reading the coordinator's log gives (where ListTransactions is missing)
         self.log_reads = 0
 
-    async def read_transaction_log(self) -> hanging.LogRead:
+    async def read_transaction_log(self) -> hanging_io.LogRead:
         self.log_reads += 1
         return self.transaction_log
 
@@ -140,8 +141,8 @@ class FakeCluster:
 
         return NS(get=get, close=lambda: None)
 
-    def admin(self, bootstrap: int = 1) -> hanging.ClusterAdmin:
-        admin = hanging.ClusterAdmin([self.brokers[bootstrap]])
+    def admin(self, bootstrap: int = 1) -> hanging_io.ClusterAdmin:
+        admin = hanging_io.ClusterAdmin([self.brokers[bootstrap]])
         admin._connections = self.connections()  # type: ignore[assignment]  # the fake wire
         admin.read_transaction_log = self.read_transaction_log  # type: ignore[method-assign]  # the fake log
         return admin
@@ -152,11 +153,11 @@ class FakeCluster:
 
 def open_transaction(age_ms: int, producer_id: int = 7, start_offset: int = 5) -> ProducerState:
     """An open transaction whose producer's last timestamp is `age_ms` old (CreateTime: the producer's stamp)."""
-    return ProducerState(producer_id, 0, hanging.now_ms() - age_ms, -1, start_offset)
+    return ProducerState(producer_id, 0, hanging_io.now_ms() - age_ms, -1, start_offset)
 
 
 def run(cluster: FakeCluster, *argv: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(hanging, "ClusterAdmin", _admin_factory(cluster))
+    monkeypatch.setattr(hanging_io, "ClusterAdmin", _admin_factory(cluster))
     parser = argparse.ArgumentParser()
     hanging_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["hanging", "--bootstrap", "b1:9001", *argv])
@@ -166,9 +167,9 @@ def run(cluster: FakeCluster, *argv: str, monkeypatch: pytest.MonkeyPatch) -> tu
 
 
 def _admin_factory(cluster: FakeCluster) -> Any:
-    real = hanging.ClusterAdmin
+    real = hanging_io.ClusterAdmin
 
-    def make(bootstrap: Any, **kw: Any) -> hanging.ClusterAdmin:
+    def make(bootstrap: Any, **kw: Any) -> hanging_io.ClusterAdmin:
         admin = real(bootstrap, **kw)
         admin._connections = cluster.connections()  # the fake wire
         admin.read_transaction_log = cluster.read_transaction_log  # type: ignore[method-assign]  # the fake log
@@ -254,14 +255,14 @@ def test_a_periodic_scan_reads_transaction_max_timeout_once_not_every_scan() -> 
     cluster.views[(1, 0)] = [open_transaction(2 * HOUR)]
     admin = cluster.admin()
 
-    async def two_scans() -> list[hanging.ScanResult]:
-        return [await hanging.scan(admin, hanging.Scope(topic=TOPIC), OwnTimeout()) for _ in range(2)]
+    async def two_scans() -> list[hanging_io.ScanResult]:
+        return [await hanging_io.scan(admin, hanging_io.Scope(topic=TOPIC), OwnTimeout()) for _ in range(2)]
 
     results = asyncio.run(two_scans())
     assert sorted(b for b, what in cluster.asked if what == "DescribeConfigsRequest") == [1, 2]  # each broker once
     assert [r.unknown_timeout_ms for r in results] == [60_000, 60_000]
     asyncio.run(admin.close())
-    asyncio.run(hanging.scan(admin, hanging.Scope(topic=TOPIC), OwnTimeout()))
+    asyncio.run(hanging_io.scan(admin, hanging_io.Scope(topic=TOPIC), OwnTimeout()))
     assert len([b for b, what in cluster.asked if what == "DescribeConfigsRequest"]) == 4
 
 
@@ -287,8 +288,8 @@ def test_a_sidecar_scans_only_what_its_broker_leads() -> None:
     cluster.views = {(1, 0): [], (2, 0): [open_transaction(2 * HOUR)],               # 2 lags on 0
                      (2, 1): [open_transaction(2 * HOUR, 8, 9)], (1, 1): [open_transaction(2 * HOUR, 8, 9)]}
 
-    def sidecar_scan(broker: int) -> hanging.ScanResult:
-        return asyncio.run(hanging.scan(cluster.admin(bootstrap=broker), hanging.Scope(local_broker=True),
+    def sidecar_scan(broker: int) -> hanging_io.ScanResult:
+        return asyncio.run(hanging_io.scan(cluster.admin(bootstrap=broker), hanging_io.Scope(local_broker=True),
                                         OwnTimeout(unknown_ms=HOUR)))
 
     # Broker 2's sidecar: partition 1 only (it leads it), asked of its own broker twice (the first look and the
@@ -311,10 +312,10 @@ def test_the_second_look_asks_the_leader_known_at_that_moment() -> None:
 
     def leadership_moves() -> None:
         cluster.placement = {0: (2, (2, 1))}
-        cluster.views[(2, 0)] = [ProducerState(7, 0, hanging.now_ms() - 2 * HOUR, 3, -1)]  # marker written
+        cluster.views[(2, 0)] = [ProducerState(7, 0, hanging_io.now_ms() - 2 * HOUR, 3, -1)]  # marker written
 
     cluster.on_list_transactions = leadership_moves
-    result = asyncio.run(hanging.scan(cluster.admin(), hanging.Scope(topic=TOPIC), OwnTimeout()))
+    result = asyncio.run(hanging_io.scan(cluster.admin(), hanging_io.Scope(topic=TOPIC), OwnTimeout()))
 
     assert cluster.asked_producers() == [1, 2]                 # the leader then, the leader now
     assert result.findings == ()
@@ -388,9 +389,9 @@ def test_the_proxys_scan_logs_an_unconfirmed_finding_as_unconfirmed_past_the_clu
 # -- issue 31 item 5: on 2.8 the coordinator's log confirms, where it may be read ------------------------------------
 
 
-def logged_transaction(state: str, *partitions: tuple[str, int], producer_id: int = 7) -> hanging.LogRead:
+def logged_transaction(state: str, *partitions: tuple[str, int], producer_id: int = 7) -> hanging_io.LogRead:
     """The log read to its end holds `app` (producer 7) in `state` with `partitions`, its timeout 60 s."""
-    return hanging.LogRead({producer_id: TransactionView("app", state, producer_id, 0, frozenset(partitions), 60_000,
+    return hanging_io.LogRead({producer_id: TransactionView("app", state, producer_id, 0, frozenset(partitions), 60_000,
                                                          -1 if not partitions else 1)})
 
 

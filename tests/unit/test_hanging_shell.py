@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from txnguard import cli
-from txnguard.proxy import config, hanging, hanging_cli, hanging_monitor
+from txnguard.proxy import config, hanging_cli, hanging_io, hanging_monitor
 from txnguard.proxy.config import ConfigError, HostPort
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import HANGING, hanging_record, record_key
@@ -78,11 +78,11 @@ class FakeAdmin:
         self.descriptions: dict[str, TransactionView | None] = {}
         self.fail = False
 
-    async def metadata(self, topic: str | None = None) -> hanging.ClusterView:
+    async def metadata(self, topic: str | None = None) -> hanging_io.ClusterView:
         if self.fail:
-            raise hanging.HangingScanError("down")
-        return hanging.ClusterView({1: HostPort("b", 1)},
-                                   {tp: hanging.PartitionInfo(1, (1,)) for tp in self.producers})
+            raise hanging_io.HangingScanError("down")
+        return hanging_io.ClusterView({1: HostPort("b", 1)},
+                                   {tp: hanging_io.PartitionInfo(1, (1,)) for tp in self.producers})
 
     async def describe_producers(self, address: HostPort, tps: Any) -> Any:
         return {tp: self.producers[tp] for tp in tps}, {}
@@ -131,7 +131,7 @@ def test_the_monitor_exports_gauges_and_reports_each_finding_once():
     monitor.admin = admin  # type: ignore[assignment]
     monitor.log = log = Log()
     old = 20 * 60 * 1000
-    clock_now = hanging.now_ms()
+    clock_now = hanging_io.now_ms()
     admin.producers = {("t", 0): [ProducerState(7, 0, clock_now - old, -1, 5)], ("t", 1): []}
     g = metrics.registry.get_sample_value
 
@@ -155,20 +155,20 @@ def test_the_monitor_exports_gauges_and_reports_each_finding_once():
 
 def test_the_cli_prints_the_tools_table_and_a_dry_run(monkeypatch: pytest.MonkeyPatch):
     admin = FakeAdmin()
-    admin.producers = {("t", 0): [ProducerState(7, 0, hanging.now_ms() - 20 * MIN, -1, 5)]}
+    admin.producers = {("t", 0): [ProducerState(7, 0, hanging_io.now_ms() - 20 * MIN, -1, 5)]}
     aborts: list[Any] = []
 
-    async def plan(a: Any, f: Finding) -> hanging.AbortPlan:
-        return hanging.AbortPlan(f, hanging.abort_spec(f.topic, f.partition, admin.producers[("t", 0)],
+    async def plan(a: Any, f: Finding) -> hanging_io.AbortPlan:
+        return hanging_io.AbortPlan(f, hanging_io.abort_spec(f.topic, f.partition, admin.producers[("t", 0)],
                                                       f.start_offset), HostPort("b", 1))
 
-    async def do_abort(a: Any, p: hanging.AbortPlan) -> str:
+    async def do_abort(a: Any, p: hanging_io.AbortPlan) -> str:
         aborts.append(p.spec)
         return "NONE"
 
-    monkeypatch.setattr(hanging, "ClusterAdmin", lambda *a, **k: admin)
-    monkeypatch.setattr(hanging, "plan_abort", plan)
-    monkeypatch.setattr(hanging, "abort", do_abort)
+    monkeypatch.setattr(hanging_io, "ClusterAdmin", lambda *a, **k: admin)
+    monkeypatch.setattr(hanging_io, "plan_abort", plan)
+    monkeypatch.setattr(hanging_io, "abort", do_abort)
     out, err = io.StringIO(), io.StringIO()
     args = cli_args("--topic", "t", "--abort")
     assert hanging_cli.run_cli(args, stdin=io.StringIO(""), stdout=out, stderr=err) == 0
@@ -228,42 +228,43 @@ class TwoBrokerAdmin(FakeAdmin):
         super().__init__()
         self.asked: list[tuple[HostPort, list[tuple[str, int]]]] = []
 
-    async def metadata(self, topic: str | None = None) -> hanging.ClusterView:
-        return hanging.ClusterView({1: HostPort("b", 1), 2: HostPort("c", 2)},
-                                   {("t", 0): hanging.PartitionInfo(1, (1,)), ("t", 1): hanging.PartitionInfo(2, (2,))})
+    async def metadata(self, topic: str | None = None) -> hanging_io.ClusterView:
+        return hanging_io.ClusterView({1: HostPort("b", 1), 2: HostPort("c", 2)},
+                                      {("t", 0): hanging_io.PartitionInfo(1, (1,)),
+                                       ("t", 1): hanging_io.PartitionInfo(2, (2,))})
 
     async def describe_producers(self, address: HostPort, tps: Any) -> Any:
         self.asked.append((address, list(tps)))
         if address == HostPort("b", 1):
             return ({tp: self.producers[tp] for tp in tps if tp == ("t", 0)},
                     {tp: "NOT_LEADER_OR_FOLLOWER" for tp in tps if tp != ("t", 0)})
-        raise hanging.UpstreamError("c is down")
+        raise hanging_io.UpstreamError("c is down")
 
 
 def test_scopes_pick_the_broker_asked():
-    old = hanging.now_ms() - 20 * MIN
+    old = hanging_io.now_ms() - 20 * MIN
     admin = TwoBrokerAdmin()
     admin.producers = {("t", 0): [ProducerState(7, 0, old, -1, 5)], ("t", 1): [ProducerState(8, 0, old, -1, 9)]}
-    run = lambda scope: asyncio.run(hanging.scan(admin, scope, MaxTimeout(15 * MIN)))  # type: ignore[arg-type]  # noqa: E731
+    run = lambda scope: asyncio.run(hanging_io.scan(admin, scope, MaxTimeout(15 * MIN)))  # type: ignore[arg-type]  # noqa: E731
 
     # Leaders: t-1's leader does not answer, which is an error for t-1, not the end of the scan.
-    result = run(hanging.Scope(topic="t"))
+    result = run(hanging_io.Scope(topic="t"))
     assert [f.partition for f in result.findings] == [0]
     assert {a for a, _ in admin.asked} == {HostPort("b", 1), HostPort("c", 2)}
     assert list(result.errors) == [("t", 1)] and result.described == 1
 
     # A sidecar asks its own broker about what it leads only (t-1 is broker 2's, and its sidecar's to report).
     admin.asked.clear()
-    result = run(hanging.Scope(local_broker=True))
+    result = run(hanging_io.Scope(local_broker=True))
     assert admin.asked == [(HostPort("b", 1), [("t", 0)])]
     assert [f.partition for f in result.findings] == [0] and result.errors == {}
 
     # --broker-id: the partitions with a replica there, asked of their leader (here the same broker).
     admin.asked.clear()
-    result = run(hanging.Scope(broker_id=1))
+    result = run(hanging_io.Scope(broker_id=1))
     assert admin.asked == [(HostPort("b", 1), [("t", 0)])]
-    with pytest.raises(hanging.HangingScanError, match="broker 5"):
-        run(hanging.Scope(broker_id=5))
+    with pytest.raises(hanging_io.HangingScanError, match="broker 5"):
+        run(hanging_io.Scope(broker_id=5))
 
 
 class MarkerMeanwhileAdmin(FakeAdmin):
@@ -287,13 +288,13 @@ class MarkerMeanwhileAdmin(FakeAdmin):
 def test_the_scan_looks_at_the_partition_again_after_the_coordinator_answered():
     for write_marker, found in ((True, []), (False, [0])):
         admin = MarkerMeanwhileAdmin(write_marker)
-        admin.producers = {("t", 0): [ProducerState(7, 0, hanging.now_ms() - 5 * MIN, -1, 5)]}
+        admin.producers = {("t", 0): [ProducerState(7, 0, hanging_io.now_ms() - 5 * MIN, -1, 5)]}
         admin.listings = [("app", 7)]
         admin.descriptions = {"app": TransactionView("app", "PrepareCommit", 7, 0, frozenset({("t", 1)}), 60_000)}
-        result = asyncio.run(hanging.scan(admin, hanging.Scope(topic="t"), OwnTimeout()))  # type: ignore[arg-type]
+        result = asyncio.run(hanging_io.scan(admin, hanging_io.Scope(topic="t"), OwnTimeout()))  # type: ignore[arg-type]
         assert admin.described == [[("t", 0)], [("t", 0)]]  # leader, coordinator, leader again
         assert [f.partition for f in result.findings] == found
         # find-hanging's rule never looks twice (and at 5 minutes it has no candidate at all).
         admin.described.clear()
-        assert asyncio.run(hanging.scan(admin, hanging.Scope(topic="t"), MaxTimeout())).findings == ()  # type: ignore[arg-type]
+        assert asyncio.run(hanging_io.scan(admin, hanging_io.Scope(topic="t"), MaxTimeout())).findings == ()  # type: ignore[arg-type]
         assert admin.described == [[("t", 0)]]

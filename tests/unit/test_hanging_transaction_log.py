@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue
-from txnguard.testing.transaction_log import key, value
+from txnguard.testing.transaction_log_writer import key, value
 from txnguard.verification.hanging import (
     CONFIRMED_BY_LOG,
     NOT_IN_TRANSACTION,
@@ -33,7 +33,7 @@ from txnguard.verification.hanging import (
     find_hanging,
     producers_in_log,
 )
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 MIN = 60_000
 NOW = 1_700_000_000_000

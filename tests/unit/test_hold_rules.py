@@ -5,7 +5,7 @@
                                            guard … backoff, asks again ✓ Ongoing  ─▶ forwarded
     or, when the hold runs out:                                  ◀─ NOT_ENOUGH_REPLICAS (retriable)
 
-The pure half (verification/holds.py and the hold budget in the VerifyPartitions question) is tested
+The pure half (verification/hold_limits.py and the hold budget in the VerifyPartitions question) is tested
 on its own; the guard's loop runs against a scripted verifier (a stand-in for a
 coordinator that is frozen, then answers), since a real frozen coordinator is what
 tests/integration/test_coordinator_unavailable.py freezes. The loop runs on a fake
@@ -31,9 +31,9 @@ from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.checks import CountOffsetsPartitions, OffsetsPartitionCount, VerifyPartitions
 from txnguard.verification.decisions import PendingCheck
-from txnguard.verification.holds import NO_HOLD, HoldLimits, worth_asking_again
+from txnguard.verification.hold_limits import NO_HOLD, HoldLimits, worth_asking_again
 from txnguard.verification.judge import coordinator_unreachable
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
 NOT_NOW = coordinator_unreachable("no answer from the coordinator: TimeoutError()")
 ONGOING = passed(Evidence.COORDINATOR, "Ongoing")

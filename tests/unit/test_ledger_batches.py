@@ -49,7 +49,7 @@ from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import LEDGER_BOUND, LEDGER_DELAY_S, TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.session import Session
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 NOT_ADDED = ("orders", 9)  # never added to the transaction: the general path asks the coordinator
 PASSES = {"evidence": "local", "outcome": "pass", "decision": "forwarded"}

@@ -17,7 +17,7 @@ from txnguard.proxy.config import HostPort
 from txnguard.proxy.log_follower import LogFollower
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.testing.fetch_answers import FetchesAsBytes
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 LEADER = HostPort("127.0.0.1", 9092)
 

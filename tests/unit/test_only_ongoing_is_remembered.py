@@ -24,8 +24,8 @@ from txnguard.policies.policy import policy_from_config
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.checks import PartitionVerdicts, VerifyPartitions
 from txnguard.verification.decisions import Decision, PendingCheck, TransactionRules
-from txnguard.verification.outcomes import Evidence, passed
 from txnguard.verification.registry import Registry, RegistryLimits
+from txnguard.verification.verdicts import Evidence, passed
 
 CLIENT = ClientInfo("c", None, None, JAVA, "bootstrap", 2)
 TIMEOUT_MS = 60_000

@@ -12,7 +12,7 @@ from txnguard.pipeline.synthetic import Generator
 from txnguard.policies.outcomes import Outcome
 from txnguard.verification.audit import ClientInfo, audit_record, hanging_record
 from txnguard.verification.hanging import Finding
-from txnguard.verification.outcomes import Evidence, Verdict
+from txnguard.verification.verdicts import Evidence, Verdict
 
 
 def test_a_real_v1_audit_record_has_every_required_decision_field():

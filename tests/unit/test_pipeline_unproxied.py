@@ -25,7 +25,7 @@ from txnguard.verification.audit import (
 )
 from txnguard.verification.bypass import LogId
 from txnguard.verification.inventory import ConnectionInventory
-from txnguard.verification.outcomes import Evidence, Verdict
+from txnguard.verification.verdicts import Evidence, Verdict
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MIN = 60_000

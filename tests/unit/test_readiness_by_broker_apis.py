@@ -15,7 +15,7 @@ import pytest
 
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.policies.enforcement import Enforcement, Mode, ModeRule
-from txnguard.proxy.capabilities import BrokerCapabilities
+from txnguard.proxy.capability_report import BrokerCapabilities
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.capabilities import LACKS_API, UNREAD, BrokerApis, lacking, readiness
 

@@ -4,8 +4,8 @@ Each test is a little playbook: the requests and answers a client exchanged,
 then the question a Produce asks, then the verdict.
 """
 
-from txnguard.verification.outcomes import Evidence, Outcome
 from txnguard.verification.registry import Phase, Registry, RegistryLimits
+from txnguard.verification.verdicts import Evidence, Outcome
 
 T = ("orders", 0)
 U = ("orders", 1)

@@ -6,8 +6,8 @@ always safe: the coordinator decides. A refusal on local evidence is right only 
 process forwarded.
 """
 
-from txnguard.verification.outcomes import Evidence, Outcome
 from txnguard.verification.registry import Phase, Registry, RegistryLimits
+from txnguard.verification.verdicts import Evidence, Outcome
 
 P0 = ("orders", 0)
 P1 = ("orders", 1)

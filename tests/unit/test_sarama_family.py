@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
+from txnguard.policies.error_mapping import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.families import DEFAULT_RULES, SARAMA, classify
 from txnguard.policies.outcomes import Outcome
 from txnguard.policies.policy import policy_from_config

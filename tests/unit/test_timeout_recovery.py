@@ -236,7 +236,7 @@ def test_the_option_is_a_boolean():
 def test_a_late_write_of_a_timed_out_transaction_makes_kafka_python_bump_by_itself():
     from txnguard.policies.enforcement import Mode
     from txnguard.verification.decisions import RequestContext
-    from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+    from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
     late = Verdict(Outcome.LATE_WRITE, Evidence.LOCAL, "the registry ended it: past its timeout")
 

@@ -1,7 +1,7 @@
 """The coordinator's log, as the follower reads it: records in, each id's latest state out, and what the log
 may decide about a write (the coordinator's own rules, only a pass before the follower caught up).
 
-The bytes are written by the harness's own encoder (txnguard.testing.transaction_log, from Kafka's schemas); real
+The bytes are written by the harness's own encoder (txnguard.testing.transaction_log_writer, from Kafka's schemas); real
 brokers' logs (2.8.2, 3.5.2, 4.4.0) are read in tests/integration/test_log_follower.py.
 """
 
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue, UnknownVersion, transaction, transactional_id
-from txnguard.testing.transaction_log import key, value
-from txnguard.testing.transaction_log import uvarint as _uvarint
-from txnguard.verification.outcomes import Evidence, Outcome
-from txnguard.verification.transaction_log import Applied, LogViewLimits, TransactionLogView
+from txnguard.testing.transaction_log_writer import key, value
+from txnguard.testing.transaction_log_writer import uvarint as _uvarint
+from txnguard.verification.transaction_log_view import Applied, LogViewLimits, TransactionLogView
+from txnguard.verification.verdicts import Evidence, Outcome
 
 P0, P1 = ("orders", 0), ("orders", 1)
 

@@ -6,11 +6,11 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from txnguard.proxy import logs
-from txnguard.proxy.access import AccessMonitor
+from txnguard.proxy.access_report import AccessMonitor
 from txnguard.proxy.config import ConfigError, load
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.access import missing_acl, refused
-from txnguard.verification.outcomes import Outcome
+from txnguard.verification.verdicts import Outcome
 
 
 def _load(tmp_path, text, environ=None):

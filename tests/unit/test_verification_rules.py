@@ -9,12 +9,12 @@ from txnguard.codecs.batches import BatchHead
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.groups import java_string_hash, offsets_partition_for
 from txnguard.codecs.produce import ProducePartition
-from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
+from txnguard.policies.error_mapping import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.policy import PolicyError, policy_from_config
 from txnguard.verification.judge import judge_description, judge_verify_only, leader_has_open_transaction
-from txnguard.verification.outcomes import Outcome
 from txnguard.verification.plan import plan_produce
 from txnguard.verification.registry import Registry
+from txnguard.verification.verdicts import Outcome
 
 T = ("orders", 0)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from txnguard.policies.enforcement import Mode
 from txnguard.verification.audit import ClientInfo
-from txnguard.verification.outcomes import Verdict
+from txnguard.verification.verdicts import Verdict
 
 # A transactional Produce passed on local evidence: (client, transactional id, producer id, producer epoch,
 # api version, partitions, the verdict every partition got, mode, inspection ms, verification ms, cpu ms or

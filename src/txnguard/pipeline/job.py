@@ -42,7 +42,7 @@ from txnguard.pipeline import (
     parse,
     ranges,
     report,
-    session,
+    spark_session,
     tables,
     unproxied,
 )
@@ -585,7 +585,7 @@ def main(args: argparse.Namespace) -> int:
     if args.follow and source.kind != "kafka":
         log.error("bad_arguments", error="--follow needs a kafka: source")
         return 2
-    spark = session.build(args.master, kafka_jars=source.kind == "kafka" and args.cached_jars,
+    spark = spark_session.build(args.master, kafka_jars=source.kind == "kafka" and args.cached_jars,
                           shuffle_partitions=args.shuffle_partitions, driver_memory=args.driver_memory)
     out = Path(args.out)
     try:
@@ -599,5 +599,5 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("stopped")
     finally:
-        session.stop(spark)
+        spark_session.stop(spark)
     return 0

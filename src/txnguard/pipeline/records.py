@@ -3,7 +3,7 @@
 Schema version 1 is today's decision record (`txnguard.verification.audit`). Version 2 adds `kind`
 ("decision", "connection", "hanging", "end_txn_hold" or "transaction_log_id") and `proxy_id` to every record; a v2
 decision carries every v1 field, a connection record describes one client connection (written when it closes or the
-proxy stops), a hanging record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging`), an
+proxy stops), a hanging record one hanging transaction the proxy's periodic scan found (`txnguard.proxy.hanging_io`), an
 end_txn_hold record one request held while an EndTxn of its producer was in doubt (KAFKA-17754), a
 transaction_log_id record one transactional id active in the coordinator's log as a proxy's follower read it
 (`txnguard.verification.bypass`: the ids no proxy saw are clients that bypass txnguard).

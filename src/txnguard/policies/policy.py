@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txnguard.policies.enforcement import Enforcement, Mode, ModeRule
-from txnguard.policies.errors import FAMILY_OVERRIDES, PRODUCE, TXN_OFFSET_COMMIT, ErrorChoice, ErrorTable, choose
+from txnguard.policies.error_mapping import (
+    FAMILY_OVERRIDES,
+    PRODUCE,
+    TXN_OFFSET_COMMIT,
+    ErrorChoice,
+    ErrorTable,
+    choose,
+)
 from txnguard.policies.families import DEFAULT_RULES, FamilyRule, classify
 from txnguard.policies.outcomes import Outcome
 

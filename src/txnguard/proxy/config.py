@@ -44,7 +44,7 @@ from pydantic_settings.sources.utils import parse_env_vars
 
 from txnguard.codecs.api_versions import UnknownApiKeys
 from txnguard.policies.enforcement import Mode as PolicyMode
-from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
+from txnguard.policies.error_mapping import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.outcomes import Outcome
 
 

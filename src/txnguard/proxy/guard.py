@@ -65,12 +65,12 @@ from txnguard.verification.decisions import (
     Decision,
     TransactionRules,
 )
-from txnguard.verification.holds import HoldLimits, worth_asking_again
+from txnguard.verification.hold_limits import HoldLimits, worth_asking_again
 from txnguard.verification.in_doubt import Ending, EndTxnLedger, InDoubtLimits, SentEndTxn
 from txnguard.verification.inventory import ConnectionInventory
-from txnguard.verification.outcomes import Verdict
 from txnguard.verification.registry import Registry, RegistryLimits
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
+from txnguard.verification.verdicts import Verdict
 
 if TYPE_CHECKING:
     from txnguard.proxy.audit_sink import AuditPublisher
@@ -214,7 +214,7 @@ class TransactionGuard:
         self.verifier = Verifier(config.upstream, metrics, ssl_context=upstream_ssl, timeout_s=v.timeout_s,
                                  connect_timeout_s=config.limits.connect_timeout_s, address_of=address_of,
                                  coordinator_evidence=v.coordinator_evidence, auth=config.upstream_auth)
-        # The coordinator's own log (verification/transaction_log.py), read by every proxy when on.
+        # The coordinator's own log (verification/transaction_log_view.py), read by every proxy when on.
         self.follower: LogFollower | None = None
         if v.transaction_log and v.enabled:
             verifier = self.verifier
@@ -512,7 +512,7 @@ class TransactionGuard:
                     desc: DescribedTransaction | None, again: list[TopicPartition],
                     deadline: float) -> PartitionVerdicts:
         """Ask again while the coordinator can only say "not now", until the request's own bound
-        (verification/holds.py). Each question keeps its own `timeout_s`; the last one is cut at the
+        (verification/hold_limits.py). Each question keeps its own `timeout_s`; the last one is cut at the
         deadline. The check stays pending meanwhile: the core holds the request, and only it."""
         loop = asyncio.get_running_loop()
         holds = self.rules.holds

@@ -1,5 +1,5 @@
 """`txnguard hanging`: find hanging transactions in any cluster (through a txnguard proxy or not) and abort
-them on request. The scan and the abort are proxy/hanging.py's; this module is the command line around them
+them on request. The scan and the abort are proxy/hanging_io.py's; this module is the command line around them
 (arguments, the tool's table or JSON, the confirmation before an abort). It needs neither the proxy's
 server nor its monitor: with `--config` it dials the brokers with the proxy's own TLS (proxy/tls.py) and
 SASL settings.
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.transaction_log import TOPIC as TRANSACTION_LOG
-from txnguard.proxy import hanging
+from txnguard.proxy import hanging_io
 from txnguard.proxy.config import ConfigError, HostPort, load, parse_host_port
 from txnguard.proxy.kafka_client import UpstreamError
 from txnguard.proxy.tls import upstream_ssl_context
@@ -107,7 +107,7 @@ def run_cli(args: Any, *, stdin: Any = None, stdout: Any = None, stderr: Any = N
     except (ConfigError, OSError) as e:
         print(f"txnguard hanging: {e}", file=err)
         return 2
-    scope = hanging.Scope(topic=args.topic, partition=args.partition, broker_id=args.broker_id)
+    scope = hanging_io.Scope(topic=args.topic, partition=args.partition, broker_id=args.broker_id)
     return asyncio.run(_run(args, bootstrap, scope, out, err, inp, connect))
 
 
@@ -134,13 +134,14 @@ def _connection_settings(args: Any) -> _Connect:
     return _Connect(cfg.upstream, upstream_ssl_context(cfg), cfg.upstream_auth)
 
 
-async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: Any, err: Any, inp: Any,
+async def _run(args: Any, bootstrap: list[HostPort], scope: hanging_io.Scope, out: Any, err: Any, inp: Any,
                connect: _Connect) -> int:
-    admin = hanging.ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect.ssl_context, auth=connect.auth)
+    admin = hanging_io.ClusterAdmin(bootstrap, timeout_s=args.timeout, ssl_context=connect.ssl_context,
+                                    auth=connect.auth)
     try:
         try:
-            result = await hanging.scan(admin, scope, rule_of_args(args))
-        except (hanging.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
+            result = await hanging_io.scan(admin, scope, rule_of_args(args))
+        except (hanging_io.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
             print(f"txnguard hanging: {e}", file=err)
             return 1
         for tp, problem in sorted(result.errors.items()):
@@ -196,7 +197,7 @@ async def _run(args: Any, bootstrap: list[HostPort], scope: hanging.Scope, out: 
         await admin.close()
 
 
-async def _abort_one(admin: hanging.ClusterAdmin, f: Finding, args: Any, out: Any, err: Any, inp: Any) -> str:
+async def _abort_one(admin: hanging_io.ClusterAdmin, f: Finding, args: Any, out: Any, err: Any, inp: Any) -> str:
     """One abort: the outcome's name (NONE, an error name, dry_run, declined, TRANSACTION_GONE, left_unconfirmed,
     lookup_failed, failed). A broker that lacks an API the abort needs (WriteTxnMarkers v1, DescribeProducers) is
     one line naming both, and the outcome a failure (exit 1), like any other refused abort."""
@@ -212,8 +213,8 @@ async def _abort_one(admin: hanging.ClusterAdmin, f: Finding, args: Any, out: An
               f"transaction ({MAY_BE_LIVE}); aborting a live one writes an abort marker here while it may commit on "
               "its other partitions", file=err)
     try:
-        plan = await hanging.plan_abort(admin, f)
-    except (hanging.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
+        plan = await hanging_io.plan_abort(admin, f)
+    except (hanging_io.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
         print(f"cannot abort {f.topic}-{f.partition} at {f.start_offset}: {e}", file=err)
         return "lookup_failed"
     if plan.spec is None:
@@ -232,8 +233,8 @@ async def _abort_one(admin: hanging.ClusterAdmin, f: Finding, args: Any, out: An
             print("not aborted", file=say)
             return "declined"
     try:
-        outcome = await hanging.abort(admin, plan)
-    except (hanging.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
+        outcome = await hanging_io.abort(admin, plan)
+    except (hanging_io.HangingScanError, UpstreamError, OSError, CodecError, TimeoutError) as e:
         print(f"abort of {what} failed: {e}", file=err)
         return "failed"
     if outcome == "NONE":

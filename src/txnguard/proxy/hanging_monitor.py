@@ -1,8 +1,8 @@
 """The proxy's periodic hanging-transaction scan (`health.hanging_scan_interval_s`, off by default).
 
-Each scan is proxy/hanging.py's `scan` on the proxy's own connections; this module turns its findings
+Each scan is proxy/hanging_io.py's `scan` on the proxy's own connections; this module turns its findings
 into the gauges, a log line per new and per resolved finding, and one audit record per new finding.
-It finds; it never aborts. A sidecar's scan covers the partitions its broker leads (proxy/hanging.py), so each
+It finds; it never aborts. A sidecar's scan covers the partitions its broker leads (proxy/hanging_io.py), so each
 finding is reported once across the sidecars. On brokers without ListTransactions (Kafka 2.8) the scan judges from
 the coordinator's log: the proxy's running follower's, each partition it reads read to its end once DescribeProducers
 answered (no second reading of the whole log each scan); without a follower, a one-shot read. The server starts it
@@ -16,7 +16,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from txnguard.proxy import hanging, logs
+from txnguard.proxy import hanging_io, logs
 from txnguard.proxy.config import ProxyMode
 from txnguard.verification.audit import hanging_record
 from txnguard.verification.hanging import Finding, FindingTracker, MaxTimeout, OwnTimeout, Rule
@@ -37,19 +37,19 @@ class HangingMonitor:
         assert h.hanging_scan_interval_s is not None
         self.interval_s = h.hanging_scan_interval_s
         self.rule = rule_of(h.hanging_max_transaction_timeout_s, h.hanging_timeout_margin_s)
-        self.scope = hanging.Scope(local_broker=config.mode is ProxyMode.SIDECAR)
-        self.admin = hanging.ClusterAdmin(config.upstream, ssl_context=ssl_context,
+        self.scope = hanging_io.Scope(local_broker=config.mode is ProxyMode.SIDECAR)
+        self.admin = hanging_io.ClusterAdmin(config.upstream, ssl_context=ssl_context,
                                           timeout_s=config.verification.timeout_s, auth=config.upstream_auth)
         self.metrics = metrics
         self.audit = audit
         self.tracker = FindingTracker()
         self.log = logs.get(component="hanging")
         self.scans = 0
-        self.last: hanging.ScanResult | None = None
+        self.last: hanging_io.ScanResult | None = None
         self.follower = follower
         self._log_problem: str | None = None  # the last reason the log could not confirm, logged once
 
-    async def _transaction_log(self) -> hanging.LogRead:
+    async def _transaction_log(self) -> hanging_io.LogRead:
         """The follower's view, read to the log's end as of now (after this scan's DescribeProducers answered). A
         proxy just started waits for its follower's first read (bounded), so that its first scan does not report
         unconfirmed what the log would confirm or clear."""
@@ -58,7 +58,7 @@ class HangingMonitor:
         deadline = time.monotonic() + self.admin.timeout_s
         while not (follower.caught_up_once or follower.denied) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return await hanging.read_from_follower(follower, self.admin.timeout_s)
+        return await hanging_io.read_from_follower(follower, self.admin.timeout_s)
 
     async def run(self) -> None:
         try:
@@ -68,14 +68,14 @@ class HangingMonitor:
         finally:
             await self.admin.close()
 
-    async def scan_once(self) -> hanging.ScanResult | None:
+    async def scan_once(self) -> hanging_io.ScanResult | None:
         m = self.metrics
         try:
-            result = await hanging.scan(self.admin, self.scope, self.rule, transaction_log=(
+            result = await hanging_io.scan(self.admin, self.scope, self.rule, transaction_log=(
                 self._transaction_log if self.follower is not None else None))
         except Exception as e:  # noqa: BLE001 - whatever failed, the next scan runs (and the proxy never notices)
             m.hanging_scans.labels("failed").inc()
-            problem = str(e) if isinstance(e, hanging.HangingScanError) else repr(e)
+            problem = str(e) if isinstance(e, hanging_io.HangingScanError) else repr(e)
             self.log.warning("hanging_scan_failed", error=problem)
             await self.admin.close()  # a fresh start next time
             return None

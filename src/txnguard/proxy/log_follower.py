@@ -1,7 +1,7 @@
 """The follower of the coordinator's log: reads `__transaction_state` and keeps the pure view current.
 
 Every proxy runs one (gateway and sidecar alike): the topic is small, and each record is what the
-coordinator decided before it answered its client (verification/transaction_log.py says what the
+coordinator decided before it answered its client (verification/transaction_log_view.py says what the
 records may decide). It reads with the proxy's own principal (DESCRIBE and READ on the topic), on its
 own connections, without a consumer group (plain Fetch at offsets it keeps itself):
 
@@ -63,8 +63,8 @@ from txnguard.proxy.kafka_client import CLIENT_ID, BrokerConnection, BrokerConne
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.verification.access import missing_acl
-from txnguard.verification.outcomes import Verdict
-from txnguard.verification.transaction_log import Applied, TransactionLogView
+from txnguard.verification.transaction_log_view import Applied, TransactionLogView
+from txnguard.verification.verdicts import Verdict
 
 TopicPartition = tuple[str, int]
 

@@ -96,7 +96,7 @@ class ProxyMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 10000,
                      30000),
             registry=r)
-        # A check held while the coordinator cannot answer (verification/holds.py), as the broker holds.
+        # A check held while the coordinator cannot answer (verification/hold_limits.py), as the broker holds.
         self.verification_holds = Gauge(
             "txnguard_verification_holds", "Checks held now, waiting for a coordinator that could not answer yet",
             registry=r)
@@ -209,7 +209,7 @@ class ProxyMetrics:
         for outcome in ("ok", "failed"):
             self.hanging_scans.labels(outcome)
 
-        # Each broker's ApiVersions, as the proxy's own connections read them (proxy/capabilities.py).
+        # Each broker's ApiVersions, as the proxy's own connections read them (proxy/capability_report.py).
         self.broker_api_missing = Gauge(
             "txnguard_broker_api_missing", "1 when the broker's ApiVersions does not list an API the proxy's "
             "evidence needs (DescribeTransactions, ListTransactions: Kafka < 3.0), else 0; never sent to it",
@@ -237,7 +237,7 @@ class ProxyMetrics:
             registry=r)
         self.log_follower_records.labels("state")  # the rest appear with their first record
 
-        # The proxy's own principal refused by Kafka (proxy/access.py): each names one missing ACL.
+        # The proxy's own principal refused by Kafka (proxy/access_report.py): each names one missing ACL.
         self.authorization_failures = Counter(
             "txnguard_verification_authorization_failures", "The proxy's own verification requests refused by "
             "Kafka's authorizer or SASL, by API and the right they name (operation, resource type)",

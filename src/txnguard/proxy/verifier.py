@@ -42,8 +42,8 @@ from txnguard.codecs.describe_transactions import DescribedTransaction, read_des
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
 from txnguard.proxy import logs
-from txnguard.proxy.access import AccessMonitor
-from txnguard.proxy.capabilities import BrokerCapabilities
+from txnguard.proxy.access_report import AccessMonitor
+from txnguard.proxy.capability_report import BrokerCapabilities
 from txnguard.proxy.config import CoordinatorEvidence, HostPort, UpstreamAuth
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamAuthError, UpstreamError
 from txnguard.proxy.log_follower import LogFollower
@@ -57,7 +57,7 @@ from txnguard.verification.judge import (
     judge_verify_only,
     leader_has_open_transaction,
 )
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
 TopicPartition = tuple[str, int]
 Key = Any

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 CLUSTER_RESOURCE = "kafka-cluster"
 

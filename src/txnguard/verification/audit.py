@@ -18,7 +18,7 @@ from typing import Any
 from txnguard.verification.bypass import LogId
 from txnguard.verification.hanging import Finding
 from txnguard.verification.inventory import ConnectionInventory
-from txnguard.verification.outcomes import Verdict
+from txnguard.verification.verdicts import Verdict
 
 SCHEMA_VERSION = 2
 DECISION, CONNECTION, HANGING = "decision", "connection", "hanging"

@@ -1,6 +1,6 @@
 """Clients that bypass the proxy: transactional ids active in the coordinator's log that this proxy never saw. Pure.
 
-The follower's view (verification/transaction_log.py) holds every transactional id the cluster serves; the registry
+The follower's view (verification/transaction_log_view.py) holds every transactional id the cluster serves; the registry
 (verification/registry.py) learns the ids that come through this proxy. What the first holds and the second never
 held is a client that talks to the brokers some other way: what an operator moving clients behind txnguard has left.
 
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from txnguard.verification.transaction_log import Logged, TransactionLogView
+from txnguard.verification.transaction_log_view import Logged, TransactionLogView
 
 ACTIVE_WITHIN_MS = 24 * 60 * 60 * 1000
 # The states the gauge and the records leave out: Dead is the coordinator's last word before the tombstone.

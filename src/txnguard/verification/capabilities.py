@@ -154,7 +154,7 @@ def readiness(brokers: Iterable[BrokerApis], *, sidecar: bool, enforcing: bool,
         if sidecar and enforcing and b.own and consequence is not None:
             blocked.append(NotReady(LACKS_API, b.address, "DescribeTransactions", (
                 f"broker {b.address} lacks DescribeTransactions (Kafka before 3.0): {consequence}; follow the "
-                "coordinator's log (verification.transaction_log, with DESCRIBE and READ on __transaction_state), "
+                "coordinator's log (verification.transaction_log_view, with DESCRIBE and READ on __transaction_state), "
                 "or use a gateway, policy mode monitor, or Kafka 3.0+")))
             others = tuple(lack for lack in b.lacks if lack.api_key != DESCRIBE_TRANSACTIONS)
             if others:

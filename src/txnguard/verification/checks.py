@@ -27,8 +27,8 @@ from typing import ClassVar, assert_never
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.produce import ProducePartition
-from txnguard.policies.errors import PRODUCE, TXN_OFFSET_COMMIT
-from txnguard.verification.outcomes import Verdict
+from txnguard.policies.error_mapping import PRODUCE, TXN_OFFSET_COMMIT
+from txnguard.verification.verdicts import Verdict
 
 TopicPartition = tuple[str, int]
 
@@ -103,7 +103,7 @@ class VerifyPartitions:
     partitions: tuple[TopicPartition, ...]
     ask_leader: bool = False
     # While the coordinator can only say "not now", keep asking for this long from the start of
-    # verification (verification/holds.py); 0: one question.
+    # verification (verification/hold_limits.py); 0: one question.
     hold_ms: float = 0.0
 
 

@@ -48,7 +48,7 @@ from txnguard.codecs.produce import (
 from txnguard.codecs.produce_scan import scan_produce
 from txnguard.codecs.synthesis import add_to_txn_error
 from txnguard.policies.enforcement import Mode
-from txnguard.policies.errors import ErrorChoice
+from txnguard.policies.error_mapping import ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.checks import (
@@ -75,10 +75,9 @@ from txnguard.verification.checks import (
 )
 from txnguard.verification.checks import Question as Question  # re-exported: connection/commands.py's Ask carries one
 from txnguard.verification.concurrent import ConcurrentRetry
-from txnguard.verification.holds import HoldLimits
+from txnguard.verification.hold_limits import HoldLimits
 from txnguard.verification.in_doubt import EndTxnLedger, SentEndTxn
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 from txnguard.verification.plan import (
     LAST_PRODUCE_VERSION_BEFORE_TV2,
     LAST_TXN_OFFSET_COMMIT_VERSION_BEFORE_TV2,
@@ -86,6 +85,7 @@ from txnguard.verification.plan import (
 )
 from txnguard.verification.registry import Registry
 from txnguard.verification.timeouts import FIRST_BUMP_VERSION, PRODUCE_REPLIES, end_txn_reply, timed_out
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 TopicPartition = tuple[str, int]
 

@@ -1,7 +1,7 @@
 """Hanging transactions: which partitions hold one, judged as `kafka-transactions.sh find-hanging` judges,
 after the threshold it uses (`MaxTimeout`) or after each transaction's own timeout (`OwnTimeout`).
 
-Pure (no IO, no clock: every time is passed in). The IO half (proxy/hanging.py) asks the brokers
+Pure (no IO, no clock: every time is passed in). The IO half (proxy/hanging_io.py) asks the brokers
 and feeds the answers to a `HangingScan`, which says what to ask next:
 
 1. `AskProducers`: DescribeProducers for the partitions, in batches of 500 (the tool's
@@ -56,7 +56,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 TopicPartition = tuple[str, int]
 

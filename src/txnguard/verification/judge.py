@@ -16,7 +16,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
 TopicPartition = tuple[str, int]
 
@@ -45,7 +45,7 @@ ENDED = frozenset({"CompleteCommit", "CompleteAbort"})
 def judge_description(desc: DescribedTransaction, producer_id: int, epoch: int, tp: TopicPartition,
                       evidence: Evidence = Evidence.COORDINATOR) -> Verdict:
     """The coordinator's rules on its description of the transaction: answered now (`coordinator`), or as
-    the coordinator's own log holds it (`log`: verification/transaction_log.py)."""
+    the coordinator's own log holds it (`log`: verification/transaction_log_view.py)."""
     code = desc.error_code
     if code != ErrorCode.none:
         if code in COORDINATOR_RETRIABLE_ERRORS:

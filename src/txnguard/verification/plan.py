@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from txnguard.codecs.produce import ProducePartition
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict
 from txnguard.verification.registry import Registry
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
 TopicPartition = tuple[str, int]
 

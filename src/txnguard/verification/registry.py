@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from txnguard.verification.bypass import SeenIds
-from txnguard.verification.outcomes import Evidence, Outcome, Verdict, passed
 from txnguard.verification.timeouts import OVERDUE_SLACK_MS, Candidate
+from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
 TopicPartition = tuple[str, int]
 

@@ -33,7 +33,7 @@ from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.groups import coordinator_partition_for
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue, UnknownVersion, transaction, transactional_id
 from txnguard.verification.judge import judge_description
-from txnguard.verification.outcomes import Evidence, Verdict
+from txnguard.verification.verdicts import Evidence, Verdict
 
 TopicPartition = tuple[str, int]
 

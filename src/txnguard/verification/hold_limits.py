@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from txnguard.verification.outcomes import Outcome, Verdict
+from txnguard.verification.verdicts import Outcome, Verdict
 
 TopicPartition = tuple[str, int]
 

@@ -93,7 +93,7 @@ from txnguard.verification.hanging import (
     producers_in_log,
     transaction_view,
 )
-from txnguard.verification.transaction_log import TransactionLogView
+from txnguard.verification.transaction_log_view import TransactionLogView
 
 RETRIABLE_COORDINATOR = frozenset({ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available,
                                    ErrorCode.not_coordinator})
