@@ -236,7 +236,7 @@ def test_a_plain_histogram_exports_what_a_prometheus_client_histogram_does() -> 
 
 
 def test_a_passed_writes_audit_text_is_what_write_serialises(tmp_path: Path) -> None:
-    from txnguard.policies.enforcement import Mode
+    from txnguard.policies.enforcement import Enforcement
     from txnguard.proxy.guard import AuditLog, _passed_template
     from txnguard.verification.audit import ClientInfo, audit_record
     from txnguard.verification.registry import _PASSED_FROM_CACHE
@@ -249,7 +249,8 @@ def test_a_passed_writes_audit_text_is_what_write_serialises(tmp_path: Path) -> 
                                api="produce", api_version=7, target="orders-3", verdict=_PASSED_FROM_CACHE,
                                decision="forwarded", error_sent=None, error_name=None, latency_ms=latency,
                                client=client, mode="monitor", proxy_id="p:1", cpu_ms=cpu))
-        a, b, c, d = _passed_template(client, "t-é", 9, 2, 7, "orders-3", _PASSED_FROM_CACHE, Mode.MONITOR, "p:1")
+        a, b, c, d = _passed_template(client, "t-é", 9, 2, 7, "orders-3", _PASSED_FROM_CACHE, Enforcement.MONITOR,
+                                      "p:1")
         texts.append(f"{a}1764250000123{b}{round(latency, 4)!r}{c}"
                      f"{'null' if cpu is None else repr(round(cpu, 4))}{d}")
     log.close()
@@ -278,7 +279,7 @@ def test_record_fast_of_writes_and_offset_commits_is_record_of_their_decisions_i
     share the verification_time children, and each has its own inspection_time child (by its check's api)."""
     from txnguard.codecs.produce import ProducePartition
     from txnguard.connection.ledger import Ledger
-    from txnguard.policies.enforcement import Mode
+    from txnguard.policies.enforcement import Enforcement
     from txnguard.verification.audit import ClientInfo
     from txnguard.verification.checks import OffsetCommitWrite, ProduceWrite
     from txnguard.verification.decisions import FORWARDED, Decision, RequestContext, VerdictRecord
@@ -287,12 +288,12 @@ def test_record_fast_of_writes_and_offset_commits_is_record_of_their_decisions_i
     client = ClientInfo("c\"1", "librdkafka", "2.3.0", "librdkafka", "bootstrap", 3)
     frame = memoryview(b"\0\0\0\0")
     # (kind, version, partitions or group, verdict, mode, inspection, elapsed, cpu, wall ms): in the order booked.
-    booked: list[tuple[str, int, Any, Verdict, Mode, float, float, float | None, int]] = [
-        ("produce", 9, [T0, T1], _PASSED_LOCALLY, Mode.ENFORCE, 0.25, 0.5, 0.0123456, 1_700_000_000_001),
-        ("offsets", 3, "g", _PASSED_LOCALLY, Mode.ENFORCE, 0.5, 1e16, None, 1_700_000_000_002),
-        ("offsets", 0, "g-\u00e9", _PASSED_FROM_CACHE, Mode.MONITOR, 0.75, 1.0, 3.0, 1_700_000_000_003),
-        ("produce", 11, [T2], _PASSED_LOCALLY, Mode.MONITOR, 0.125, 1.0, 1e-7, 1_700_000_000_004),
-        ("offsets", 4, "g", _PASSED_LOCALLY, Mode.ENFORCE, 12.5, 0.1, 0.00005, 1_700_000_000_005),
+    booked: list[tuple[str, int, Any, Verdict, Enforcement, float, float, float | None, int]] = [
+        ("produce", 9, [T0, T1], _PASSED_LOCALLY, Enforcement.ENFORCE, 0.25, 0.5, 0.0123456, 1_700_000_000_001),
+        ("offsets", 3, "g", _PASSED_LOCALLY, Enforcement.ENFORCE, 0.5, 1e16, None, 1_700_000_000_002),
+        ("offsets", 0, "g-\u00e9", _PASSED_FROM_CACHE, Enforcement.MONITOR, 0.75, 1.0, 3.0, 1_700_000_000_003),
+        ("produce", 11, [T2], _PASSED_LOCALLY, Enforcement.MONITOR, 0.125, 1.0, 1e-7, 1_700_000_000_004),
+        ("offsets", 4, "g", _PASSED_LOCALLY, Enforcement.ENFORCE, 12.5, 0.1, 0.00005, 1_700_000_000_005),
     ]
     fast, general = _Shell(tmp_path, "fast", True, {}), _Shell(tmp_path, "general", False, {})
     ledger = Ledger()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from txnguard.codecs.api_keys import ApiKey
-from txnguard.policies.enforcement import Enforcement, Mode, ModeRule
+from txnguard.policies.enforcement import Enforcement, EnforcementRules, ModeRule
 from txnguard.proxy.capability_report import BrokerCapabilities
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.capabilities import LACKS_API, UNREAD, BrokerApis, lacking, readiness
@@ -86,12 +86,12 @@ def test_a_gateway_with_one_bootstrap_broker_read_is_ready_and_names_the_unread_
 
 
 @pytest.mark.parametrize(("enforcement", "may"), [
-    (Enforcement(), True),
-    (Enforcement(Mode.MONITOR), False),
-    (Enforcement(Mode.MONITOR, (ModeRule(Mode.ENFORCE, transactional_id="payments-*"),)), True),
-    (Enforcement(Mode.OFF, (ModeRule(Mode.MONITOR, topic="orders"),)), False),
+    (EnforcementRules(), True),
+    (EnforcementRules(Enforcement.MONITOR), False),
+    (EnforcementRules(Enforcement.MONITOR, (ModeRule(Enforcement.ENFORCE, transactional_id="payments-*"),)), True),
+    (EnforcementRules(Enforcement.OFF, (ModeRule(Enforcement.MONITOR, topic="orders"),)), False),
 ])
-def test_a_policy_may_enforce_when_its_default_or_any_rule_enforces(enforcement: Enforcement, may: bool) -> None:
+def test_a_policy_may_enforce_when_its_default_or_any_rule_enforces(enforcement: EnforcementRules, may: bool) -> None:
     assert enforcement.may_enforce is may
 
 

@@ -234,14 +234,14 @@ def test_the_option_is_a_boolean():
 
 
 def test_a_late_write_of_a_timed_out_transaction_makes_kafka_python_bump_by_itself():
-    from txnguard.policies.enforcement import Mode
+    from txnguard.policies.enforcement import Enforcement
     from txnguard.verification.decisions import RequestContext
     from txnguard.verification.verdicts import Evidence, Outcome, Verdict
 
     late = Verdict(Outcome.LATE_WRITE, Evidence.LOCAL, "the registry ended it: past its timeout")
 
     def error_for(rules: TransactionRules, family: str, epoch: int = E) -> int | None:
-        ctx = RequestContext(ProduceWrite(()), 9, "app", PID, epoch, Mode.ENFORCE, memoryview(b""), None, None,
+        ctx = RequestContext(ProduceWrite(()), 9, "app", PID, epoch, Enforcement.ENFORCE, memoryview(b""), None, None,
                              _client(family))
         choice = rules._timed_out_write(ctx, late, _due())
         return None if choice is None else choice.code

@@ -65,7 +65,7 @@ from txnguard.connection.ledger import Ledger
 from txnguard.connection.modes import Event, Mode, next_mode
 from txnguard.connection.reader import ResponseReader
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
-from txnguard.policies.enforcement import Mode as Enforcement
+from txnguard.policies.enforcement import Enforcement
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.checks import Answer
 from txnguard.verification.concurrent import ABSORBED_KEYS

@@ -18,7 +18,7 @@ shell records the two kinds in the order they were booked.
 
 from __future__ import annotations
 
-from txnguard.policies.enforcement import Mode
+from txnguard.policies.enforcement import Enforcement
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.verdicts import Verdict
 
@@ -26,12 +26,13 @@ from txnguard.verification.verdicts import Verdict
 # api version, partitions, the verdict every partition got, mode, inspection ms, verification ms, cpu ms or
 # None when not measured, the decision's wall-clock ms). Its `Decision` would have had one "forwarded" record
 # per partition.
-Passed = tuple[ClientInfo, str, int, int, int, list[tuple[str, int]], Verdict, Mode, float, float, float | None, int]
+Passed = tuple[ClientInfo, str, int, int, int, list[tuple[str, int]], Verdict, Enforcement, float, float, float | None,
+               int]
 
 # A TxnOffsetCommit (v0-v4) passed on local evidence: as `Passed`, with the group id instead of the partitions
 # (its `Decision` would have had one "forwarded" record, target "group:<id>"), then its place: how many
 # `Passed` of the same ledger were booked before it.
-PassedOffsets = tuple[ClientInfo, str, int, int, int, str, Verdict, Mode, float, float, float | None, int, int]
+PassedOffsets = tuple[ClientInfo, str, int, int, int, str, Verdict, Enforcement, float, float, float | None, int, int]
 
 
 class Ledger:

@@ -11,7 +11,7 @@ import fnmatch
 from dataclasses import dataclass
 
 
-class Mode(enum.Enum):
+class Enforcement(enum.Enum):
     ENFORCE = "enforce"
     MONITOR = "monitor"
     OFF = "off"
@@ -19,7 +19,7 @@ class Mode(enum.Enum):
 
 @dataclass(frozen=True)
 class ModeRule:
-    mode: Mode
+    mode: Enforcement
     transactional_id: str | None = None
     topic: str | None = None
 
@@ -30,16 +30,16 @@ class ModeRule:
 
 
 @dataclass(frozen=True)
-class Enforcement:
-    default: Mode = Mode.ENFORCE
+class EnforcementRules:
+    default: Enforcement = Enforcement.ENFORCE
     rules: tuple[ModeRule, ...] = ()
 
     @property
     def may_enforce(self) -> bool:
         """Can any write meet `enforce` (the default or a rule)? Then a write the proxy cannot verify is refused."""
-        return self.default is Mode.ENFORCE or any(rule.mode is Mode.ENFORCE for rule in self.rules)
+        return self.default is Enforcement.ENFORCE or any(rule.mode is Enforcement.ENFORCE for rule in self.rules)
 
-    def mode_for(self, transactional_id: str, topic: str | None = None) -> Mode:
+    def mode_for(self, transactional_id: str, topic: str | None = None) -> Enforcement:
         for rule in self.rules:
             if rule.matches(transactional_id, topic):
                 return rule.mode

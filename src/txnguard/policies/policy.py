@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from txnguard.policies.enforcement import Enforcement, Mode, ModeRule
+from txnguard.policies.enforcement import Enforcement, EnforcementRules, ModeRule
 from txnguard.policies.error_mapping import (
     FAMILY_OVERRIDES,
     PRODUCE,
@@ -25,7 +25,7 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Policy:
-    enforcement: Enforcement = field(default_factory=Enforcement)
+    enforcement: EnforcementRules = field(default_factory=EnforcementRules)
     family_rules: tuple[FamilyRule, ...] = DEFAULT_RULES
     error_overrides: Mapping[str, ErrorTable] = field(default_factory=lambda: FAMILY_OVERRIDES)
     # KIP-588 for old clients (verification/timeouts.py): EndTxn/InitProducerId of a transaction the
@@ -39,16 +39,16 @@ class Policy:
     def error_for(self, api: str, outcome: Outcome, family: str, underlying: str | None = None) -> ErrorChoice:
         return choose(api, outcome, family, self.error_overrides, underlying)
 
-    def mode_for(self, transactional_id: str, topic: str | None = None) -> Mode:
+    def mode_for(self, transactional_id: str, topic: str | None = None) -> Enforcement:
         return self.enforcement.mode_for(transactional_id, topic)
 
 
 _OUTCOMES = {o.value: o for o in Outcome if o is not Outcome.PASS}
 
 
-def _mode(key: str, value: Any) -> Mode:
+def _mode(key: str, value: Any) -> Enforcement:
     try:
-        return Mode(value)
+        return Enforcement(value)
     except ValueError:
         raise PolicyError(f"{key}: {value!r} is not one of enforce, monitor, off") from None
 
@@ -88,7 +88,7 @@ def policy_from_config(raw: Mapping[str, Any] | None) -> Policy:
     recovery = raw.get("timeout_recovery", False)
     if not isinstance(recovery, bool):
         raise PolicyError(f"policy.timeout_recovery: {recovery!r} is not true or false")
-    return Policy(Enforcement(default, tuple(rules)), tuple(families) + DEFAULT_RULES, overrides, recovery)
+    return Policy(EnforcementRules(default, tuple(rules)), tuple(families) + DEFAULT_RULES, overrides, recovery)
 
 
 def _error_overrides(raw: Mapping[str, Any]) -> dict[str, dict[str, dict[Outcome, ErrorChoice]]]:

@@ -43,7 +43,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 from txnguard.codecs.api_versions import UnknownApiKeys
-from txnguard.policies.enforcement import Mode as PolicyMode
+from txnguard.policies.enforcement import Enforcement
 from txnguard.policies.error_mapping import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.policies.outcomes import Outcome
 
@@ -394,7 +394,7 @@ class Health(_Section):
 class ModeRuleSection(_Section):
     """Matches a transactional id and/or a topic (globs); the first matching rule wins."""
 
-    mode: PolicyMode
+    mode: Enforcement
     """The mode for what matches."""
     transactional_id: NonEmptyStr | None = None
     """Glob on the transactional id (unset: any)."""
@@ -419,7 +419,7 @@ class PolicySection(_Section):
     """What a refused verification does, per transactional id and topic, and which error each client family
     sees (see txnguard.policies.policy). SIGHUP re-reads this section."""
 
-    mode: PolicyMode = PolicyMode.ENFORCE
+    mode: Enforcement = Enforcement.ENFORCE
     """enforce: refuse; monitor: decide, log, count and audit, but forward; off: do not verify."""
     rules: tuple[ModeRuleSection, ...] = ()
     families: tuple[FamilyRuleSection, ...] = ()

@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, assert_never
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
-from txnguard.policies.enforcement import Mode
+from txnguard.policies.enforcement import Enforcement
 from txnguard.policies.policy import Policy
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort, ProxyConfig, ProxyMode
@@ -745,7 +745,7 @@ def _tally(passed: list[Passed], inspections: list[float], timings: dict[str, li
 
 
 def _passed_template(client: ClientInfo, txn_id: str, pid: int, epoch: int, version: int, target: str, v: Verdict,
-                     mode: Mode, proxy_id: str, api: str = ProduceWrite.api) -> tuple[str, str, str, str]:
+                     mode: Enforcement, proxy_id: str, api: str = ProduceWrite.api) -> tuple[str, str, str, str]:
     """The audit record of a passed Produce partition (or TxnOffsetCommit: `api`, target the group) as
     `AuditLog.write` serialises it, cut where the time, the latency and the CPU time go (the rest is the same
     for every write of this producer to this partition): json.dumps writes an int as str() and a float as repr()."""

@@ -47,7 +47,7 @@ from txnguard.codecs.produce import (
 )
 from txnguard.codecs.produce_scan import scan_produce
 from txnguard.codecs.synthesis import add_to_txn_error
-from txnguard.policies.enforcement import Mode
+from txnguard.policies.enforcement import Enforcement
 from txnguard.policies.error_mapping import ErrorChoice
 from txnguard.policies.policy import Policy
 from txnguard.verification.audit import ClientInfo
@@ -134,7 +134,7 @@ class RequestContext:
     transactional_id: str
     producer_id: int
     producer_epoch: int
-    mode: Mode
+    mode: Enforcement
     frame: memoryview              # the original frame, length prefix included
     header: Any                    # decoded request header (Produce: None until a rejection needs it)
     request: Any                   # decoded request body (likewise)
@@ -364,8 +364,8 @@ class TransactionRules:
         assert self.in_doubt is not None
         txn_id, producer_id, epoch = request.transactional_id, request.producer_id, request.producer_epoch
         started = clock.perf()
-        ctx = RequestContext(HeldForEndTxn(ApiKey(key)), version, txn_id, producer_id, epoch, Mode.ENFORCE, frame,
-                             None, request, client)
+        ctx = RequestContext(HeldForEndTxn(ApiKey(key)), version, txn_id, producer_id, epoch, Enforcement.ENFORCE,
+                             frame, None, request, client)
         # No longer than a held write may wait (a share of the client's request timeout), nor than the
         # defence's own bound: then CONCURRENT_TRANSACTIONS, which the client retries.
         learned = self.registry.get(txn_id)
@@ -422,7 +422,7 @@ class TransactionRules:
         # As in Kafka (AddPartitionsToTxnManager), verification starts once the request is parsed.
         started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, partitions[0].topic if partitions else None)
-        if mode is Mode.OFF:
+        if mode is Enforcement.OFF:
             return Decision(forward=frame)
         now_ms = clock.wall_ms()
         plan = plan_produce(self.registry, txn_id, partitions, now_ms)
@@ -455,7 +455,7 @@ class TransactionRules:
                 int(req.producer_epoch)
         started, on_cpu = clock.perf(), (clock.cpu() if self.measures_cpu else 0.0)
         mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
-        if mode is Mode.OFF:
+        if mode is Enforcement.OFF:
             return Decision(forward=frame)
         ctx = RequestContext(OffsetCommitWrite(group), version, txn_id, pid, epoch, mode, frame, header, req, client,
                              inspection_ms=(started - parsing) * 1000)
@@ -529,7 +529,7 @@ class TransactionRules:
             if v.passed:
                 records.append(VerdictRecord(target, v, FORWARDED, None, False))
                 continue
-            enforce = ctx.mode is Mode.ENFORCE
+            enforce = ctx.mode is Enforcement.ENFORCE
             choice = self._timed_out_write(ctx, v, clock) or \
                 self.policy.error_for(ctx.api, v.outcome, ctx.client.family, v.underlying)
             records.append(VerdictRecord(target, v, "rejected" if enforce else "forwarded_unenforced", choice, enforce))
@@ -593,7 +593,7 @@ class TransactionRules:
         txn_id = str(req.transactional_id) if req.transactional_id else ""
         pid, epoch = int(req.producer_id), int(req.producer_epoch)
         candidate = self.registry.timeout_candidate(txn_id, pid, epoch, now_ms) \
-            if txn_id and pid >= 0 and epoch >= 0 and self.policy.mode_for(txn_id) is Mode.ENFORCE else None
+            if txn_id and pid >= 0 and epoch >= 0 and self.policy.mode_for(txn_id) is Enforcement.ENFORCE else None
         kind: TimedOutEndTxn | TimedOutInitProducerId
         if key == END_TXN:
             kind = TimedOutEndTxn(bool(req.committed))
@@ -605,7 +605,7 @@ class TransactionRules:
             kind = TimedOutInitProducerId()
             if candidate is None:
                 return Decision(forward=frame, observe=from_kio_request(key, req))
-        ctx = RequestContext(kind, version, txn_id, pid, epoch, Mode.ENFORCE, frame, header, req, client)
+        ctx = RequestContext(kind, version, txn_id, pid, epoch, Enforcement.ENFORCE, frame, header, req, client)
         return PendingCheck(ctx, DescribeTransaction(txn_id), started)
 
     def _timeout_decision(self, ctx: RequestContext, answer: TransactionDescription | TransactionDescriptionFailed,
