@@ -20,8 +20,7 @@ from kio.schema.errors import ErrorCode
 from txnguard.codecs.batches import BatchHead, batch_heads
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.schemas import response_schema
-
-TopicPartition = tuple[str, int]
+from txnguard.codecs.topic_partition import TopicPartition
 
 
 @dataclass(frozen=True, slots=True)

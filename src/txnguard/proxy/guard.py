@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, assert_never
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.policies.enforcement import Enforcement
 from txnguard.policies.policy import Policy
@@ -74,8 +75,6 @@ from txnguard.verification.verdicts import Verdict
 
 if TYPE_CHECKING:
     from txnguard.proxy.audit_sink import AuditPublisher
-
-TopicPartition = tuple[str, int]
 
 
 def evidence_ttl(config: ProxyConfig) -> int | None:

@@ -67,6 +67,7 @@ from kio.static.primitive import i8, i16, i32
 from txnguard.codecs.describe_transactions import read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.schemas import api_name
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.codecs.transaction_log import TOPIC as TRANSACTION_LOG
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import BrokerConnections, UnsupportedApi, UpstreamError
@@ -87,7 +88,6 @@ from txnguard.verification.hanging import (
     ProducerState,
     Rule,
     Step,
-    TopicPartition,
     TransactionView,
     abort_spec,
     producers_in_log,

@@ -56,6 +56,7 @@ from txnguard.codecs.log_fetch import (
     FetchSession,
     Wanted,
 )
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.codecs.transaction_log import TOPIC, UnknownVersion, records
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
@@ -65,8 +66,6 @@ from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.verification.access import missing_acl
 from txnguard.verification.transaction_log_view import Applied, TransactionLogView
 from txnguard.verification.verdicts import Verdict
-
-TopicPartition = tuple[str, int]
 
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 PARTITION_MAX_BYTES = 1024 * 1024

@@ -41,6 +41,7 @@ from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction, read_describe_transactions_v0
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.proxy import logs
 from txnguard.proxy.access_report import AccessMonitor
 from txnguard.proxy.capability_report import BrokerCapabilities
@@ -59,7 +60,6 @@ from txnguard.verification.judge import (
 )
 from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
 
-TopicPartition = tuple[str, int]
 Key = Any
 _VerifyAnswer = tuple[int, dict[TopicPartition, int]]  # (top-level error, error per partition)
 VERIFY_ONLY_VERSION = 4  # AddPartitionsToTxn's first batch (broker-to-coordinator) version

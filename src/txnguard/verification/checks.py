@@ -27,10 +27,9 @@ from typing import ClassVar, assert_never
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.produce import ProducePartition
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.policies.error_mapping import PRODUCE, TXN_OFFSET_COMMIT
 from txnguard.verification.verdicts import Verdict
-
-TopicPartition = tuple[str, int]
 
 # -- what is checked ------------------------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from txnguard.codecs.produce import (
 )
 from txnguard.codecs.produce_scan import scan_produce
 from txnguard.codecs.synthesis import add_to_txn_error
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.policies.enforcement import Enforcement
 from txnguard.policies.error_mapping import ErrorChoice
 from txnguard.policies.policy import Policy
@@ -86,8 +87,6 @@ from txnguard.verification.plan import (
 from txnguard.verification.registry import Registry
 from txnguard.verification.timeouts import FIRST_BUMP_VERSION, PRODUCE_REPLIES, end_txn_reply, timed_out
 from txnguard.verification.verdicts import Evidence, Outcome, Verdict
-
-TopicPartition = tuple[str, int]
 
 # The API keys this module reads (codecs/api_keys.py).
 PRODUCE_KEY, INIT_PRODUCER_ID, TXN_OFFSET_COMMIT_KEY = ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.TXN_OFFSET_COMMIT

@@ -56,9 +56,8 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.verification.transaction_log_view import TransactionLogView
-
-TopicPartition = tuple[str, int]
 
 MAX_BATCH_SIZE = 500                   # partitions per DescribeProducers request (the tool's)
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN = 15  # the tool's --max-transaction-timeout default

@@ -24,9 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.verification.verdicts import Outcome, Verdict
-
-TopicPartition = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)

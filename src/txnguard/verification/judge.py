@@ -16,9 +16,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
-
-TopicPartition = tuple[str, int]
 
 COORDINATOR_RETRIABLE_ERRORS = frozenset({
     ErrorCode.not_coordinator, ErrorCode.coordinator_not_available, ErrorCode.coordinator_load_in_progress,

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from txnguard.codecs.produce import ProducePartition
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.verification.registry import Registry
 from txnguard.verification.verdicts import Evidence, Outcome, Verdict
-
-TopicPartition = tuple[str, int]
 
 LAST_PRODUCE_VERSION_BEFORE_TV2 = 11
 LAST_TXN_OFFSET_COMMIT_VERSION_BEFORE_TV2 = 4

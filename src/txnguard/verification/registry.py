@@ -30,11 +30,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.verification.bypass import SeenIds
 from txnguard.verification.timeouts import OVERDUE_SLACK_MS, Candidate
 from txnguard.verification.verdicts import Evidence, Outcome, Verdict, passed
-
-TopicPartition = tuple[str, int]
 
 
 class Phase(enum.Enum):

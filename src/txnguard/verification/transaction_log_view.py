@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.groups import coordinator_partition_for
+from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.codecs.transaction_log import LogRecord, TxnLogValue, UnknownVersion, transaction, transactional_id
 from txnguard.verification.judge import judge_description
 from txnguard.verification.verdicts import Evidence, Verdict
-
-TopicPartition = tuple[str, int]
 
 
 class Applied(enum.Enum):
