@@ -14,9 +14,9 @@ from __future__ import annotations
 import datetime
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, SupportsIndex, overload
+from typing import Any, SupportsIndex, TypeVar, overload
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
@@ -298,6 +298,9 @@ class FakeCluster:
         return [(0, 3, 9), (18, 0, 3)]
 
 
+C = TypeVar("C")
+
+
 class Emitted(list[Command]):
     """What one call into the core emitted, and which of it the test has asserted."""
 
@@ -306,7 +309,11 @@ class Emitted(list[Command]):
         self.step = step
         self.seen = [False] * len(commands)
 
-    def see(self, kind: type | None = None) -> list[Command]:
+    @overload
+    def see(self, kind: None = None) -> list[Command]: ...
+    @overload
+    def see(self, kind: type[C]) -> list[C]: ...
+    def see(self, kind: type | None = None) -> list[Any]:
         """The commands of `kind` (all when None), now asserted."""
         found = []
         for i in range(len(self)):
@@ -326,9 +333,9 @@ class Emitted(list[Command]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __iter__(self) -> Iterator[Command]:  # unpacked or walked: the whole list
-        self.see()
-        return list.__iter__(self)
+    # Walking or unpacking the list (`for c in e`, `a, b = e`, `list(e)`) asserts nothing: a test that walks
+    # it to find one command has looked at that one only. It says what it asserted with `see(Kind)`, `==`
+    # or an index.
 
     @overload
     def __getitem__(self, i: SupportsIndex) -> Command: ...

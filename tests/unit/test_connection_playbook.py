@@ -127,13 +127,13 @@ def test_a_response_for_an_unknown_correlation_id_closes_the_connection():
 
 def test_a_response_with_nothing_in_flight_closes_the_connection():
     pb = Playbook()
-    [close] = pb.broker_answers(heartbeat_response(1))
+    [close] = pb.broker_answers(heartbeat_response(1)).see(Close)
     assert isinstance(close, Close) and close.reason == "response_out_of_order"
 
 
 def test_a_request_over_the_frame_limit_closes_before_it_is_buffered():
     pb = Playbook(max_frame_bytes=1000)
-    [close] = pb.client_sends(b"\x00\x01\x00\x00")  # 65536 bytes announced
+    [close] = pb.client_sends(b"\x00\x01\x00\x00").see(Close)  # 65536 bytes announced
     assert isinstance(close, Close) and close.reason == "frame_too_large"
     assert close.frame_error is Direction.CLIENT_TO_BROKER
 
@@ -300,7 +300,7 @@ def test_a_verification_that_fails_closes_with_its_reason():
     pb = Playbook()
     assert steps(pb.client_sends(produce(1, [T0]))) == [PauseReading(Side.CLIENT, "verification"),
                                                         Like(Ask, check_id=1)]
-    [close] = pb.conn.verification_failed(1, "verifier_error", "boom")
+    [close] = pb.conn.verification_failed(1, "verifier_error", "boom").see(Close)
     assert close.reason == "verifier_error" and close.level == "warning"
 
 
@@ -333,7 +333,7 @@ def test_before_authentication_completes_the_limit_holds():
     pb = Playbook(pre_auth_max_frame_bytes=1024)
     pb.relays(sasl_handshake(1, version=1))
     pb.delivers(sasl_handshake_response(1, version=1))
-    [close] = pb.client_sends(produce(2, [T0], transactional=False, value=b"x" * 4096))
+    [close] = pb.client_sends(produce(2, [T0], transactional=False, value=b"x" * 4096)).see(Close)
     assert close.reason == "frame_too_large"
 
 
@@ -351,3 +351,17 @@ def test_a_command_the_test_leaves_unasserted_fails_it():
     assert to_broker(extra) == b"x"
     assert extra.unasserted(facts=False) == [Close("boom")]
     extra.see()
+
+
+def test_walking_or_unpacking_the_commands_asserts_none_of_them():
+    extra = Emitted([SendToBroker([b"x"]), Close("boom")], "a step")
+    for _ in extra:                                  # a walk looking for something
+        pass
+    first, second = extra                            # an unpacking
+    assert list(extra) == [first, second]
+    assert extra.unasserted(facts=False) == [SendToBroker([b"x"]), Close("boom")]
+    [close] = extra.see(Close)                       # what the test looked at, said
+    assert close.reason == "boom"
+    assert extra.unasserted(facts=False) == [SendToBroker([b"x"])]
+    assert extra[0] == SendToBroker([b"x"])          # an index asserts that command
+    assert extra.unasserted(facts=False) == []

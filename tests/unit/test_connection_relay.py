@@ -17,6 +17,7 @@ from connection_playbook import (
     T0,
     T1,
     TXN,
+    Emitted,
     Like,
     Playbook,
     add_offsets,
@@ -277,8 +278,11 @@ def _facts(commands: list[Command], ledger: Ledger) -> list[Any]:
     facts: list[Any] = [_passed_fact(p) for p in passed]
     for offset in reversed(offsets):  # each in its place among the Produces, as the guard records them
         facts.insert(offset[12], _offsets_fact(offset))
-    facts += [_decision_fact(c.decision) if isinstance(c, Decided) else type(c).__name__
-              for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
+    recorded = [c for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
+    if isinstance(commands, Emitted):  # the commands the facts are made of, compared between the paths
+        for kind in {type(c) for c in recorded}:
+            commands.see(kind)
+    facts += [_decision_fact(c.decision) if isinstance(c, Decided) else type(c).__name__ for c in recorded]
     return [*facts, *windows]
 
 
@@ -555,6 +559,7 @@ def _commit_both_ways(setup: Any, requests: list[bytes], answers: list[bytes] | 
                 out = pb.client_sends(read)
             questions += [type(c.question).__name__ for c in out if isinstance(c, Ask)]
             per_read.append(to_broker(out))
+            per_read.append(to_client(out))
             facts.append(_facts(out, pb.conn.ledger))
         for read in answers or []:
             out = _shell_broker(pb, read) if fast else pb.broker_answers(read)
@@ -711,7 +716,7 @@ def test_a_txn_offset_commit_that_would_fill_the_queue_goes_to_the_general_path(
     read = heartbeat(1) + txn_offset_commit(2)
     assert pb.conn.relay_from_client(read) == len(heartbeat(1))
     out = pb.conn.receive_from_client(memoryview(read)[len(heartbeat(1)):])
-    assert [type(c).__name__ for c in out] == ["Decided", "SendToBroker", "PauseReading"]
+    assert out == [Like(Decided), Like(SendToBroker), Like(PauseReading)]
 
 
 class _TickingClock:
@@ -742,6 +747,7 @@ def test_a_txn_offset_commits_timings_are_taken_over_the_general_paths_steps():
         identified(pb)
         _evidence_for_group(pb)
         out = pb.client_sends(txn_offset_commit(1))
+        assert to_broker(out) == txn_offset_commit(1)
         assert len(pb.conn.ledger.offsets) == (1 if fast else 0)
         [fact] = _facts(out, pb.conn.ledger)
         timings.append(tuple(round(t, 9) for t in fact[8:11]))  # inspection, verification, cpu (ms)

@@ -220,7 +220,7 @@ def test_with_the_defence_off_nothing_is_held_and_a_leaving_client_closes_at_onc
     first, second = proxy.connection(), proxy.connection()
     relays(first, end_txn(1))
     relays(second, add_partitions(2, [T0]))                 # no Ask
-    [close] = first.client_gone()
+    [close] = first.client_gone().see(Close)
     assert close.reason == "client_closed"
 
 
@@ -245,7 +245,7 @@ def test_a_client_that_leaves_with_nothing_in_doubt_closes_at_once():
     conn = proxy.connection()
     relays(conn, end_txn(1))
     delivers(conn, end_txn_response(1))
-    [close] = conn.client_gone()
+    [close] = conn.client_gone().see(Close)
     assert close.reason == "client_closed" and not conn.lingering
 
 

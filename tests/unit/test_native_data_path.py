@@ -66,7 +66,7 @@ def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -
     # leaves, the Produce does not, the connection closes with its reason
     out = pb.client_sends(before, produce(2, [T0]))
     assert to_broker(out) == before
-    [close] = [c for c in out if isinstance(c, Close)]
+    [close] = out.see(Close)
     assert close.reason == "native_panic" and "index out of bounds" in close.detail and close.level == "error"
     assert pb.conn.closed
     other.relays(heartbeat(1))  # another connection goes on
