@@ -2,18 +2,47 @@
 //!
 //! The transaction log follower reads `__transaction_state`, which the coordinator writes uncompressed;
 //! the caller (codecs/transaction_log.py) checks the batch's magic, compression and control bit first and
-//! hands over one whole batch. Strict: every record's length must match what it holds, the record count
-//! must match the records, the batch must end where its length says. `None` otherwise (the caller then
-//! calls the batch malformed). The property tests hold this reader to kio's batch reader.
+//! hands over one whole batch. Strict: the batch's CRC-32C must match its bytes (as kio's reader checks it),
+//! every record's length must match what it holds, the record count must match the records, the batch must
+//! end where its length says. `None` otherwise (the caller then calls the batch malformed). The property tests
+//! hold this reader to kio's batch reader.
 
 use crate::bytes::{Bytes, Cursor};
 
 const MAGIC: usize = 16;
+const CRC: usize = 17;
 const ATTRIBUTES: usize = 21;
 const RECORD_COUNT: usize = 57;
 const HEADER: usize = 61;
 const COMPRESSION_OR_CONTROL: i16 = 0x07 | 0x20;
 const SMALLEST_RECORD: u64 = 7; // length, attributes, timestamp delta, offset delta, key, value, headers
+
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as Kafka checks a v2 batch: over its bytes from the
+/// attributes to its end. A table of 256 entries, built at compile time.
+const CRC32C_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
+            k += 1;
+        }
+        table[i] = c;
+        i += 1;
+    }
+    table
+};
+
+fn crc32c<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize) -> Option<u32> {
+    let mut crc = !0u32;
+    for i in start..stop {
+        let b = buf.byte(i)?;
+        crc = CRC32C_TABLE[((crc ^ u32::from(b)) & 0xFF) as usize] ^ (crc >> 8);
+    }
+    Some(!crc)
+}
 
 /// (offset, key bounds, value bounds): a bound is `None` for a null key or value.
 pub type LogRecord = (i64, Option<(usize, usize)>, Option<(usize, usize)>);
@@ -87,7 +116,11 @@ pub fn read_batch_records<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize)
     if head.u8()? != 2 {
         return None;
     }
-    head.skip(ATTRIBUTES - MAGIC - 1)?;
+    let stored = head.i32()? as u32;
+    debug_assert_eq!(head.pos, start + CRC + 4);
+    if crc32c(buf, start + ATTRIBUTES, stop)? != stored {
+        return None;
+    }
     if head.i16()? & COMPRESSION_OR_CONTROL != 0 {
         return None;
     }
@@ -147,7 +180,24 @@ mod tests {
         b[16] = 2;
         b[57..61].copy_from_slice(&(records.len() as i32).to_be_bytes());
         b.extend(body);
+        let crc = crc32c(b.as_slice(), ATTRIBUTES, b.len()).unwrap();
+        b[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
         b
+    }
+
+    #[test]
+    fn the_crc_is_castagnolis() {
+        // The check value of CRC-32C: "123456789" -> 0xE3069283.
+        assert_eq!(crc32c(b"123456789".as_slice(), 0, 9), Some(0xE306_9283));
+    }
+
+    #[test]
+    fn a_batch_whose_bytes_do_not_match_its_crc_is_declined() {
+        let mut b = batch(0, &[(Some(b"key"), Some(b"value"))]);
+        assert!(read_batch_records(b.as_slice(), 0, b.len()).is_some());
+        let last = b.len() - 2;
+        b[last] ^= 1;
+        assert_eq!(read_batch_records(b.as_slice(), 0, b.len()), None);
     }
 
     #[test]
