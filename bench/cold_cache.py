@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
@@ -45,18 +46,20 @@ def _module(schema: type) -> Any:
 
 def _lifecycle(cid: int) -> list[tuple[bytes, bytes]]:
     """AddPartitionsToTxn v3, Produce v9, EndTxn v3 and their answers: one transaction's six frames."""
-    aq, ar = _module(schemas.request_schema(24, 3)), _module(schemas.response_schema(24, 3))
+    add_key = ApiKey.ADD_PARTITIONS_TO_TXN
+    aq, ar = _module(schemas.request_schema(add_key, 3)), _module(schemas.response_schema(add_key, 3))
     add = schemas.encode_request(aq.AddPartitionsToTxnRequest(
         v3_and_below_transactional_id=TXN, v3_and_below_producer_id=i64(PID), v3_and_below_producer_epoch=i16(EPOCH),
         v3_and_below_topics=(aq.AddPartitionsToTxnTopic(name=TOPIC, partitions=(i32(0),)),)), cid, "bench")
-    added = schemas.encode(schemas.response_header_for(24, 3, cid), ar.AddPartitionsToTxnResponse(
+    added = schemas.encode(schemas.response_header_for(ApiKey.ADD_PARTITIONS_TO_TXN, 3, cid),
+                           ar.AddPartitionsToTxnResponse(
         throttle_time=datetime.timedelta(0), results_by_topic_v3_and_below=(ar.AddPartitionsToTxnTopicResult(
             name=TOPIC, results_by_partition=(ar.AddPartitionsToTxnPartitionResult(
                 partition_index=i32(0), partition_error_code=ErrorCode.none),)),)))
-    eq, er = _module(schemas.request_schema(26, 3)), _module(schemas.response_schema(26, 3))
+    eq, er = _module(schemas.request_schema(ApiKey.END_TXN, 3)), _module(schemas.response_schema(ApiKey.END_TXN, 3))
     end = schemas.encode_request(eq.EndTxnRequest(transactional_id=TXN, producer_id=i64(PID),
                                                   producer_epoch=i16(EPOCH), committed=True), cid + 2, "bench")
-    ended = schemas.encode(schemas.response_header_for(26, 3, cid + 2),
+    ended = schemas.encode(schemas.response_header_for(ApiKey.END_TXN, 3, cid + 2),
                            er.EndTxnResponse(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none))
     return [(add, added), pair(cid + 1, 1), (end, ended)]
 

@@ -43,6 +43,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
@@ -65,14 +66,15 @@ GROUP = "bench-group"
 
 def txn_offset_commit_pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
     """A TxnOffsetCommit v3 of `partitions` offsets of TOPIC, and its answer."""
-    qm, rm = _mod(schemas.request_schema(28, 3)), _mod(schemas.response_schema(28, 3))
+    key = ApiKey.TXN_OFFSET_COMMIT
+    qm, rm = _mod(schemas.request_schema(key, 3)), _mod(schemas.response_schema(key, 3))
     req = schemas.encode_request(qm.TxnOffsetCommitRequest(
         transactional_id=TXN, group_id=GROUP, producer_id=i64(PID), producer_epoch=i16(EPOCH), generation_id=i32(-1),
         member_id="", group_instance_id=None, topics=(qm.TxnOffsetCommitRequestTopic(name=TOPIC, partitions=tuple(
             qm.TxnOffsetCommitRequestPartition(partition_index=i32(p), committed_offset=i64(cid),
                                                committed_leader_epoch=i32(-1), committed_metadata="")
             for p in range(partitions))),)), cid, "bench")
-    resp = schemas.encode(schemas.response_header_for(28, 3, cid), rm.TxnOffsetCommitResponse(
+    resp = schemas.encode(schemas.response_header_for(ApiKey.TXN_OFFSET_COMMIT, 3, cid), rm.TxnOffsetCommitResponse(
         throttle_time=datetime.timedelta(0), topics=(rm.TxnOffsetCommitResponseTopic(name=TOPIC, partitions=tuple(
             rm.TxnOffsetCommitResponsePartition(partition_index=i32(p), error_code=ErrorCode.none)
             for p in range(partitions))),)))
@@ -80,14 +82,14 @@ def txn_offset_commit_pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
 
 
 def pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
-    pm, pr = _mod(schemas.request_schema(0, 9)), _mod(schemas.response_schema(0, 9))
+    pm, pr = _mod(schemas.request_schema(ApiKey.PRODUCE, 9)), _mod(schemas.response_schema(ApiKey.PRODUCE, 9))
     batch = build_batch([b"v" * 512], producer_id=PID, producer_epoch=EPOCH, base_sequence=0, transactional=True,
                         timestamp=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
     req = schemas.encode_request(pm.ProduceRequest(
         transactional_id=TXN, acks=i16(-1), timeout=datetime.timedelta(seconds=30),
         topic_data=(pm.TopicProduceData(name=TOPIC, partition_data=tuple(
             pm.PartitionProduceData(index=i32(p), records=batch) for p in range(partitions))),)), cid, "bench")
-    resp = schemas.encode(schemas.response_header_for(0, 9, cid), pr.ProduceResponse(responses=(
+    resp = schemas.encode(schemas.response_header_for(ApiKey.PRODUCE, 9, cid), pr.ProduceResponse(responses=(
         pr.TopicProduceResponse(name=TOPIC, partition_responses=tuple(pr.PartitionProduceResponse(
             index=i32(p), error_code=ErrorCode.none, base_offset=i64(0), log_append_time=None,
             log_start_offset=i64(0), record_errors=(), error_message=None) for p in range(partitions))),),

@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection.core import Connection, Settings
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.guard import SystemClock
@@ -50,17 +51,17 @@ def _response(key: int, version: int, cid: int, body: Any) -> bytes:
 
 def frames() -> list[tuple[bytes, bytes]]:
     """One transaction: (request, response) pairs with correlation ids 1..4."""
-    ap = _mod(schemas.request_schema(24, 3))
-    apr = _mod(schemas.response_schema(24, 3))
+    ap = _mod(schemas.request_schema(ApiKey.ADD_PARTITIONS_TO_TXN, 3))
+    apr = _mod(schemas.response_schema(ApiKey.ADD_PARTITIONS_TO_TXN, 3))
     add = _request(ap.AddPartitionsToTxnRequest(
         v3_and_below_transactional_id=TXN, v3_and_below_producer_id=i64(PID), v3_and_below_producer_epoch=i16(EPOCH),
         v3_and_below_topics=(ap.AddPartitionsToTxnTopic(name=TOPIC, partitions=(i32(0), i32(1))),)), 1)
-    add_r = _response(24, 3, 1, apr.AddPartitionsToTxnResponse(
+    add_r = _response(ApiKey.ADD_PARTITIONS_TO_TXN, 3, 1, apr.AddPartitionsToTxnResponse(
         throttle_time=datetime.timedelta(0), results_by_topic_v3_and_below=(apr.AddPartitionsToTxnTopicResult(
             name=TOPIC, results_by_partition=tuple(apr.AddPartitionsToTxnPartitionResult(
                 partition_index=i32(p), partition_error_code=ErrorCode.none) for p in (0, 1))),)))
-    pm = _mod(schemas.request_schema(0, 9))
-    pr = _mod(schemas.response_schema(0, 9))
+    pm = _mod(schemas.request_schema(ApiKey.PRODUCE, 9))
+    pr = _mod(schemas.response_schema(ApiKey.PRODUCE, 9))
     out = [(add, add_r)]
     for cid, (topic, p) in enumerate(PARTS, start=2):
         batch = build_batch([b"v" * 100], producer_id=PID, producer_epoch=EPOCH, base_sequence=0, transactional=True,
@@ -68,17 +69,18 @@ def frames() -> list[tuple[bytes, bytes]]:
         req = _request(pm.ProduceRequest(transactional_id=TXN, acks=i16(-1), timeout=datetime.timedelta(seconds=30),
                                          topic_data=(pm.TopicProduceData(name=topic, partition_data=(
                                              pm.PartitionProduceData(index=i32(p), records=batch),)),)), cid)
-        resp = _response(0, 9, cid, pr.ProduceResponse(responses=(pr.TopicProduceResponse(
+        resp = _response(ApiKey.PRODUCE, 9, cid, pr.ProduceResponse(responses=(pr.TopicProduceResponse(
             name=topic, partition_responses=(pr.PartitionProduceResponse(
                 index=i32(p), error_code=ErrorCode.none, base_offset=i64(0), log_append_time=None,
                 log_start_offset=i64(0), record_errors=(), error_message=None),)),),
             throttle_time=datetime.timedelta(0)))
         out.append((req, resp))
-    em = _mod(schemas.request_schema(26, 3))
-    er = _mod(schemas.response_schema(26, 3))
+    em = _mod(schemas.request_schema(ApiKey.END_TXN, 3))
+    er = _mod(schemas.response_schema(ApiKey.END_TXN, 3))
     out.append((_request(em.EndTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH),
                                           committed=True), 4),
-                _response(26, 3, 4, er.EndTxnResponse(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none))))
+                _response(ApiKey.END_TXN, 3, 4, er.EndTxnResponse(throttle_time=datetime.timedelta(0),
+                                                                  error_code=ErrorCode.none))))
     return out
 
 

@@ -72,7 +72,7 @@ def produce(version: int, topics: int, partitions: int, *, value: int = 512, bat
             ) -> memoryview:
     """The Produce body from its transactional id, as the relay passes it: by default one 512-byte record per
     partition (partitions 0, 1, ... of topics orders-0, orders-1, ...); `index=0` names partition 0 each time."""
-    m = _mod(schemas.request_schema(0, version))
+    m = _mod(schemas.request_schema(ApiKey.PRODUCE, version))
     batch = build_batch([b"v" * value], producer_id=pid, producer_epoch=EPOCH, base_sequence=0,
                         transactional=transactional, timestamp=STAMP) * batches
     frame = schemas.encode_request(m.ProduceRequest(

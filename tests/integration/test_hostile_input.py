@@ -22,6 +22,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from prometheus_client.parser import text_string_to_metric_families
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.framing import frame
 from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import ProxyProcess, gateway_for
@@ -45,12 +46,14 @@ def _header(key: int, version: int, flexible: bool) -> bytes:
 
 
 HOSTILE = {
-    "add_partitions_v3": _header(24, 3, True) + b"\x02t" + struct.pack(">qh", 1, 0) + _uvarint(4_000_000_000),
-    "add_partitions_v1": _header(24, 1, False) + struct.pack(">h", 1) + b"t"
-    + struct.pack(">qhi", 1, 0, 2**31 - 1),
-    "txn_offset_commit_v3": _header(28, 3, True) + b"\x02t\x02g" + struct.pack(">qhi", 1, 0, 0) + b"\x01\x00"
+    "add_partitions_v3": _header(ApiKey.ADD_PARTITIONS_TO_TXN, 3, True) + b"\x02t" + struct.pack(">qh", 1, 0)
     + _uvarint(4_000_000_000),
-    "produce_v9": _header(0, 9, True) + b"\x02t" + struct.pack(">hi", -1, 1000) + _uvarint(4_000_000_000),
+    "add_partitions_v1": _header(ApiKey.ADD_PARTITIONS_TO_TXN, 1, False) + struct.pack(">h", 1) + b"t"
+    + struct.pack(">qhi", 1, 0, 2**31 - 1),
+    "txn_offset_commit_v3": _header(ApiKey.TXN_OFFSET_COMMIT, 3, True) + b"\x02t\x02g" + struct.pack(">qhi", 1, 0, 0)
+    + b"\x01\x00"
+    + _uvarint(4_000_000_000),
+    "produce_v9": _header(ApiKey.PRODUCE, 9, True) + b"\x02t" + struct.pack(">hi", -1, 1000) + _uvarint(4_000_000_000),
 }
 
 

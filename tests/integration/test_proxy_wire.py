@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 from kio.schema.errors import ErrorCode
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.api_versions import INSPECTED_FROM
 from txnguard.codecs.schemas import kio_version_range
 from txnguard.testing.fixtures import fresh_topic
@@ -76,7 +77,7 @@ def test_an_api_versions_request_newer_than_the_proxy_is_answered_like_a_broker(
     correlation_id, error_code, n = struct.unpack_from(">ihi", resp, 0)
     assert (correlation_id, error_code) == (5, ErrorCode.unsupported_version)
     entries = [struct.unpack_from(">hhh", resp, 10 + 6 * i) for i in range(n)]
-    assert (18, 0, kio_version_range(18)[1]) in entries  # the client retries with v <= this
+    assert (18, 0, kio_version_range(ApiKey.API_VERSIONS)[1]) in entries  # the client retries with v <= this
     assert proxy.metric("txnguard_local_responses_total", {"api": "api_versions", "reason": "unsupported_version"}) == 1
 
 

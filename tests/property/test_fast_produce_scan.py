@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from kio.serial import entity_reader
 
 from txnguard.codecs import native, schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.header import peek_request, request_body_offset
 from txnguard.codecs.produce_scan import scan_produce
@@ -30,7 +31,7 @@ def scan_transactional(body: memoryview, flexible: bool) -> Any:
 
 
 def _module(version: int) -> Any:
-    return sys.modules[schemas.request_schema(0, version).__module__]
+    return sys.modules[schemas.request_schema(ApiKey.PRODUCE, version).__module__]
 
 
 @st.composite
@@ -77,7 +78,7 @@ def _agrees(frame: bytes, version: int) -> bool:
     # from the connection's first request): raises nothing, the fast reader saw it whole.
     head = peek_request(body)
     at = request_body_offset(body, head)
-    decoded, used = entity_reader(schemas.request_schema(0, version))(body, at)
+    decoded, used = entity_reader(schemas.request_schema(ApiKey.PRODUCE, version))(body, at)
     assert at + used == len(body)
     assert (decoded.transactional_id, decoded.acks) == (txn_id, acks)
     assert [(t.name, p.index) for t in decoded.topic_data for p in t.partition_data] == partitions

@@ -149,7 +149,7 @@ def test_a_mutated_answer_is_read_only_as_kio_reads_it(built: tuple[int, int, by
 @st.composite
 def txn_offset_commits(draw: st.DrawFn) -> bytes:
     version = draw(st.integers(0, 4))
-    cls = schemas.request_schema(28, version)
+    cls = schemas.request_schema(ApiKey.TXN_OFFSET_COMMIT, version)
     m = _module(cls)
 
     def partition(p: int) -> Any:

@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.api_versions import VersionPolicy
 from txnguard.connection.commands import (
     ClientIdentified,
@@ -64,7 +65,7 @@ def response(api_key: int, version: int, correlation_id: int, body: Any) -> byte
 
 def produce(correlation_id: int, partitions: list[tuple[str, int]], *, transactional: bool = True,
             acks: int = -1, version: int = 9, value: bytes = b"v", timeout_ms: int = 30_000) -> bytes:
-    m = request_module(0, version)
+    m = request_module(ApiKey.PRODUCE, version)
     by_topic: dict[str, list[Any]] = {}
     for topic, p in partitions:
         records = build_batch([value], producer_id=PID if transactional else -1,
@@ -87,7 +88,7 @@ def heartbeat(correlation_id: int) -> bytes:
 
 def api_versions_request(correlation_id: int, version: int = 3) -> bytes:
     """ApiVersions of any version: a newer one than kio knows is written as v3 with the version patched."""
-    m = request_module(18, 3)
+    m = request_module(ApiKey.API_VERSIONS, 3)
     frame = bytearray(request(m.ApiVersionsRequest(client_software_name="playbook",
                                                    client_software_version="1.0"), correlation_id))
     struct.pack_into(">h", frame, 6, version)
@@ -95,23 +96,23 @@ def api_versions_request(correlation_id: int, version: int = 3) -> bytes:
 
 
 def sasl_handshake(correlation_id: int, version: int = 0) -> bytes:
-    m = request_module(17, version)
+    m = request_module(ApiKey.SASL_HANDSHAKE, version)
     return request(m.SaslHandshakeRequest(mechanism="PLAIN"), correlation_id)
 
 
 def sasl_authenticate(correlation_id: int, token: bytes = b"\0user\0secret") -> bytes:
-    m = request_module(36, 2)
+    m = request_module(ApiKey.SASL_AUTHENTICATE, 2)
     return request(m.SaslAuthenticateRequest(auth_bytes=token), correlation_id)
 
 
 def init_producer_id(correlation_id: int) -> bytes:
-    m = request_module(22, 3)
+    m = request_module(ApiKey.INIT_PRODUCER_ID, 3)
     return request(m.InitProducerIdRequest(transactional_id=TXN, transaction_timeout=datetime.timedelta(minutes=1),
                                            producer_id=i64(-1), producer_epoch=i16(-1)), correlation_id)
 
 
 def add_partitions(correlation_id: int, partitions: list[tuple[str, int]]) -> bytes:
-    m = request_module(24, 3)
+    m = request_module(ApiKey.ADD_PARTITIONS_TO_TXN, 3)
     topics: dict[str, list[int]] = {}
     for t, p in partitions:
         topics.setdefault(t, []).append(p)
@@ -122,7 +123,7 @@ def add_partitions(correlation_id: int, partitions: list[tuple[str, int]]) -> by
 
 
 def end_txn(correlation_id: int, committed: bool = True) -> bytes:
-    m = request_module(26, 3)
+    m = request_module(ApiKey.END_TXN, 3)
     return request(m.EndTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH),
                                    committed=committed), correlation_id)
 
@@ -130,7 +131,7 @@ def end_txn(correlation_id: int, committed: bool = True) -> bytes:
 def txn_offset_commit(correlation_id: int, group: str = "g", version: int = 3, epoch: int = EPOCH,
                       offsets: dict[tuple[str, int], int] | None = None) -> bytes:
     """A TxnOffsetCommit (v0-v5) committing `offsets` (partition -> offset; one of "orders" by default)."""
-    m = request_module(28, version)
+    m = request_module(ApiKey.TXN_OFFSET_COMMIT, version)
     topics: dict[str, list[tuple[int, int]]] = {}
     for (t, p), offset in (offsets or {("orders", 0): 5}).items():
         topics.setdefault(t, []).append((p, offset))
@@ -148,13 +149,13 @@ def txn_offset_commit(correlation_id: int, group: str = "g", version: int = 3, e
 
 def produce_response(correlation_id: int, partitions: list[tuple[str, int]], version: int = 9,
                      error: ErrorCode = ErrorCode.none) -> bytes:
-    m = response_module(0, version)
+    m = response_module(ApiKey.PRODUCE, version)
     by_topic: dict[str, list[Any]] = {}
     for topic, p in partitions:
         by_topic.setdefault(topic, []).append(m.PartitionProduceResponse(
             index=i32(p), error_code=error, base_offset=i64(100 + p), log_append_time=None,
             log_start_offset=i64(0), record_errors=(), error_message=None))
-    return response(0, version, correlation_id, m.ProduceResponse(
+    return response(ApiKey.PRODUCE, version, correlation_id, m.ProduceResponse(
         responses=tuple(m.TopicProduceResponse(name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items()),
         throttle_time=datetime.timedelta(0)))
 
@@ -166,8 +167,8 @@ def heartbeat_response(correlation_id: int) -> bytes:
 
 
 def fetch_response(correlation_id: int, records: bytes) -> bytes:
-    m = response_module(1, 11)
-    return response(1, 11, correlation_id, m.FetchResponse(
+    m = response_module(ApiKey.FETCH, 11)
+    return response(ApiKey.FETCH, 11, correlation_id, m.FetchResponse(
         throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(0),
         responses=(m.FetchableTopicResponse(topic="orders", partitions=(m.PartitionData(
             partition_index=i32(0), error_code=ErrorCode.none, high_watermark=i64(1), last_stable_offset=i64(1),
@@ -175,7 +176,7 @@ def fetch_response(correlation_id: int, records: bytes) -> bytes:
 
 
 def fetch_request(correlation_id: int) -> bytes:
-    m = request_module(1, 11)
+    m = request_module(ApiKey.FETCH, 11)
     return request(m.FetchRequest(
         replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1),
         max_bytes=i32(50 << 20), isolation_level=i16(0), session_id=i32(0), session_epoch=i32(-1), topics=(),
@@ -183,20 +184,20 @@ def fetch_request(correlation_id: int) -> bytes:
 
 
 def sasl_handshake_response(correlation_id: int, version: int = 0) -> bytes:
-    m = response_module(17, version)
-    return response(17, version, correlation_id, m.SaslHandshakeResponse(error_code=ErrorCode.none,
+    m = response_module(ApiKey.SASL_HANDSHAKE, version)
+    return response(ApiKey.SASL_HANDSHAKE, version, correlation_id, m.SaslHandshakeResponse(error_code=ErrorCode.none,
                                                                          mechanisms=("PLAIN",)))
 
 
 def sasl_authenticate_response(correlation_id: int) -> bytes:
-    m = response_module(36, 2)
-    return response(36, 2, correlation_id, m.SaslAuthenticateResponse(
+    m = response_module(ApiKey.SASL_AUTHENTICATE, 2)
+    return response(ApiKey.SASL_AUTHENTICATE, 2, correlation_id, m.SaslAuthenticateResponse(
         error_code=ErrorCode.none, error_message=None, auth_bytes=b"", session_lifetime=datetime.timedelta(0)))
 
 
 def init_producer_id_response(correlation_id: int) -> bytes:
-    m = response_module(22, 3)
-    return response(22, 3, correlation_id, m.InitProducerIdResponse(
+    m = response_module(ApiKey.INIT_PRODUCER_ID, 3)
+    return response(ApiKey.INIT_PRODUCER_ID, 3, correlation_id, m.InitProducerIdResponse(
         throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, producer_id=i64(PID),
         producer_epoch=i16(EPOCH)))
 
@@ -205,11 +206,11 @@ def add_partitions_response(correlation_id: int, partitions: list[tuple[str, int
                             errors: dict[tuple[str, int], ErrorCode] | None = None,
                             error: ErrorCode = ErrorCode.none) -> bytes:
     """Every partition answered `error`, unless `errors` names its own."""
-    m = response_module(24, 3)
+    m = response_module(ApiKey.ADD_PARTITIONS_TO_TXN, 3)
     topics: dict[str, list[int]] = {}
     for t, p in partitions:
         topics.setdefault(t, []).append(p)
-    return response(24, 3, correlation_id, m.AddPartitionsToTxnResponse(
+    return response(ApiKey.ADD_PARTITIONS_TO_TXN, 3, correlation_id, m.AddPartitionsToTxnResponse(
         throttle_time=datetime.timedelta(0),
         results_by_topic_v3_and_below=tuple(m.AddPartitionsToTxnTopicResult(name=t, results_by_partition=tuple(
             m.AddPartitionsToTxnPartitionResult(partition_index=i32(p),
@@ -218,37 +219,39 @@ def add_partitions_response(correlation_id: int, partitions: list[tuple[str, int
 
 
 def add_offsets(correlation_id: int, group: str = "g") -> bytes:
-    m = request_module(25, 3)
+    m = request_module(ApiKey.ADD_OFFSETS_TO_TXN, 3)
     return request(m.AddOffsetsToTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH),
                                             group_id=group), correlation_id)
 
 
 def add_offsets_response(correlation_id: int, error: ErrorCode = ErrorCode.none) -> bytes:
-    m = response_module(25, 3)
-    return response(25, 3, correlation_id, m.AddOffsetsToTxnResponse(throttle_time=datetime.timedelta(0),
+    m = response_module(ApiKey.ADD_OFFSETS_TO_TXN, 3)
+    return response(ApiKey.ADD_OFFSETS_TO_TXN, 3, correlation_id,
+                    m.AddOffsetsToTxnResponse(throttle_time=datetime.timedelta(0),
                                                                       error_code=error))
 
 
 def txn_offset_commit_response(correlation_id: int, version: int = 3,
                                partitions: tuple[tuple[str, int], ...] = (("orders", 0),)) -> bytes:
-    m = response_module(28, version)
+    m = response_module(ApiKey.TXN_OFFSET_COMMIT, version)
     topics: dict[str, list[int]] = {}
     for t, p in partitions:
         topics.setdefault(t, []).append(p)
-    return response(28, version, correlation_id, m.TxnOffsetCommitResponse(
+    return response(ApiKey.TXN_OFFSET_COMMIT, version, correlation_id, m.TxnOffsetCommitResponse(
         throttle_time=datetime.timedelta(0), topics=tuple(m.TxnOffsetCommitResponseTopic(name=t, partitions=tuple(
             m.TxnOffsetCommitResponsePartition(partition_index=i32(p), error_code=ErrorCode.none) for p in ps))
             for t, ps in topics.items())))
 
 
 def end_txn_response(correlation_id: int, error: ErrorCode = ErrorCode.none) -> bytes:
-    m = response_module(26, 3)
-    return response(26, 3, correlation_id, m.EndTxnResponse(throttle_time=datetime.timedelta(0), error_code=error))
+    m = response_module(ApiKey.END_TXN, 3)
+    return response(ApiKey.END_TXN, 3, correlation_id, m.EndTxnResponse(throttle_time=datetime.timedelta(0),
+                                                                        error_code=error))
 
 
 def decode_produce_response(frame: bytes, version: int = 9) -> list[tuple[str, int, int, str | None]]:
     """(topic, partition, error code, message) in the order the response lists them."""
-    _, body = schemas.decode_response(frame[4:], 0, version)
+    _, body = schemas.decode_response(frame[4:], ApiKey.PRODUCE, version)
     return [(str(t.name), int(p.index), int(p.error_code), p.error_message)
             for t in body.responses for p in t.partition_responses]
 

@@ -33,6 +33,7 @@ from kio.schema.types import ProducerId, TransactionalId
 from kio.static.primitive import i16, i32, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
 from txnguard.policies.families import JAVA
@@ -87,7 +88,7 @@ def _description(state: str, epoch: int, start_ms: int) -> DescribedTransaction:
 
 
 def _txn_offset_commit(correlation_id: int) -> memoryview:
-    m = request_module(28, 3)
+    m = request_module(ApiKey.TXN_OFFSET_COMMIT, 3)
     return memoryview(request(m.TxnOffsetCommitRequest(
         transactional_id=TXN, group_id="g", producer_id=i64(PID), producer_epoch=i16(EPOCH), generation_id=i32(-1),
         member_id="", group_instance_id=None,
@@ -197,7 +198,7 @@ def test_a_transaction_description_showing_the_coordinators_abort_answers_the_en
     aborted = _description("CompleteAbort", EPOCH + 1, started - 3)
     decision = _decided(rules.resume(pending, TransactionDescription(aborted), clock))
     assert decision.forward is None and decision.local_response is not None
-    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], 26, 3)
+    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], ApiKey.END_TXN, 3)
     assert body.error_code == ErrorCode.invalid_producer_id_mapping
     assert [r.decision for r in decision.records] == ["timeout_recovered"]
 
@@ -221,8 +222,8 @@ def _held(rules: TransactionRules, clock: FakeClock, frame: memoryview) -> Pendi
     # connection 1 ─EndTxn─▶ coordinator (unanswered); connection 2 ─AddOffsetsToTxn─▶ rules: held
     assert rules.in_doubt is not None
     rules.in_doubt.sent(TXN, PID, EPOCH, True, connection_id=1, now_ms=clock.wall_ms())
-    observed = rules.observe_request(25, 3, frame[4:], clock.wall_ms(), connection_id=2)
-    return _asked(rules.end_txn_hold(25, 3, frame, observed, CLIENT, 2, clock), AwaitEndTxn)
+    observed = rules.observe_request(ApiKey.ADD_OFFSETS_TO_TXN, 3, frame[4:], clock.wall_ms(), connection_id=2)
+    return _asked(rules.end_txn_hold(ApiKey.ADD_OFFSETS_TO_TXN, 3, frame, observed, CLIENT, 2, clock), AwaitEndTxn)
 
 
 def test_end_txn_settled_lets_the_held_request_go_on():
@@ -240,7 +241,7 @@ def test_end_txn_still_in_doubt_answers_concurrent_transactions_which_the_client
     decision = _decided(rules.resume(_held(rules, clock, memoryview(add_offsets(1))), EndTxnStillInDoubt(), clock))
     assert decision.forward is None and decision.local_response is not None
     assert decision.local_reason == "end_txn_in_doubt"
-    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], 25, 3)
+    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], ApiKey.ADD_OFFSETS_TO_TXN, 3)
     assert body.error_code == ErrorCode.concurrent_transactions
 
 

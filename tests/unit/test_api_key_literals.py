@@ -11,7 +11,13 @@ codecs/api_keys.py:
   them Kafka API keys, at least one of them 10 or more, and not the run 0, 1, ..., n-1 that a table by
   partition is;
 - an integer compared with, or passed as, something named `api_key` (`api_key == 0`, `request_api_key=24`),
-  or passed first to `RequestHead` (its first field is the key: `RequestHead(28, 5, 1)`).
+  or passed first to `RequestHead` (its first field is the key: `RequestHead(28, 5, 1)`);
+- an integer that is one of the keys `ApiKey` names passed positionally where a function or class defined in the scanned
+  files takes a parameter named `api_key` or `key` (`request_frame(26, 3, ...)` for `def request_frame(key,
+  version, ...)`, `InFlight(7, 0, ...)` for a dataclass whose second field is `key`): the signatures are read
+  from every scanned module first (`key_positions`), and a call is matched by the called name (not a call
+  into a module imported whole from outside txnguard: `itertools.count(1)`). A key `ApiKey` does not name
+  is relayed untouched and stays a plain int, so `request_module(19, 4)` is not a finding.
 
 A partition map (`{0: 30, 1: 30}`), a count (`MAX_PRODUCERS = 3`) or a version (`LAST_TV1_LEVEL = 1`)
 is none of these, and the tests below show both sides. This module is scanned as well: its planted copies
@@ -26,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kio.schema.index import api_key_map
+
+from txnguard.codecs.api_keys import ApiKey
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = (ROOT / "src", ROOT / "bench", ROOT / "tests")
@@ -87,10 +95,75 @@ def _callee(call: ast.Call) -> str:
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
 
 
-def api_key_copies(source: str) -> list[Copy]:
-    """Every integer spelling of an API key in one module's source (see the module docstring)."""
+_KEY_PARAMS = {"api_key", "key"}
+_NAMED = {int(k) for k in ApiKey}
+
+
+def _foreign_modules(tree: ast.Module) -> set[str]:
+    """The names under which a module outside txnguard is imported whole (`import itertools`)."""
+    return {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+            for a in n.names if not a.name.startswith("txnguard")}
+
+
+def _passed_as_key(call: ast.Call, keys_at: dict[str, set[int]], foreign: set[str]) -> bool:
+    f = call.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in foreign:
+        return False
+    for i in sorted(keys_at.get(_callee(call), ())):
+        if i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+            ints = _ints(call.args[i])
+            if ints is not None and len(ints) == 1 and ints[0] in _NAMED:
+                return True
+    return False
+
+
+def _params(args: ast.arguments, method: bool) -> list[str]:
+    names = [a.arg for a in [*args.posonlyargs, *args.args]]
+    return names[1:] if method and names and names[0] in {"self", "cls"} else names
+
+
+def _is_dataclass_like(cls: ast.ClassDef) -> bool:
+    marks = [ast.unparse(d) for d in cls.decorator_list] + [ast.unparse(b) for b in cls.bases]
+    return any("dataclass" in m or "NamedTuple" in m for m in marks)
+
+
+def key_positions(sources: list[str]) -> dict[str, set[int]]:
+    """For each function, method or class defined in `sources`: the positions (call arguments, `self` not
+    counted) of its parameters named `api_key` or `key`. A class's are its __init__'s, or a dataclass's or
+    NamedTuple's fields in order."""
+    found: dict[str, set[int]] = {}
+
+    def note(name: str, params: list[str]) -> None:
+        at = {i for i, p in enumerate(params) if p in _KEY_PARAMS}
+        if at:
+            found.setdefault(name, set()).update(at)
+
+    for source in sources:
+        tree = ast.parse(source)
+        methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body
+                   if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                   and "staticmethod" not in [ast.unparse(d) for d in f.decorator_list]}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("__"):
+                note(node.name, _params(node.args, id(node) in methods))
+            elif isinstance(node, ast.ClassDef):
+                init = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
+                if init:
+                    note(node.name, _params(init[0].args, True))
+                elif _is_dataclass_like(node):
+                    note(node.name, [f.target.id for f in node.body
+                                     if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+                                     and "ClassVar" not in ast.unparse(f.annotation)])
+    return found
+
+
+def api_key_copies(source: str, keys_at: dict[str, set[int]] | None = None) -> list[Copy]:
+    """Every integer spelling of an API key in one module's source (see the module docstring); `keys_at`
+    (from `key_positions`) names the callables that take an API key positionally, and where."""
     found: list[Copy] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    foreign = _foreign_modules(tree)
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for name, value in _bindings(targets, node.value):
@@ -113,14 +186,16 @@ def api_key_copies(source: str) -> list[Copy]:
         elif isinstance(node, ast.Call) and node.args and _callee(node) in _KEY_FIRST \
                 and _ints(node.args[0]) is not None:
             found.append(Copy(node.lineno, f"passed first: {ast.unparse(node)}"))
+        elif isinstance(node, ast.Call) and keys_at and _passed_as_key(node, keys_at, foreign):
+            found.append(Copy(node.lineno, f"passed as key: {ast.unparse(node)}"))
     return sorted(found, key=lambda c: c.line)
 
 
 def test_no_module_but_the_enum_spells_an_api_key_as_an_integer() -> None:
-    copies = {
-        str(path.relative_to(ROOT)): [str(c) for c in api_key_copies(path.read_text())]
-        for base in SCANNED for path in sorted(base.rglob("*.py")) if path != THE_ENUM
-    }
+    paths = [path for base in SCANNED for path in sorted(base.rglob("*.py")) if path != THE_ENUM]
+    keys_at = key_positions([path.read_text() for path in paths])
+    copies = {str(path.relative_to(ROOT)): [str(c) for c in api_key_copies(path.read_text(), keys_at)]
+              for path in paths}
     assert {path: found for path, found in copies.items() if found} == {}
 
 
@@ -191,6 +266,43 @@ head = RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 28)
 if frame.api_key == ApiKey.PRODUCE and frame.partition == 0:
     pass
 '''
+
+
+POSITIONAL = '''
+import itertools
+from dataclasses import dataclass
+from txnguard.codecs.api_keys import ApiKey
+def request_frame(key: int, version: int, *parts: bytes) -> bytes: ...
+class Schemas:
+    def response_header_for(self, api_key: int, version: int, correlation_id: int) -> bytes: ...
+@dataclass
+class InFlight:
+    correlation_id: int
+    key: int
+request_frame(26, 3, b"")
+schemas.response_header_for(0, 9, 28)
+InFlight(7, 24)
+request_frame(ApiKey.END_TXN, 26)
+InFlight(26, ApiKey.PRODUCE)
+request_frame(19, 4)
+ids = itertools.count(1)
+lookup({"a": 1}, 26)
+'''
+
+
+def test_an_api_key_passed_positionally_to_a_scanned_signature_is_found() -> None:
+    # The signatures are read first (here from the same source; the guard reads every scanned module),
+    # then each call: by position, `self` not counted, a dataclass's fields in order. The key's own
+    # position only: a version (26), a correlation id (28, 26), a key ApiKey does not name (19, CreateTopics),
+    # a call into a module from outside txnguard (itertools.count) and a function unknown here are not.
+    keys_at = key_positions([POSITIONAL])
+    assert keys_at == {"request_frame": {0}, "response_header_for": {0}, "InFlight": {1}}
+    assert [str(c) for c in api_key_copies(POSITIONAL, keys_at)] == [
+        "line 12: passed as key: request_frame(26, 3, b'')",
+        "line 13: passed as key: schemas.response_header_for(0, 9, 28)",
+        "line 14: passed as key: InFlight(7, 24)",
+    ]
+    assert api_key_copies(POSITIONAL) == []  # without the signatures, none of these is a finding
 
 
 def test_near_misses_are_not_findings() -> None:

@@ -3,6 +3,7 @@
 from kio.schema.api_versions.v3.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.api_versions import VersionPolicy, intersect
 from txnguard.codecs.schemas import kio_version_range
 
@@ -20,16 +21,16 @@ def _ranges(body):
 
 
 def test_inspected_apis_are_capped_to_what_kio_decodes():
-    kio_metadata_max = kio_version_range(3)[1]
+    kio_metadata_max = kio_version_range(ApiKey.METADATA)[1]
     out = intersect(_broker((3, 0, kio_metadata_max + 5), (10, 0, 99)), VersionPolicy())
     assert _ranges(out)[3] == (0, kio_metadata_max)
-    assert _ranges(out)[10] == (0, kio_version_range(10)[1])
+    assert _ranges(out)[10] == (0, kio_version_range(ApiKey.FIND_COORDINATOR)[1])
 
 
 def test_produce_keeps_the_brokers_minimum_zero():
     # kio has no Produce v0-2 but those carry no transactions: the proxy passes them opaquely (KAFKA-18659).
     out = intersect(_broker((0, 0, 99)), VersionPolicy())
-    assert _ranges(out)[0] == (0, kio_version_range(0)[1])
+    assert _ranges(out)[0] == (0, kio_version_range(ApiKey.PRODUCE)[1])
 
 
 def test_apis_the_proxy_never_inspects_pass_unchanged():

@@ -69,13 +69,13 @@ def test_capabilities_say_it_once_per_broker_answer_and_again_when_the_answer_ch
     caps.learned("b:1", KAFKA_2_8)
     said = [line for line in log_lines() if line["event"] == "broker_lacks_apis"]
     assert [line["lacks"] for line in said] == [["DescribeTransactions", "ListTransactions"]]
-    assert caps.lacks("b:1", 65) and not caps.lacks("b:1", 61)
+    assert caps.lacks("b:1", ApiKey.DESCRIBE_TRANSACTIONS) and not caps.lacks("b:1", ApiKey.DESCRIBE_PRODUCERS)
     gauge = metrics.registry.get_sample_value
     assert gauge("txnguard_broker_api_missing", {"broker": "b:1", "api": "DescribeTransactions"}) == 1
     (detail,) = caps.readiness().notes
     assert detail.startswith("broker b:1 lacks DescribeTransactions (falls back to local")
     caps.learned("b:1", KAFKA_3_0)  # rolled to 3.0
-    assert not caps.lacks("b:1", 65) and caps.readiness().notes == ()
+    assert not caps.lacks("b:1", ApiKey.DESCRIBE_TRANSACTIONS) and caps.readiness().notes == ()
     assert gauge("txnguard_broker_api_missing", {"broker": "b:1", "api": "DescribeTransactions"}) == 0
 
 

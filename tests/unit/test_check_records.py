@@ -36,6 +36,7 @@ from kio.schema.txn_offset_commit.v3 import request as txn_offset_commit_v3
 from kio.schema.types import ProducerId, TransactionalId
 from kio.static.primitive import i16, i32, i64
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.families import JAVA
 from txnguard.policies.policy import policy_from_config
@@ -135,11 +136,11 @@ def _held(proxy: _Proxy, key: int, frame: bytes, settled: bool) -> Decision:
 
 
 def add_partitions_held(proxy: _Proxy) -> Decision:
-    return _held(proxy, 24, add_partitions(1, [T0]), settled=False)
+    return _held(proxy, ApiKey.ADD_PARTITIONS_TO_TXN, add_partitions(1, [T0]), settled=False)
 
 
 def add_offsets_held(proxy: _Proxy) -> Decision:
-    return _held(proxy, 25, add_offsets(1), settled=True)
+    return _held(proxy, ApiKey.ADD_OFFSETS_TO_TXN, add_offsets(1), settled=True)
 
 
 def _timed_out(proxy: _Proxy, frame: bytes, version: int) -> Decision:

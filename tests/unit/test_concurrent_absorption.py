@@ -29,6 +29,7 @@ from connection_playbook import (
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection.commands import (
     ConcurrentAbsorbed,
     PauseReading,
@@ -44,7 +45,7 @@ BUSY = ErrorCode.concurrent_transactions
 
 
 def partition_errors(frame: bytes) -> dict[tuple[str, int], int]:
-    _, body = schemas.decode_response(frame[4:], 24, 3)
+    _, body = schemas.decode_response(frame[4:], ApiKey.ADD_PARTITIONS_TO_TXN, 3)
     return {(str(t.name), int(p.partition_index)): int(p.partition_error_code)
             for t in body.results_by_topic_v3_and_below for p in t.results_by_partition}
 

@@ -33,6 +33,7 @@ from connection_playbook import (
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection.commands import (
     AnsweredLocally,
     Ask,
@@ -146,10 +147,10 @@ def test_a_too_new_api_versions_is_answered_locally_in_turn_behind_requests_in_f
     pb.relays(heartbeat(1))
     out = pb.client_sends(api_versions_request(2, version=99))
     # The broker never sees it, and it waits behind request 1.
-    assert steps(out) == [AnsweredLocally(18, 99, 2, "unsupported_version")]
+    assert steps(out) == [AnsweredLocally(ApiKey.API_VERSIONS, 99, 2, "unsupported_version")]
     stream = to_client(pb.broker_answers(heartbeat_response(1)))
     assert correlation_ids(stream) == [1, 2]
-    _, body = schemas.decode_response(stream[len(heartbeat_response(1)) + 4:], 18, 0)
+    _, body = schemas.decode_response(stream[len(heartbeat_response(1)) + 4:], ApiKey.API_VERSIONS, 0)
     assert body.error_code == ErrorCode.unsupported_version
     assert (0, 3, 9) in [(int(k.api_key), int(k.min_version), int(k.max_version)) for k in body.api_keys]
 
@@ -234,7 +235,7 @@ def test_every_partition_rejected_is_answered_without_the_broker():
     ask = Like(Ask)
     assert steps(pb.client_sends(produce(1, [T0, T1]))) == [PauseReading(Side.CLIENT, "verification"), ask]
     out = pb.conn.answered(1, PartitionVerdicts({T0: NOT_ADDED, T1: NOT_ADDED}))
-    assert steps(out) == [Like(Decided), AnsweredLocally(0, 9, 1, "verification"),
+    assert steps(out) == [Like(Decided), AnsweredLocally(ApiKey.PRODUCE, 9, 1, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]
     assert [(t, p, e) for t, p, e, _ in decode_produce_response(to_client(out))] == [
         ("orders", 0, ErrorCode.invalid_txn_state), ("orders", 1, ErrorCode.invalid_txn_state)]
@@ -281,7 +282,7 @@ def test_a_hold_released_before_an_earlier_response_still_answers_in_order():
     # The verifier answers before the broker answered request 1: request 2 is rejected locally,
     # request 3 goes out; the local answer waits for request 1's response.
     out = pb.conn.answered(1, PartitionVerdicts({T0: NOT_ADDED}))
-    assert steps(out) == [Like(Decided), AnsweredLocally(0, 9, 2, "verification"),
+    assert steps(out) == [Like(Decided), AnsweredLocally(ApiKey.PRODUCE, 9, 2, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), SendToBroker([heartbeat(3)])]
     stream = to_client(pb.broker_answers(heartbeat_response(1), heartbeat_response(3)))
     assert correlation_ids(stream) == [1, 2, 3]

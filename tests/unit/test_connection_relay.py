@@ -78,14 +78,14 @@ from txnguard.verification.registry import RegistryLimits
 
 
 def metadata_request(correlation_id: int) -> bytes:
-    m = request_module(3, 12)
+    m = request_module(ApiKey.METADATA, 12)
     return request(m.MetadataRequest(topics=None, allow_auto_topic_creation=False,
                                      include_topic_authorized_operations=False), correlation_id)
 
 
 def metadata_response(correlation_id: int) -> bytes:
-    m = response_module(3, 12)
-    return response(3, 12, correlation_id, m.MetadataResponse(
+    m = response_module(ApiKey.METADATA, 12)
+    return response(ApiKey.METADATA, 12, correlation_id, m.MetadataResponse(
         throttle_time=datetime.timedelta(0),
         brokers=(m.MetadataResponseBroker(node_id=i32(1), host="kafka-1", port=i32(9092), rack=None),),
         cluster_id="c", controller_id=i32(1), topics=()))
@@ -182,7 +182,8 @@ def test_a_response_with_a_local_answer_ready_behind_it_goes_the_general_way():
     pb = Playbook()
     identified(pb)
     out = pb.client_sends(heartbeat(1), api_versions_request(2, version=99))
-    assert steps(out) == [AnsweredLocally(18, 99, 2, "unsupported_version"), SendToBroker([heartbeat(1)])]
+    assert steps(out) == [AnsweredLocally(ApiKey.API_VERSIONS, 99, 2, "unsupported_version"),
+                          SendToBroker([heartbeat(1)])]
     assert pb.conn.relay_from_broker(heartbeat_response(1)) == 0  # the answer to 2 must follow it at once
     assert correlation_ids(to_client(pb.conn.receive_from_broker(heartbeat_response(1)))) == [1, 2]
 
@@ -211,7 +212,7 @@ def test_an_address_bearing_response_is_still_rewritten_after_a_fast_request():
     identified(pb)
     assert pb.client_sends(metadata_request(1)) == [SendToBroker([metadata_request(1)])]
     out = pb.broker_answers(metadata_response(1))
-    assert steps(out) == [Rewritten(3, "addresses"), Like(SendToClient)]
+    assert steps(out) == [Rewritten(ApiKey.METADATA, "addresses"), Like(SendToClient)]
     stream = to_client(out)
     assert b"proxy.local" in stream and b"kafka-1" not in stream
 
@@ -491,8 +492,8 @@ def test_with_timeout_recovery_on_end_txn_takes_the_general_path_and_the_others_
 
 def _moved_leader_answer(correlation_id: int) -> bytes:
     """A Produce v11 answer that names the partition's new leader and its address (KIP-951)."""
-    m = response_module(0, 11)
-    return response(0, 11, correlation_id, m.ProduceResponse(
+    m = response_module(ApiKey.PRODUCE, 11)
+    return response(ApiKey.PRODUCE, 11, correlation_id, m.ProduceResponse(
         responses=(m.TopicProduceResponse(name="orders", partition_responses=(m.PartitionProduceResponse(
             index=i32(0), error_code=ErrorCode.not_leader_or_follower, base_offset=i64(-1), log_append_time=None,
             log_start_offset=i64(-1), record_errors=(), error_message=None,
@@ -511,7 +512,7 @@ def test_a_produce_answer_naming_no_broker_passes_on_the_fast_path_and_one_namin
     moved = _moved_leader_answer(2)
     assert pb.conn.relay_from_broker(moved) == 0
     out = pb.broker_answers(moved)
-    assert steps(out) == [Rewritten(0, "addresses"), Like(SendToClient)]
+    assert steps(out) == [Rewritten(ApiKey.PRODUCE, "addresses"), Like(SendToClient)]
     stream = to_client(out)
     assert b"proxy.local" in stream and b"kafka-2" not in stream
     assert pb.cluster.learned == [(2, "kafka-2", 9092)]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from virtual_time import VirtualClock, run
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
@@ -67,7 +68,7 @@ def test_the_end_txns_answer_ends_the_hold_at_once(log_lines):
         await asyncio.sleep(0.1)                          # the hold has begun; its first question is at 0.25 s
         held_now = metric(metrics, "txnguard_end_txn_holds")
         answered_at = clock.seconds
-        guard.rules.observe_response(26, 3, sent, memoryview(b""), 0)   # the EndTxn's answer came back
+        guard.rules.observe_response(ApiKey.END_TXN, 3, sent, memoryview(b""), 0)   # the EndTxn's answer came back
         answer = await task
         return held_now, answer, clock.seconds - answered_at
 

@@ -37,6 +37,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i64
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection.commands import (
     AnsweredLocally,
     Ask,
@@ -59,25 +60,26 @@ from txnguard.verification.registry import Registry
 
 
 def end_txn(correlation_id: int, committed: bool = True, epoch: int = EPOCH) -> bytes:
-    m = request_module(26, 3)
+    m = request_module(ApiKey.END_TXN, 3)
     return request(m.EndTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(epoch),
                                    committed=committed), correlation_id)
 
 
 def end_txn_response(correlation_id: int, error: ErrorCode = ErrorCode.none) -> bytes:
-    m = response_module(26, 3)
-    return response(26, 3, correlation_id, m.EndTxnResponse(throttle_time=datetime.timedelta(0), error_code=error))
+    m = response_module(ApiKey.END_TXN, 3)
+    return response(ApiKey.END_TXN, 3, correlation_id, m.EndTxnResponse(throttle_time=datetime.timedelta(0),
+                                                                        error_code=error))
 
 
 def add_offsets(correlation_id: int) -> bytes:
-    m = request_module(25, 3)
+    m = request_module(ApiKey.ADD_OFFSETS_TO_TXN, 3)
     return request(m.AddOffsetsToTxnRequest(transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH),
                                             group_id="g"), correlation_id)
 
 
 def init_producer_id_response_epoch(correlation_id: int, epoch: int) -> bytes:
-    m = response_module(22, 3)
-    return response(22, 3, correlation_id, m.InitProducerIdResponse(
+    m = response_module(ApiKey.INIT_PRODUCER_ID, 3)
+    return response(ApiKey.INIT_PRODUCER_ID, 3, correlation_id, m.InitProducerIdResponse(
         throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, producer_id=i64(PID),
         producer_epoch=i16(epoch)))
 
@@ -189,8 +191,9 @@ def test_at_the_bound_the_held_request_is_answered_concurrent_transactions():
     assert steps(out) == [HELD, Like(Ask)]
     [ask] = of_type(out, Ask)
     out = second.answered(ask.check_id, EndTxnStillInDoubt())
-    assert steps(out) == [Like(Decided), AnsweredLocally(24, 3, 2, "end_txn_in_doubt"), RELEASED, Like(SendToClient)]
-    body = decode(to_client(out), 24)
+    assert steps(out) == [Like(Decided), AnsweredLocally(ApiKey.ADD_PARTITIONS_TO_TXN, 3, 2, "end_txn_in_doubt"),
+                          RELEASED, Like(SendToClient)]
+    body = decode(to_client(out), ApiKey.ADD_PARTITIONS_TO_TXN)
     assert {(str(t.name), int(p.partition_index), p.partition_error_code)
             for t in body.results_by_topic_v3_and_below for p in t.results_by_partition} == {
         ("orders", 0, ErrorCode.concurrent_transactions), ("orders", 1, ErrorCode.concurrent_transactions)}
@@ -204,8 +207,9 @@ def test_add_offsets_to_txn_is_held_too():
     assert steps(out) == [HELD, Like(Ask)]
     [ask] = of_type(out, Ask)
     out = second.answered(ask.check_id, EndTxnStillInDoubt())
-    assert steps(out) == [Like(Decided), AnsweredLocally(25, 3, 2, "end_txn_in_doubt"), RELEASED, Like(SendToClient)]
-    assert decode(to_client(out), 25).error_code == ErrorCode.concurrent_transactions
+    assert steps(out) == [Like(Decided), AnsweredLocally(ApiKey.ADD_OFFSETS_TO_TXN, 3, 2, "end_txn_in_doubt"),
+                          RELEASED, Like(SendToClient)]
+    assert decode(to_client(out), ApiKey.ADD_OFFSETS_TO_TXN).error_code == ErrorCode.concurrent_transactions
 
 
 def test_another_producer_epoch_is_not_held():

@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.bounds import MAX_TAGGED_FIELDS, REQUEST_MAX_ELEMENTS
 from txnguard.codecs.errors import BoundsExceeded, TooManyTaggedFields
 from txnguard.codecs.framing import FrameSplitter, frame
@@ -41,11 +42,13 @@ def flexible_header(key: int, version: int, tags: bytes = b"\x00") -> bytes:
 
 
 # Each claims four billion elements (compact) or 2**31-1 (legacy) in a frame of a few dozen bytes.
-ADD_PARTITIONS_V3 = flexible_header(24, 3) + b"\x02t" + struct.pack(">qh", 1, 0) + uvarint(4_000_000_000)
-ADD_PARTITIONS_V1 = legacy_header(24, 1) + struct.pack(">h", 1) + b"t" + struct.pack(">qhi", 1, 0, 2**31 - 1)
-TXN_OFFSET_COMMIT_V3 = (flexible_header(28, 3) + b"\x02t" + b"\x02g" + struct.pack(">qh", 1, 0)
+ADD_PARTITIONS_V3 = (flexible_header(ApiKey.ADD_PARTITIONS_TO_TXN, 3) + b"\x02t" + struct.pack(">qh", 1, 0)
+                     + uvarint(4_000_000_000))
+ADD_PARTITIONS_V1 = (legacy_header(ApiKey.ADD_PARTITIONS_TO_TXN, 1) + struct.pack(">h", 1) + b"t"
+                     + struct.pack(">qhi", 1, 0, 2**31 - 1))
+TXN_OFFSET_COMMIT_V3 = (flexible_header(ApiKey.TXN_OFFSET_COMMIT, 3) + b"\x02t" + b"\x02g" + struct.pack(">qh", 1, 0)
                         + struct.pack(">i", 0) + b"\x01" + b"\x00" + uvarint(4_000_000_000))
-PRODUCE_V9 = flexible_header(0, 9) + b"\x02t" + struct.pack(">hi", -1, 1000) + uvarint(4_000_000_000)
+PRODUCE_V9 = flexible_header(ApiKey.PRODUCE, 9) + b"\x02t" + struct.pack(">hi", -1, 1000) + uvarint(4_000_000_000)
 
 
 @pytest.mark.parametrize("body", [ADD_PARTITIONS_V3, ADD_PARTITIONS_V1, TXN_OFFSET_COMMIT_V3, PRODUCE_V9],
@@ -68,7 +71,7 @@ def test_a_frame_of_millions_of_tiny_structs_exceeds_its_element_budget():
     # AddPartitionsToTxn v3: every topic is 3 bytes (empty name, empty partitions, no tags): the
     # count fits the bytes, but walking and decoding them would stall every connection.
     topics = REQUEST_MAX_ELEMENTS + 1
-    body = (flexible_header(24, 3) + b"\x02t" + struct.pack(">qh", 1, 0) + uvarint(topics + 1)
+    body = (flexible_header(ApiKey.ADD_PARTITIONS_TO_TXN, 3) + b"\x02t" + struct.pack(">qh", 1, 0) + uvarint(topics + 1)
             + b"\x01\x01\x00" * topics + b"\x00")
     with pytest.raises(BoundsExceeded, match="more structs"):
         schemas.decode_request(body)
@@ -76,7 +79,7 @@ def test_a_frame_of_millions_of_tiny_structs_exceeds_its_element_budget():
 
 def test_a_header_with_millions_of_empty_tagged_fields_is_refused_without_walking_them():
     tags = uvarint(10_000_000) + b"\x00\x00" * 10_000_000  # each: tag 0, size 0
-    body = flexible_header(0, 9, tags) + b"\x00" + struct.pack(">hi", 1, 1000) + b"\x01\x00"
+    body = flexible_header(ApiKey.PRODUCE, 9, tags) + b"\x00" + struct.pack(">hi", 1, 1000) + b"\x01\x00"
     head = peek_request(body)
     with pytest.raises(TooManyTaggedFields):
         request_body_offset(body, head)
@@ -86,13 +89,13 @@ def test_a_header_with_millions_of_empty_tagged_fields_is_refused_without_walkin
 
 def test_a_few_header_tagged_fields_are_still_skipped():
     tags = uvarint(3) + b"\x00\x00" + b"\x01\x01x" + b"\x05\x00"
-    body = flexible_header(0, 9, tags) + b"\x00"
+    body = flexible_header(ApiKey.PRODUCE, 9, tags) + b"\x00"
     assert request_body_offset(body, peek_request(body)) == len(body) - 1
     assert MAX_TAGGED_FIELDS >= 3
 
 
 def test_a_string_longer_than_the_frame_is_refused():
-    body = legacy_header(26, 1) + struct.pack(">h", 30_000) + b"t"
+    body = legacy_header(ApiKey.END_TXN, 1) + struct.pack(">h", 30_000) + b"t"
     with pytest.raises(BoundsExceeded, match="string"):
         schemas.decode_request(body)
 
@@ -101,7 +104,7 @@ def test_a_response_whose_count_cannot_fit_is_refused_too():
     # Metadata v9 response: header (correlation id, tags), throttle, brokers compact array of 2**31 - 2.
     body = struct.pack(">i", 7) + b"\x00" + struct.pack(">i", 0) + uvarint(2**31 - 1)
     with pytest.raises(BoundsExceeded):
-        schemas.decode_response(body, 3, 9)
+        schemas.decode_response(body, ApiKey.METADATA, 9)
 
 
 def test_a_truncated_record_batch_costs_its_partition_not_the_request():

@@ -18,6 +18,7 @@ from kio.schema.types import ProducerId, TransactionalId
 from kio.static.primitive import i16
 
 from txnguard.codecs import schemas
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.policies.families import AIOKAFKA, JAVA, KAFKA_PYTHON, LIBRDKAFKA, SARAMA
 from txnguard.policies.policy import PolicyError, policy_from_config
@@ -148,7 +149,7 @@ def _asked(rules: TransactionRules, frame: memoryview, family: str, desc: Descri
 
 def _error_of(decision: Decision) -> int:
     assert decision.forward is None and decision.local_response is not None
-    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], 26, 3)
+    _, body = schemas.decode_response(memoryview(decision.local_response)[4:], ApiKey.END_TXN, 3)
     return int(body.error_code)
 
 
@@ -219,10 +220,10 @@ def test_requests_of_a_transaction_not_due_pass_at_once():
 
 
 def test_off_by_default_and_in_monitor_mode():
-    assert not TransactionRules(Registry(), policy_from_config({})).wants_lifecycle(26, 3)
-    assert _rules().wants_lifecycle(26, 3) and _rules().wants_lifecycle(22, 3)
-    assert not _rules().wants_lifecycle(22, 2)  # no producer id or epoch in InitProducerId v0-2
-    assert not _rules().wants_lifecycle(26, 5)  # transaction version 2: the client bumps every transaction
+    assert not TransactionRules(Registry(), policy_from_config({})).wants_lifecycle(ApiKey.END_TXN, 3)
+    assert _rules().wants_lifecycle(ApiKey.END_TXN, 3) and _rules().wants_lifecycle(ApiKey.INIT_PRODUCER_ID, 3)
+    assert not _rules().wants_lifecycle(ApiKey.INIT_PRODUCER_ID, 2)  # no producer id or epoch in InitProducerId v0-2
+    assert not _rules().wants_lifecycle(ApiKey.END_TXN, 5)  # transaction version 2: the client bumps every transaction
     monitor = _rules(mode="monitor")
     end = monitor.check_lifecycle(_end_txn(True), 3, _client(JAVA), _due())
     assert isinstance(end, Decision) and end.forward is not None
@@ -289,9 +290,9 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
     (ask,) = of_type(out, Ask)
     assert isinstance(ask.question, DescribeTransaction)
     out = pb.conn.answered(ask.check_id, TransactionDescription(aborted))
-    assert steps(out) == [Like(Decided), AnsweredLocally(26, 3, 21, "verification"),
+    assert steps(out) == [Like(Decided), AnsweredLocally(ApiKey.END_TXN, 3, 21, "verification"),
                           ResumeReading(Side.CLIENT, "verification"), Like(SendToClient)]
-    _, body = schemas.decode_response(memoryview(to_client(out))[4:], 26, 3)
+    _, body = schemas.decode_response(memoryview(to_client(out))[4:], ApiKey.END_TXN, 3)
     assert body.error_code == ErrorCode.invalid_producer_id_mapping and to_broker(out) == b""
 
     # client -> InitProducerId(PID, EPOCH): forwarded with EPOCH+1; the answer (EPOCH+2) reaches the registry
@@ -304,8 +305,8 @@ def test_through_the_core_the_end_txn_is_answered_and_the_bump_is_forwarded_at_t
     assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), Like(SendToBroker)]
     _, sent = schemas.decode_request(memoryview(to_broker(out))[4:])
     assert int(sent.producer_epoch) == EPOCH + 1 and int(sent.producer_id) == PB_PID
-    m = sys.modules[schemas.response_schema(22, 4).__module__]
-    answer = response(22, 4, 22, m.InitProducerIdResponse(throttle_time=datetime.timedelta(0),
+    m = sys.modules[schemas.response_schema(ApiKey.INIT_PRODUCER_ID, 4).__module__]
+    answer = response(ApiKey.INIT_PRODUCER_ID, 4, 22, m.InitProducerIdResponse(throttle_time=datetime.timedelta(0),
                                                            error_code=ErrorCode.none, producer_id=ProducerId(PB_PID),
                                                            producer_epoch=i16(EPOCH + 2)))
     assert to_client(pb.broker_answers(answer)) == answer

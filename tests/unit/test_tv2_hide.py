@@ -127,25 +127,25 @@ def test_hide_and_the_intersection_together_count_as_one_hide():
     # Metadata above kio: intersected; plus TV2: the rewrite is counted once, as the hide.
     new, kind = rewrite(_broker(ranges=((3, 0, 99), (0, 3, 12))), HIDE)
     assert kind == REWRITE_HIDE_TV2
-    assert _ranges(new) == {3: (0, schemas.kio_version_range(3)[1]), 0: (3, 11)}
+    assert _ranges(new) == {3: (0, schemas.kio_version_range(ApiKey.METADATA)[1]), 0: (3, 11)}
     new, kind = rewrite(_broker(ranges=((3, 0, 99),), tv_level=1, tv_max=1), HIDE)
-    assert _ranges(new) == {3: (0, schemas.kio_version_range(3)[1])}
+    assert _ranges(new) == {3: (0, schemas.kio_version_range(ApiKey.METADATA)[1])}
     assert kind == REWRITE_INTERSECT
 
 
 def test_the_local_unsupported_version_answer_caps_the_same_apis():
-    assert advertised_range(0, 0, 12, HIDE) == (0, 11)
-    assert advertised_range(28, 0, 5, HIDE) == (0, 4)
-    assert advertised_range(26, 0, 5, HIDE) == (0, 4)
-    assert advertised_range(0, 0, 12, VersionPolicy()) == (0, 12)
+    assert advertised_range(ApiKey.PRODUCE, 0, 12, HIDE) == (0, 11)
+    assert advertised_range(ApiKey.TXN_OFFSET_COMMIT, 0, 5, HIDE) == (0, 4)
+    assert advertised_range(ApiKey.END_TXN, 0, 5, HIDE) == (0, 4)
+    assert advertised_range(ApiKey.PRODUCE, 0, 12, VersionPolicy()) == (0, 12)
 
 
 def test_the_rewritten_bytes_round_trip_with_the_other_tagged_fields_kept():
     broker = _broker()
-    frame = response(18, 4, 5, broker)
-    header, decoded = schemas.decode_response(memoryview(frame)[4:], 18, 4)
+    frame = response(ApiKey.API_VERSIONS, 4, 5, broker)
+    header, decoded = schemas.decode_response(memoryview(frame)[4:], ApiKey.API_VERSIONS, 4)
     new, _ = rewrite(decoded, HIDE)
-    _, again = schemas.decode_response(memoryview(schemas.encode(header, new))[4:], 18, 4)
+    _, again = schemas.decode_response(memoryview(schemas.encode(header, new))[4:], ApiKey.API_VERSIONS, 4)
     assert again.finalized_features_epoch == 7 and _finalized(again)["transaction.version"] == (1, 1)
     assert again.zk_migration_ready is False and again.throttle_time == broker.throttle_time
 
@@ -156,7 +156,7 @@ def test_the_rewritten_bytes_round_trip_with_the_other_tagged_fields_kept():
 def test_core_passes_the_tv2_answer_as_the_brokers_bytes_by_default():
     pb = Playbook()
     pb.relays(api_versions_request(1, version=4))
-    answer = response(18, 4, 1, _broker())
+    answer = response(ApiKey.API_VERSIONS, 4, 1, _broker())
     out = pb.broker_answers(answer)
     assert to_client(out) == answer
     assert of_type(out, Rewritten) == []
@@ -166,9 +166,9 @@ def test_core_with_hide_sends_tv1_and_names_the_rewrite():
     pb = Playbook()
     pb.cluster.version_policy = HIDE
     pb.relays(api_versions_request(1, version=4))
-    out = pb.broker_answers(response(18, 4, 1, _broker()))
-    assert of_type(out, Rewritten) == [Rewritten(18, "hide_transaction_version_2")]
-    _, seen = schemas.decode_response(memoryview(to_client(out))[4:], 18, 4)
+    out = pb.broker_answers(response(ApiKey.API_VERSIONS, 4, 1, _broker()))
+    assert of_type(out, Rewritten) == [Rewritten(ApiKey.API_VERSIONS, "hide_transaction_version_2")]
+    _, seen = schemas.decode_response(memoryview(to_client(out))[4:], ApiKey.API_VERSIONS, 4)
     assert _finalized(seen)["transaction.version"] == (1, 1)
     assert _ranges(seen)[0] == (3, 11)
 

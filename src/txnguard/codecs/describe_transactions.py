@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import DecodeFailed, TruncatedFrame
 from txnguard.codecs.header import read_uvarint
 from txnguard.codecs.schemas import check_response_body
@@ -60,7 +61,7 @@ class _Reader:
 
 def read_describe_transactions_v0(body: bytes | memoryview) -> list[DescribedTransaction]:
     """Parse a response body (header already removed)."""
-    check_response_body(body, 65, 0)  # the same size rules as every decoded frame
+    check_response_body(body, ApiKey.DESCRIBE_TRANSACTIONS, 0)  # the same size rules as every decoded frame
     try:
         r = _Reader(body, 0)
         r.fixed(_I32)  # throttle time

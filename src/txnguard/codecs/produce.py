@@ -17,6 +17,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.batches import BatchHead, batch_heads
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.schemas import response_schema
@@ -79,7 +80,7 @@ def merged_produce_response(
     request: Any, version: int, broker: Any | None, rejected: Mapping[TopicPartition, Rejection]
 ) -> Any:
     """One ProduceResponse in request order: the broker's answers plus the proxy's rejections."""
-    m = _response_module(0, version)
+    m = _response_module(ApiKey.PRODUCE, version)
     answered: dict[TopicPartition, Any] = {}
     if broker is not None:
         for t in broker.responses:
@@ -103,7 +104,7 @@ def merged_produce_response(
 
 def txn_offset_commit_rejection(request: Any, version: int, error_code: int) -> Any:
     """The same error on every partition of the request, as the group coordinator answers."""
-    m = _response_module(28, version)
+    m = _response_module(ApiKey.TXN_OFFSET_COMMIT, version)
     import datetime
 
     return m.TxnOffsetCommitResponse(

@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 from kio.static.primitive import i8, i16, i32, i64
 
+from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.schemas import encode_request
 
 # Attribute bits of a v2 record batch (DefaultRecordBatch.java).
@@ -116,12 +117,12 @@ class RawClient:
         """SaslHandshake v1 + SaslAuthenticate v2 (SCRAM through scramp, as the proxy's own client does)."""
         import scramp
 
-        hs = self.request(_schema_module(17, 1).SaslHandshakeRequest(mechanism=mechanism))
+        hs = self.request(_schema_module(ApiKey.SASL_HANDSHAKE, 1).SaslHandshakeRequest(mechanism=mechanism))
         if hs.error_code != ErrorCode.none:
             raise RawProtocolError(f"SaslHandshake {mechanism}: {hs.error_code.name}")
 
         def step(data: bytes) -> bytes:
-            r = self.request(_schema_module(36, 2).SaslAuthenticateRequest(auth_bytes=data))
+            r = self.request(_schema_module(ApiKey.SASL_AUTHENTICATE, 2).SaslAuthenticateRequest(auth_bytes=data))
             if r.error_code != ErrorCode.none:
                 raise RawProtocolError(f"SaslAuthenticate as {username}: {r.error_code.name} {r.error_message}")
             return bytes(r.auth_bytes)
@@ -182,12 +183,12 @@ class RawClient:
     # -- typed helpers -----------------------------------------------------------
 
     def api_versions(self, version: int = 3) -> Any:
-        m = _schema_module(18, version)
+        m = _schema_module(ApiKey.API_VERSIONS, version)
         kw = {"client_software_name": "txnguard-raw", "client_software_version": "0"} if version >= 3 else {}
         return self.request(m.ApiVersionsRequest(**kw))
 
     def metadata(self, topics: Iterable[str] | None = None, version: int = 9) -> Any:
-        m = _schema_module(3, version)
+        m = _schema_module(ApiKey.METADATA, version)
         topic_list = None if topics is None else tuple(m.MetadataRequestTopic(name=t) for t in topics)
         return self.request(
             m.MetadataRequest(
@@ -200,13 +201,13 @@ class RawClient:
 
     def find_coordinator(self, key: str, key_type: int = 1, version: int = 3) -> Any:
         """key_type 0 = group, 1 = transaction."""
-        m = _schema_module(10, version)
+        m = _schema_module(ApiKey.FIND_COORDINATOR, version)
         return self.request(m.FindCoordinatorRequest(key=key, key_type=i8(key_type)))
 
     def init_producer_id(
         self, transactional_id: str | None, transaction_timeout_ms: int = 60000, version: int = 3
     ) -> Any:
-        m = _schema_module(22, version)
+        m = _schema_module(ApiKey.INIT_PRODUCER_ID, version)
         return self.request(
             m.InitProducerIdRequest(
                 transactional_id=transactional_id, transaction_timeout=_ms(transaction_timeout_ms)
@@ -217,7 +218,7 @@ class RawClient:
         self, transactional_id: str, producer: ProducerIdentity, partitions: dict[str, Sequence[int]],
         version: int = 3,
     ) -> Any:
-        m = _schema_module(24, version)
+        m = _schema_module(ApiKey.ADD_PARTITIONS_TO_TXN, version)
         topics = tuple(
             m.AddPartitionsToTxnTopic(name=t, partitions=tuple(i32(p) for p in ps)) for t, ps in partitions.items()
         )
@@ -235,7 +236,7 @@ class RawClient:
         version: int = 4,
     ) -> Any:
         """AddPartitionsToTxn v4+ with VerifyOnly: the broker-to-coordinator shape (KIP-890)."""
-        m = _schema_module(24, version)
+        m = _schema_module(ApiKey.ADD_PARTITIONS_TO_TXN, version)
         topics = tuple(
             m.AddPartitionsToTxnTopic(name=t, partitions=tuple(i32(p) for p in ps)) for t, ps in partitions.items()
         )
@@ -259,7 +260,7 @@ class RawClient:
     def add_offsets_to_txn(
         self, transactional_id: str, producer: ProducerIdentity, group_id: str, version: int = 3
     ) -> Any:
-        m = _schema_module(25, version)
+        m = _schema_module(ApiKey.ADD_OFFSETS_TO_TXN, version)
         return self.request(
             m.AddOffsetsToTxnRequest(
                 transactional_id=transactional_id,
@@ -273,7 +274,7 @@ class RawClient:
         self, transactional_id: str, producer: ProducerIdentity, group_id: str,
         offsets: dict[str, dict[int, int]], version: int = 3,
     ) -> Any:
-        m = _schema_module(28, version)
+        m = _schema_module(ApiKey.TXN_OFFSET_COMMIT, version)
         topics = tuple(
             m.TxnOffsetCommitRequestTopic(
                 name=t,
@@ -299,7 +300,7 @@ class RawClient:
         )
 
     def end_txn(self, transactional_id: str, producer: ProducerIdentity, committed: bool, version: int = 3) -> Any:
-        m = _schema_module(26, version)
+        m = _schema_module(ApiKey.END_TXN, version)
         return self.request(
             m.EndTxnRequest(
                 transactional_id=transactional_id,
@@ -313,7 +314,7 @@ class RawClient:
         self, batches: dict[tuple[str, int], bytes], *, transactional_id: str | None = None,
         acks: int = -1, timeout_ms: int = 30000, version: int = 9,
     ) -> Any:
-        m = _schema_module(0, version)
+        m = _schema_module(ApiKey.PRODUCE, version)
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), records in batches.items():
             by_topic.setdefault(topic, []).append(m.PartitionProduceData(index=i32(partition), records=records))
@@ -364,11 +365,11 @@ class RawClient:
         return resp
 
     def describe_transactions(self, *transactional_ids: str) -> Any:
-        m = _schema_module(65, 0)
+        m = _schema_module(ApiKey.DESCRIBE_TRANSACTIONS, 0)
         return self.request(m.DescribeTransactionsRequest(transactional_ids=tuple(transactional_ids)))
 
     def describe_producers(self, topic: str, partitions: Sequence[int]) -> Any:
-        m = _schema_module(61, 0)
+        m = _schema_module(ApiKey.DESCRIBE_PRODUCERS, 0)
         return self.request(
             m.DescribeProducersRequest(
                 topics=(m.TopicRequest(name=topic, partition_indexes=tuple(i32(p) for p in partitions)),)
