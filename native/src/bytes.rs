@@ -46,6 +46,11 @@ impl<'a, B: Bytes + ?Sized> Cursor<'a, B> {
         (start <= end && end <= buf.size()).then_some(Cursor { buf, pos: start, end })
     }
 
+    /// A cursor over the next bytes up to `end` (within this one's), for a part read on its own.
+    pub fn within(&self, end: usize) -> Option<Cursor<'a, B>> {
+        (self.pos <= end && end <= self.end).then_some(Cursor { buf: self.buf, pos: self.pos, end })
+    }
+
     #[inline]
     pub fn left(&self) -> usize {
         self.end - self.pos

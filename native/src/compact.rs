@@ -13,6 +13,27 @@ pub fn skip_tags<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<()> {
     Some(())
 }
 
+/// Tagged fields some of whose tags kio knows: each of `known` (tag, size of its fixed fields) holds a struct of
+/// those fields and its own tagged fields, which must fill the tag exactly (kio reads a known tag whole and
+/// refuses one that does not parse); any other tag is skipped by its size, as kio skips unknown tags.
+pub fn skip_tags_known<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>, known: &[(u64, usize)]) -> Option<()> {
+    for _ in 0..c.uvarint()? {
+        let tag = c.uvarint()?;
+        let size = usize::try_from(c.uvarint()?).ok()?;
+        let end = c.pos.checked_add(size)?;
+        let mut inner = c.within(end)?;
+        if let Some(&(_, fixed)) = known.iter().find(|(t, _)| *t == tag) {
+            inner.skip(fixed)?;
+            skip_tags(&mut inner)?;
+            if inner.left() != 0 {
+                return None;
+            }
+        }
+        c.skip(size)?;
+    }
+    Some(())
+}
+
 /// A compact (nullable) string or byte array (records): its length + 1, then its bytes.
 pub fn skip_bytes<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<()> {
     let n = c.uvarint()?;

@@ -8,7 +8,8 @@
 //! the end, a count that cannot fit, bytes left over): kio then decodes the answer and judges it.
 
 use crate::bytes::{Bytes, Cursor};
-use crate::compact::{count, skip_tags};
+use crate::compact::{count, skip_tags, skip_tags_known};
+use crate::endpoints::FETCH_PARTITION_TAGS;
 
 /// The only version read here: the one the follower asks (every broker from 2.8 to 4.4 answers it).
 pub const VERSION: i16 = 12;
@@ -53,7 +54,7 @@ fn partition<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>) -> Option<FetchedPartitio
         c.skip(size)?;
         Some((start, start + size))
     };
-    skip_tags(c)?; // diverging epoch, current leader, snapshot id
+    skip_tags_known(c, FETCH_PARTITION_TAGS)?; // diverging epoch, current leader, snapshot id
     Some(FetchedPartition { partition, error_code, high_watermark, log_start_offset, records })
 }
 
