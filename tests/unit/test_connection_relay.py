@@ -278,7 +278,7 @@ def _facts(commands: list[Command], ledger: Ledger) -> list[Any]:
     passed, offsets, windows = ledger.take()
     facts: list[Any] = [_passed_fact(p) for p in passed]
     for offset in reversed(offsets):  # each in its place among the Produces, as the guard records them
-        facts.insert(offset[12], _offsets_fact(offset))
+        facts.insert(offset.place, _offsets_fact(offset))
     recorded = [c for c in commands if not isinstance(c, SendToBroker | SendToClient | RequestSeen)]
     if isinstance(commands, Emitted):  # the commands the facts are made of, compared between the paths
         for kind in {type(c) for c in recorded}:
@@ -297,17 +297,15 @@ def _decision_fact(d: Decision) -> tuple[Any, ...]:
 
 def _passed_fact(p: Passed) -> tuple[Any, ...]:
     # The decision's wall time has no counterpart in a `Decision` (its record is stamped when recorded).
-    client, txn_id, pid, epoch, version, partitions, verdict, mode, inspection_ms, elapsed_ms, cpu_ms, _ = p
-    return (client, "produce", txn_id, pid, epoch, version,
-            [(f"{t}-{i}", verdict, "forwarded", None, False) for t, i in partitions], mode, inspection_ms,
-            elapsed_ms, cpu_ms, verdict.evidence.value, {}, True)
+    return (p.client, "produce", p.transactional_id, p.producer_id, p.producer_epoch, p.api_version,
+            [(f"{t}-{i}", p.verdict, "forwarded", None, False) for t, i in p.partitions], p.mode, p.inspection_ms,
+            p.verification_ms, p.cpu_ms, p.verdict.evidence.value, {}, True)
 
 
 def _offsets_fact(p: PassedOffsets) -> tuple[Any, ...]:
-    client, txn_id, pid, epoch, version, group, verdict, mode, inspection_ms, elapsed_ms, cpu_ms, _, _ = p
-    return (client, "txn_offset_commit", txn_id, pid, epoch, version,
-            [(f"group:{group}", verdict, "forwarded", None, False)], mode, inspection_ms, elapsed_ms, cpu_ms,
-            verdict.evidence.value, {}, True)
+    return (p.client, "txn_offset_commit", p.transactional_id, p.producer_id, p.producer_epoch, p.api_version,
+            [(f"group:{p.group}", p.verdict, "forwarded", None, False)], p.mode, p.inspection_ms, p.verification_ms,
+            p.cpu_ms, p.verdict.evidence.value, {}, True)
 
 
 def _inventory(pb: Playbook) -> tuple[Any, ...]:
@@ -432,7 +430,7 @@ def test_the_life_cycle_on_the_fast_path_books_and_learns_exactly_what_the_gener
                     if way != "general" and out and isinstance(out[0], SendToBroker) and out[0].data[0] is read:
                         observed[way] += sum(1 for f in (b"\x00\x18", b"\x00\x19", b"\x00\x1a") if read[4:6] == f)
                     if way != "general":
-                        commits[way].update(o[4] for o in pb.conn.ledger.offsets)
+                        commits[way].update(o.api_version for o in pb.conn.ledger.offsets)
                     per_read.append(to_broker(out))
                     facts.append(_facts(out, pb.conn.ledger))
                     stream += to_client(out)

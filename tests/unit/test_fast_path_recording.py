@@ -32,6 +32,7 @@ from virtual_time import run
 from txnguard.codecs.groups import offsets_partition_for
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
+from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import TransactionGuard
@@ -205,14 +206,14 @@ def test_the_fast_path_takes_the_transactional_writes_it_can(tmp_path: Path) -> 
     shell.from_broker(heartbeat_response(0))
     read = produce(1, [T0, T1]) + heartbeat(2)
     assert shell.core.relay_from_client(read) == len(read)
-    assert [p[1:6] for p in shell.core.ledger.passed] == [(TXN, PID, EPOCH, 9, [T0, T1])]
+    assert [p[1:6] for p in shell.core.ledger.passed] == [(TXN, PID, EPOCH, 9, [T0, T1])]  # txn id .. partitions
     answers = produce_response(1, [T0, T1]) + heartbeat_response(2)
     assert shell.core.relay_from_broker(answers) == len(answers)
     assert shell.core.ledger.windows == [("local", 0.0)]
     read = produce(3, [T2]) + txn_offset_commit(4) + produce(5, [T0])
     assert shell.core.relay_from_client(read) == len(read)
-    assert [p[5] for p in shell.core.ledger.passed] == [[T0, T1], [T2], [T0]]
-    assert [o[1:6] + o[12:] for o in shell.core.ledger.offsets] == [(TXN, PID, EPOCH, 3, "g", 2)]  # after [T2]
+    assert [p.partitions for p in shell.core.ledger.passed] == [[T0, T1], [T2], [T0]]
+    assert [(*o[1:6], o.place) for o in shell.core.ledger.offsets] == [(TXN, PID, EPOCH, 3, "g", 2)]  # after [T2]
 
 
 def test_a_plain_histogram_exports_what_a_prometheus_client_histogram_does() -> None:
@@ -274,11 +275,10 @@ def test_observe_many_is_observe_of_each_value_in_turn() -> None:
 
 
 def test_record_fast_of_writes_and_offset_commits_is_record_of_their_decisions_in_order(tmp_path: Path) -> None:
-    """The ledger's tuples against the `Decision`s they stand for, with timings the fake clock never gives (every
+    """The ledger's records against the `Decision`s they stand for, with timings the fake clock never gives (every
     value differs; near 1e16 the order of a histogram's additions shows: test_observe_many_is_...): both kinds
     share the verification_time children, and each has its own inspection_time child (by its check's api)."""
     from txnguard.codecs.produce import ProducePartition
-    from txnguard.connection.ledger import Ledger
     from txnguard.policies.enforcement import Enforcement
     from txnguard.verification.audit import ClientInfo
     from txnguard.verification.checks import OffsetCommitWrite, ProduceWrite
@@ -299,12 +299,13 @@ def test_record_fast_of_writes_and_offset_commits_is_record_of_their_decisions_i
     ledger = Ledger()
     for kind, version, what, v, mode, inspection, elapsed, cpu, wall_ms in booked:
         if kind == "produce":
-            ledger.passed.append((client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu, wall_ms))
+            ledger.passed.append(Passed(client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu,
+                                        wall_ms, 0.0))
             check: Any = ProduceWrite(tuple(ProducePartition(t, p, []) for t, p in what))
             targets = [f"{t}-{p}" for t, p in what]
         else:
-            ledger.offsets.append((client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed, cpu, wall_ms,
-                                   len(ledger.passed)))
+            ledger.offsets.append(PassedOffsets(client, TXN, PID, EPOCH, version, what, v, mode, inspection, elapsed,
+                                                cpu, wall_ms, 0.0, len(ledger.passed)))
             check, targets = OffsetCommitWrite(what), [f"group:{what}"]
         general.clock.seconds = wall_ms / 1000  # `record` stamps a record when it records it
         ctx = RequestContext(check, version, TXN, PID, EPOCH, mode, frame, None, None, client,

@@ -61,7 +61,7 @@ from txnguard.connection.commands import (
 )
 from txnguard.connection.holds import Hold, Holds, Pause
 from txnguard.connection.in_flight import InFlight
-from txnguard.connection.ledger import Ledger
+from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
 from txnguard.connection.modes import Event, Mode, next_mode
 from txnguard.connection.reader import ResponseReader
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
@@ -330,10 +330,10 @@ class Connection:
                             break
                         decided = clock.perf()
                         ledger = self.ledger
-                        ledger.offsets.append((
+                        ledger.offsets.append(PassedOffsets(
                             self.client_info(), txn_id, producer_id, epoch, version, group, verdict, mode,
                             (started - parsing) * 1000, (decided - started) * 1000,
-                            (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms,
+                            (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms, decided,
                             len(ledger.passed)))
                         entry.evidence, entry.evidence_at = verdict.evidence.value, decided
                     room -= 1
@@ -413,10 +413,10 @@ class Connection:
                     if verdict is None:
                         break
                     decided = clock.perf()
-                    self.ledger.passed.append((
+                    self.ledger.passed.append(Passed(
                         self.client_info(), txn_id, producer_id, epoch, version, partitions, verdict, mode,
                         (started - parsing) * 1000, (decided - started) * 1000,
-                        (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms))
+                        (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms, decided))
                     if inventory is not None:
                         inventory.produce_versions.add(version)
                         inventory.used_transactions = True

@@ -608,7 +608,7 @@ class TransactionGuard:
         lines: list[tuple[str, str | None]] = []
         done = 0
         for offset in [*offsets, None]:
-            upto = len(passed) if offset is None else offset[12]
+            upto = len(passed) if offset is None else offset.place
             if upto > done:
                 run = passed[done:upto] if done or upto < len(passed) else passed  # Produces alone: no copy
                 _tally(run, produce_inspections, timings, counts, labels)
@@ -617,10 +617,10 @@ class TransactionGuard:
             done = upto
             if offset is None:
                 break
-            _, _, _, _, _, _, v, _, inspection_ms, elapsed_ms, _, _, _ = offset
-            offset_inspections.append(inspection_ms)
+            v = offset.verdict
+            offset_inspections.append(offset.inspection_ms)
             label = (v.evidence.value, v.outcome.value)
-            timings.setdefault(label[0], []).append(elapsed_ms)
+            timings.setdefault(label[0], []).append(offset.verification_ms)
             counts[label] = counts.get(label, 0) + 1
             if audit:
                 lines.append(self._offsets_line(offset))
@@ -637,7 +637,10 @@ class TransactionGuard:
 
     def _offsets_line(self, offset: PassedOffsets) -> tuple[str, str | None]:
         """The audit record of a TxnOffsetCommit passed on local evidence: (text, key) as `write` makes them."""
-        client, txn_id, pid, epoch, version, group, v, mode, _, elapsed_ms, cpu_ms, time_ms, _ = offset
+        client, txn_id, pid, epoch, version, v, mode = (offset.client, offset.transactional_id, offset.producer_id,
+                                                        offset.producer_epoch, offset.api_version, offset.verdict,
+                                                        offset.mode)
+        group, elapsed_ms, cpu_ms, time_ms = offset.group, offset.verification_ms, offset.cpu_ms, offset.time_ms
         proxy_id = self.audit.proxy_id
         templates = self._passed_templates
         key = ("group", id(client), txn_id, pid, epoch, version, group, id(v), mode, proxy_id)  # never a Produce's
@@ -656,10 +659,13 @@ class TransactionGuard:
         lines: list[tuple[str, str | None]] = []
         templates = self._passed_templates
         proxy_id = self.audit.proxy_id
-        for client, txn_id, pid, epoch, version, partitions, v, mode, _, elapsed_ms, cpu_ms, time_ms in passed:
-            latency = repr(round(elapsed_ms, 4))
+        for p in passed:
+            client, txn_id, pid, epoch, version = p.client, p.transactional_id, p.producer_id, p.producer_epoch, \
+                p.api_version
+            v, mode, time_ms, cpu_ms = p.verdict, p.mode, p.time_ms, p.cpu_ms
+            latency = repr(round(p.verification_ms, 4))
             cpu = "null" if cpu_ms is None else repr(round(cpu_ms, 4))
-            for topic, index in partitions:
+            for topic, index in p.partitions:
                 key = (id(client), txn_id, pid, epoch, version, topic, index, id(v), mode, proxy_id)
                 found = templates.get(key)
                 if found is None or found[0] is not client or found[1] is not v:
@@ -727,7 +733,8 @@ def _tally(passed: list[Passed], inspections: list[float], timings: dict[str, li
            counts: dict[tuple[str, str], int], labels: dict[int, tuple[str, str]]) -> None:
     """Add a run of passed Produces to a batch's inspection times, verification times by evidence (one per
     partition, in the order booked) and verification counts by (evidence, outcome)."""
-    for _, _, _, _, _, partitions, v, _, inspection_ms, elapsed_ms, _, _ in passed:
+    for p in passed:
+        partitions, v, inspection_ms, elapsed_ms = p.partitions, p.verdict, p.inspection_ms, p.verification_ms
         inspections.append(inspection_ms)
         label = labels.get(id(v))
         if label is None:
