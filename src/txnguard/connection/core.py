@@ -365,7 +365,7 @@ class Connection:
                 if inventory is not None:
                     inventory.request(head, body)
                 entry = InFlight(correlation_id, key, version, _OBSERVE, now)
-                entry.context = observed
+                entry.observed = observed
                 if key in ABSORBED_KEYS and observed is not None and rules.concurrent.enabled:
                     entry.request = bytes(view[pos:stop])  # a few hundred bytes, kept to ask again
                 order.append(entry)
@@ -535,7 +535,7 @@ class Connection:
                 # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
                 # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
                 elif action is not _OBSERVE or entry.retries or not self.rules.observe_response_in_place(
-                        entry.api_key, entry.api_version, entry.context, view[pos + 4:stop], self.clock.wall_ms(),
+                        entry.api_key, entry.api_version, entry.observed, view[pos + 4:stop], self.clock.wall_ms(),
                         entry.request is not None):
                     break
             forwarded.popleft()
@@ -621,8 +621,8 @@ class Connection:
         return [self._close("client_closed", "client closed the connection", "debug")]
 
     def _end_txns_unanswered(self) -> bool:
-        # An EndTxn entry's context is its SentEndTxn while the defence is on (None when off).
-        return any(e.api_key == _END_TXN and e.context is not None for e in self._forwarded)
+        # An EndTxn entry observes its SentEndTxn while the defence is on (None when off).
+        return any(e.api_key == _END_TXN and e.observed is not None for e in self._forwarded)
 
     def _linger_over(self, out: list[Command]) -> None:
         if self.mode is _LINGERING and not self._end_txns_unanswered():
@@ -630,18 +630,17 @@ class Connection:
 
     def _orphan_end_txns(self) -> None:
         """Closing with EndTxns unanswered: their outcome will never be seen here (they stay in doubt)."""
-        ledger = self.rules.in_doubt
-        if ledger is None:
-            return
         now = self.clock.wall_ms()
         for e in self._forwarded:
-            if e.api_key == _END_TXN and e.context is not None:
-                ledger.orphaned(e.context, now)
+            if e.api_key == _END_TXN and e.observed is not None:
+                self.rules.end_txn_orphaned(e.observed, now)
 
     def _hold_for_end_txn(self, entry: InFlight, frame: memoryview, out: list[Command]) -> bool:
         """An AddPartitionsToTxn/AddOffsetsToTxn that would open a transaction while an EndTxn of the
         same producer is in doubt waits (as a verification does: later requests queue behind it)."""
-        check = self.rules.end_txn_hold(entry.api_key, entry.api_version, frame, entry.context,
+        if entry.observed is None:
+            return False
+        check = self.rules.end_txn_hold(entry.api_key, entry.api_version, frame, entry.observed,
                                         self.client_info(), self.settings.connection_id, self.clock)
         if check is None:
             return False
@@ -778,11 +777,11 @@ class Connection:
             return None  # answered here
         entry = InFlight(correlation_id, key, version, action, self._now)
         if action is ResponseAction.OBSERVE:
-            entry.context = self.rules.observe_request(key, version, body, self.clock.wall_ms(),
-                                                       self.settings.connection_id)
-            if key in ABSORBED_KEYS and entry.context is not None and self.rules.concurrent.enabled:
+            entry.observed = self.rules.observe_request(key, version, body, self.clock.wall_ms(),
+                                                        self.settings.connection_id)
+            if key in ABSORBED_KEYS and entry.observed is not None and self.rules.concurrent.enabled:
                 entry.request = bytes(frame)  # a few hundred bytes, kept until the answer
-            if key in _OPENS_TRANSACTION and entry.context is not None and self._hold_for_end_txn(entry, frame, out):
+            if key in _OPENS_TRANSACTION and self._hold_for_end_txn(entry, frame, out):
                 return None  # held: forwarded (or answered) when the doubt ends
         self._order.append(entry)
         self._forwarded.append(entry)
@@ -841,10 +840,10 @@ class Connection:
         entry.sent_at = self._now
         if decision.observe is not None:  # a checked life-cycle request: its answer still feeds the registry
             entry.action = ResponseAction.OBSERVE
-            entry.context = decision.observe
+            entry.observed = decision.observe
         elif decision.rejections:
             entry.action = ResponseAction.MERGE_PRODUCE
-            entry.context = decision
+            entry.merge = decision
         elif addresses.carries_addresses(entry.api_key, entry.api_version):
             entry.action = ResponseAction.REWRITE_ADDRESSES
         if decision.evidence_at is not None and decision.evidence is not None:
@@ -926,7 +925,7 @@ class Connection:
         if action is ResponseAction.REWRITE_API_VERSIONS:
             return self._rewrite_api_versions(entry, frame, out)
         if action is ResponseAction.OBSERVE:
-            concurrent = self.rules.observe_response(entry.api_key, entry.api_version, entry.context, frame[4:],
+            concurrent = self.rules.observe_response(entry.api_key, entry.api_version, entry.observed, frame[4:],
                                                      self.clock.wall_ms())
             if concurrent and entry.request is not None:
                 return self._absorb(entry, frame, out)
@@ -1009,8 +1008,8 @@ class Connection:
 
     def _merge_produce(self, entry: InFlight, frame: memoryview) -> bytes:
         """The broker's answer for the forwarded partitions plus the proxy's rejections, in request order."""
-        decision: Decision = entry.context
-        assert decision.context is not None
+        decision = entry.merge
+        assert decision is not None and decision.context is not None
         header, broker = schemas.decode_response(frame[4:], entry.api_key, entry.api_version)
         merged = merged_produce_response(decision.context.decoded()[1], entry.api_version, broker,
                                          decision.rejections)

@@ -6,14 +6,13 @@ core share the type without importing each other.
 
 from __future__ import annotations
 
-from typing import Any
-
 from txnguard.connection.apis import ResponseAction
 from txnguard.connection.commands import Chunk
+from txnguard.verification.decisions import Decision, Observed
 
 
 class InFlight:
-    __slots__ = ("action", "api_key", "api_version", "context", "correlation_id", "evidence", "evidence_at",
+    __slots__ = ("action", "api_key", "api_version", "correlation_id", "evidence", "evidence_at", "merge", "observed",
                  "refused_at", "request", "response", "retries", "sent_at")
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, action: ResponseAction,
@@ -24,7 +23,9 @@ class InFlight:
         self.action = action
         self.sent_at = sent_at
         self.response: list[Chunk] | None = None   # complete and waiting its turn
-        self.context: Any = None                    # the decoded request, or the Decision to merge
+        # OBSERVE: the life-cycle request as read, or its EndTxn in doubt (SentEndTxn), for its answer.
+        self.observed: Observed | None = None
+        self.merge: Decision | None = None          # MERGE_PRODUCE: the decision whose rejections join the answer
         # A verified write: its answer closes the check-to-append window opened at evidence_at (Clock.perf).
         self.evidence: str | None = None
         self.evidence_at = 0.0

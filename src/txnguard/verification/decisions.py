@@ -116,6 +116,13 @@ def _txn_response(body: memoryview, key: int, version: int) -> TxnResponse | Non
     return from_kio_response(key, decoded)
 
 
+def _init_producer_id_seen(req: Any) -> InitProducerIdSeen:
+    """An InitProducerId decoded by kio, as the in-place reader gives it (what its answer is observed with)."""
+    seen = from_kio_request(INIT_PRODUCER_ID, req)
+    assert isinstance(seen, InitProducerIdSeen)
+    return seen
+
+
 class Clock(Protocol):
     """Time, passed in. `perf` and `cpu` are seconds of a monotonic and a thread-CPU clock."""
 
@@ -179,7 +186,7 @@ class Decision:
     # it was (the weakest of the request's partitions); None when nothing passed.
     evidence_at: float | None = None
     evidence: str | None = None
-    observe: Any = None                             # a forwarded life-cycle request whose answer is observed
+    observe: Observed | None = None                 # a forwarded life-cycle request whose answer is observed
     local_reason: str = "verification"              # why the proxy answered alone (a metric label)
 
 
@@ -354,11 +361,12 @@ class TransactionRules:
 
     # -- the KAFKA-17754 defence: no new transaction while an EndTxn is in doubt ---------------------------
 
-    def end_txn_hold(self, key: int, version: int, frame: memoryview, request: AddPartitionsSeen | AddOffsetsSeen,
-                     client: ClientInfo, connection_id: int, clock: Clock) -> PendingCheck | None:
+    def end_txn_hold(self, key: int, version: int, frame: memoryview, request: Observed, client: ClientInfo,
+                     connection_id: int, clock: Clock) -> PendingCheck | None:
         """Hold an AddPartitionsToTxn/AddOffsetsToTxn (decoded: `request`) while an EndTxn in doubt could land
-        in the transaction it opens; None: forward it. See verification/in_doubt.py."""
-        if not self.holds_for_end_txn(request, connection_id, clock.wall_ms()):
+        in the transaction it opens; None: forward it (and any other request). See verification/in_doubt.py."""
+        if not isinstance(request, AddPartitionsSeen | AddOffsetsSeen) or \
+                not self.holds_for_end_txn(request, connection_id, clock.wall_ms()):
             return None
         assert self.in_doubt is not None
         txn_id, producer_id, epoch = request.transactional_id, request.producer_id, request.producer_epoch
@@ -378,6 +386,11 @@ class TransactionRules:
         return (self.in_doubt is not None and self.in_doubt.limits.enabled
                 and self.in_doubt.blocking(request.transactional_id, request.producer_id, request.producer_epoch,
                                            connection_id, now_ms) is not None)
+
+    def end_txn_orphaned(self, observed: Observed, now_ms: int) -> None:
+        """A forwarded EndTxn whose connection closed unanswered: its outcome will never be seen (it stays in doubt)."""
+        if self.in_doubt is not None and isinstance(observed, SentEndTxn):
+            self.in_doubt.orphaned(observed, now_ms)
 
     def _end_txn_sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,
                       now_ms: int) -> SentEndTxn | None:
@@ -603,7 +616,7 @@ class TransactionRules:
         else:
             kind = TimedOutInitProducerId()
             if candidate is None:
-                return Decision(forward=frame, observe=from_kio_request(key, req))
+                return Decision(forward=frame, observe=_init_producer_id_seen(req))
         ctx = RequestContext(kind, version, txn_id, pid, epoch, Enforcement.ENFORCE, frame, header, req, client)
         return PendingCheck(ctx, DescribeTransaction(txn_id), started)
 
@@ -639,10 +652,10 @@ class TransactionRules:
                                             choice, started, clock)
             case TimedOutInitProducerId():
                 if why is None:
-                    return Decision(forward=ctx.frame, observe=from_kio_request(INIT_PRODUCER_ID, req))
+                    return Decision(forward=ctx.frame, observe=_init_producer_id_seen(req))
                 # The coordinator's own compare-and-set decides: it bumps E+1 to E+2 only if E+1 is current.
                 bumped = replace(req, producer_epoch=i16(ctx.producer_epoch + 1))
-                observe = from_kio_request(INIT_PRODUCER_ID, req)
+                observe = _init_producer_id_seen(req)
                 return self._timeout_record(
                     Decision(forward=schemas.encode(ctx.header, bumped), observe=observe, context=ctx),
                     why, f"InitProducerId sent with the coordinator's epoch {ctx.producer_epoch + 1}", None, started,
