@@ -71,7 +71,7 @@ from txnguard.connection.commands import (
     StartTimer,
 )
 from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
-from txnguard.verification import inventory
+from txnguard.verification import decisions, inventory
 from txnguard.verification.decisions import Decision
 from txnguard.verification.in_doubt import EndTxnLedger, InDoubtLimits
 from txnguard.verification.registry import RegistryLimits
@@ -670,12 +670,12 @@ def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken(monkeypat
     taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
     assert taken == [0] and facts == []  # the general path forwards it unchecked
     # Not only because the in-place reader stops at v4: v5 has v4's shape, and one that read it changes nothing.
-    read = core.read_txn_offset_commit
+    read = decisions.read_txn_offset_commit
 
-    def reads_v5(body: Any, head: Any) -> Any:
-        return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)))
+    def reads_v5(body: Any, head: Any, *bounds: int) -> Any:
+        return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)), *bounds)
 
-    monkeypatch.setattr(core, "read_txn_offset_commit", reads_v5)
+    monkeypatch.setattr(decisions, "read_txn_offset_commit", reads_v5)
     v5_head = core.RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 1)
     assert reads_v5(memoryview(txn_offset_commit(1, version=5))[4:], v5_head) is not None
     taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])

@@ -16,8 +16,8 @@ import sys
 from connection_playbook import T0, Playbook, heartbeat, heartbeat_response, produce, to_broker
 
 from txnguard.codecs import native
-from txnguard.connection import core
 from txnguard.connection.commands import Close, SendToBroker
+from txnguard.verification import decisions
 
 
 def _identified(pb: Playbook) -> None:
@@ -34,13 +34,13 @@ def test_this_install_has_the_native_data_path() -> None:
 
 def test_a_transactional_write_with_local_evidence_is_read_by_the_native_reader(monkeypatch) -> None:
     calls: list[tuple[int, int, bool]] = []
-    real = core._scan_transactional
+    real = decisions.scan_transactional
 
     def counting(data, start, stop, flexible):  # type: ignore[no-untyped-def]
         calls.append((start, stop, flexible))
         return real(data, start, stop, flexible)
 
-    monkeypatch.setattr(core, "_scan_transactional", counting)
+    monkeypatch.setattr(decisions, "scan_transactional", counting)
     pb = Playbook()
     _identified(pb)
     pb.transaction_with(T0)
@@ -56,7 +56,7 @@ def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -
     def panics(data, start, stop, flexible):  # type: ignore[no-untyped-def]
         raise native.PanicException("index out of bounds")
 
-    monkeypatch.setattr(core, "_scan_transactional", panics)
+    monkeypatch.setattr(decisions, "scan_transactional", panics)
     pb, other = Playbook(), Playbook()
     _identified(pb)
     _identified(other)

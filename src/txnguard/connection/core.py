@@ -31,9 +31,13 @@ from txnguard.codecs import addresses, api_versions, native, node_endpoints, sch
 from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
-from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
-from txnguard.codecs.header import RequestHead, peek_client_id, peek_request, produce_acks_and_txn_id_null
-from txnguard.codecs.lifecycle_scan import read_txn_offset_commit
+from txnguard.codecs.header import (
+    RequestHead,
+    peek_client_id,
+    peek_request,
+    produce_acks_and_txn_id_null,
+    read_produce_head,
+)
 from txnguard.codecs.produce import merged_produce_response
 from txnguard.codecs.synthesis import api_versions_unsupported
 from txnguard.connection.apis import ACTION_BY_KEY, ApiKey, ResponseAction
@@ -61,24 +65,22 @@ from txnguard.connection.commands import (
 )
 from txnguard.connection.holds import Hold, Holds, Pause
 from txnguard.connection.in_flight import InFlight
-from txnguard.connection.ledger import Ledger, Passed, PassedOffsets
+from txnguard.connection.ledger import Ledger, PassedOffsets
 from txnguard.connection.modes import Event, Mode, next_mode
 from txnguard.connection.reader import ResponseReader
+from txnguard.connection.rules import Rules
 from txnguard.connection.traffic import RTT_BUCKETS, Traffic
-from txnguard.policies.enforcement import Enforcement
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.checks import Answer
-from txnguard.verification.concurrent import ABSORBED_KEYS
-from txnguard.verification.decisions import Clock, Decision, PendingCheck, TransactionRules
+from txnguard.verification.decisions import Clock, Decision, PendingCheck
 from txnguard.verification.inventory import ConnectionInventory
-from txnguard.verification.plan import LAST_PRODUCE_VERSION_BEFORE_TV2
+from txnguard.verification.passed import UNCHECKED
 
 # A request at least this large that the proxy need not read (a Produce it does not verify) is
 # forwarded as its bytes arrive: assembling 100 MiB first cost a copy that stalled every connection.
 CUT_THROUGH_REQUESTS_ABOVE = 1024 * 1024
 _RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
 _REQUEST_HEAD = struct.Struct(">ihhi")  # length, api key, api version, correlation id
-_I16 = struct.Struct(">h")
 
 _PASS = ResponseAction.PASS
 _NOTHING: list[Chunk] = []  # no responses ready (never appended to)
@@ -101,14 +103,10 @@ SLOW_KEYS = frozenset({*ACTION_BY_KEY, _API_VERSIONS, _TXN_OFFSET_COMMIT, _SASL_
 _PRODUCE_KIO = schemas.kio_version_range(_PRODUCE)
 FAST_PRODUCE_VERSIONS = range(3, (_PRODUCE_KIO[1] if _PRODUCE_KIO else 2) + 1)
 # A transactional Produce the guard verifies (KIP-890 part 1: up to v11) may be checked on the fast path.
-_LAST_VERIFIED_PRODUCE = min(LAST_PRODUCE_VERSION_BEFORE_TV2, FAST_PRODUCE_VERSIONS.stop - 1)
-_OFF = Enforcement.OFF
 _RELAY, _RAW_PENDING, _RAW, _DRAINING, _LINGERING, _CLOSED = (Mode.RELAY, Mode.RAW_PENDING, Mode.RAW, Mode.DRAINING,
                                                               Mode.LINGERING, Mode.CLOSED)
 # Responses take the fast path in RELAY and HOLDING, tested by identity: hashing an Enum member is a Python call.
 _HOLDING = Mode.HOLDING
-_FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+ has a flexible header (tags) and a compact transactional id
-_scan_transactional = native.scan_transactional
 _PanicException = native.PanicException
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
@@ -144,7 +142,7 @@ class ResponseOutOfOrder(CodecError):
 
 
 class Connection:
-    def __init__(self, settings: Settings, rules: TransactionRules, cluster: Cluster, clock: Clock,
+    def __init__(self, settings: Settings, rules: Rules, cluster: Cluster, clock: Clock,
                  traffic: Traffic | None = None, inventory: ConnectionInventory | None = None) -> None:
         self.settings = settings
         self.inventory = inventory  # what the client showed of itself, for the audit's connection record
@@ -180,7 +178,7 @@ class Connection:
     @property
     def family(self) -> str:
         if self._family is None:
-            self._family = self.rules.policy.family(self.software_name, self.client_id, self.settings.listener)
+            self._family = self.rules.family(self.software_name, self.client_id, self.settings.listener)
         return self._family
 
     def forget_family(self) -> None:
@@ -300,42 +298,20 @@ class Connection:
                 break
             if key in SLOW_KEYS:
                 if key == _TXN_OFFSET_COMMIT:
-                    # A TxnOffsetCommit the rules check (v0-v4) whose group has local evidence is checked here, as
-                    # `rules.check_txn_offset_commit` would pass it at once (a plain forward, no log line), and books
-                    # what its `Decided` would have (the ledger's offsets); one the policy leaves off is forwarded
-                    # unchecked, as there. Anything else (no evidence, a verdict that fails, the offsets partition
-                    # count not known yet, a shape the in-place reader does not read): the general path.
-                    if room <= 0 or version < 0 or not rules.wants(key, version):
+                    # A TxnOffsetCommit the rules pass at once on local evidence (`pass_offset_commit_locally`), or
+                    # that the policy leaves unchecked; anything else: the general path.
+                    if room <= 0:
                         break
                     head = RequestHead(key, version, correlation_id)
-                    parsing = clock.perf()
-                    commit = read_txn_offset_commit(data, head, pos + 4, stop)  # in place: no slice
-                    if commit is None:
+                    passed = rules.pass_offset_commit_locally(data, head, pos + 4, stop, self.client_info(), clock,
+                                                              len(self.ledger.passed))
+                    if passed is None:
                         break
-                    started = clock.perf()
-                    on_cpu = clock.cpu() if rules.measures_cpu else 0.0
-                    txn_id = commit.transactional_id
-                    mode = rules.policy.mode_for(txn_id, CONSUMER_OFFSETS)
                     entry = InFlight(correlation_id, key, version, _PASS, now)
-                    if mode is not _OFF:
-                        count = rules.offsets_partitions
-                        if count is None:
-                            break  # the general path asks for it first
-                        group, producer_id, epoch = commit.group_id, commit.producer_id, commit.producer_epoch
-                        wall_ms = clock.wall_ms()
-                        verdict = rules.registry.local_verdict(
-                            txn_id, producer_id, epoch, (CONSUMER_OFFSETS, offsets_partition_for(group, count)),
-                            wall_ms, group=group)
-                        if verdict is None or not verdict.passed:
-                            break
-                        decided = clock.perf()
-                        ledger = self.ledger
-                        ledger.offsets.append(PassedOffsets(
-                            self.client_info(), txn_id, producer_id, epoch, version, group, verdict, mode,
-                            (started - parsing) * 1000, (decided - started) * 1000,
-                            (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms, decided,
-                            len(ledger.passed)))
-                        entry.evidence, entry.evidence_at = verdict.evidence.value, decided
+                    if passed is not UNCHECKED:
+                        assert isinstance(passed, PassedOffsets)
+                        self.ledger.offsets.append(passed)
+                        entry.evidence, entry.evidence_at = passed.verdict.evidence.value, passed.decided_at
                     room -= 1
                     frames_in[key] += 1
                     bytes_in[key] += 4 + size
@@ -346,18 +322,16 @@ class Connection:
                     pos = stop
                     continue
                 # A life-cycle request read in place and observed as the general path would (what its answer
-                # teaches the registry, the EndTxn in doubt); anything else of SLOW_KEYS, a request the in-place
-                # reader does not read, the coordinator-timeout check and the EndTxn defence's hold: the general path.
-                if (key not in _OBSERVED_FAST or room <= 0 or not rules.enabled
-                        or (key in _LIFECYCLE and rules.wants_lifecycle(key, version))):
+                # teaches the registry, the EndTxn in doubt); anything else of SLOW_KEYS, and what the rules
+                # leave to the general path (`observe_request_in_place`): the general path.
+                if key not in _OBSERVED_FAST or room <= 0:
                     break
                 if view is None:
                     view = memoryview(data)
                 body = view[pos + 4:stop]
                 head = RequestHead(key, version, correlation_id)
-                taken, observed = rules.observe_request_in_place(head, body, clock.wall_ms(),
-                                                                 self.settings.connection_id)
-                if not taken:
+                seen = rules.observe_request_in_place(head, body, clock, self.settings.connection_id)
+                if seen is None:
                     break
                 room -= 1
                 frames_in[key] += 1
@@ -365,8 +339,8 @@ class Connection:
                 if inventory is not None:
                     inventory.request(head, body)
                 entry = InFlight(correlation_id, key, version, _OBSERVE, now)
-                entry.observed = observed
-                if key in ABSORBED_KEYS and observed is not None and rules.concurrent.enabled:
+                entry.observed, keep = seen
+                if keep:
                     entry.request = bytes(view[pos:stop])  # a few hundred bytes, kept to ask again
                 order.append(entry)
                 forwarded.append(entry)
@@ -375,65 +349,40 @@ class Connection:
             if key == _PRODUCE:
                 if version not in FAST_PRODUCE_VERSIONS:
                     break
-                # The v1/v2 header: client id (int16 length; the same in flexible headers), then tags.
-                (n,) = _I16.unpack_from(data, pos + 12)
-                at = pos + 14 + (n if n > 0 else 0)
-                if at + 4 > stop:
+                found = read_produce_head(data, pos + 4, stop, version)
+                if found is None:
                     break
-                if version >= _FIRST_FLEXIBLE_PRODUCE:
-                    if data[at]:  # header tags: the general path
+                at, acks = found
+                if acks is None:
+                    # A transactional write the rules pass at once on local evidence (`pass_produce_locally`):
+                    # what its `Decided` would have recorded goes to the ledger.
+                    if room <= 0:
                         break
-                    at += 1
-                    transactional = data[at] != 0
-                else:
-                    transactional = _I16.unpack_from(data, at)[0] != -1
-                if transactional:
-                    # A transactional write whose partitions all have local evidence is checked here, as
-                    # `rules.check_produce` would pass it, and books what its `Decided` would have (the ledger).
-                    if room <= 0 or version > _LAST_VERIFIED_PRODUCE or not rules.enabled:
-                        break
-                    parsing = clock.perf()
                     try:
-                        found = _scan_transactional(data, at, stop, version >= _FIRST_FLEXIBLE_PRODUCE)
+                        passed_write = rules.pass_produce_locally(data, at, stop, version, self.client_info(), clock)
                     except _PanicException as e:  # a bug in the native reader, never the input's fault
                         self._panicked = f"the native Produce reader panicked: {e}"
                         break
-                    if found is None:
+                    if passed_write is None:
                         break
-                    txn_id, producer_id, epoch, partitions, acks = found
-                    if not acks:
-                        break  # acks=0: a rejection would close the connection; the general path says so
-                    started = clock.perf()
-                    on_cpu = clock.cpu() if rules.measures_cpu else 0.0
-                    mode = rules.policy.mode_for(txn_id, partitions[0][0])
-                    if mode is _OFF:
-                        break
-                    wall_ms = clock.wall_ms()
-                    verdict = rules.registry.passes_locally(txn_id, producer_id, epoch, partitions, wall_ms)
-                    if verdict is None:
-                        break
-                    decided = clock.perf()
-                    self.ledger.passed.append(Passed(
-                        self.client_info(), txn_id, producer_id, epoch, version, partitions, verdict, mode,
-                        (started - parsing) * 1000, (decided - started) * 1000,
-                        (clock.cpu() - on_cpu) * 1000 if rules.measures_cpu else None, wall_ms, decided))
+                    self.ledger.passed.append(passed_write)
                     if inventory is not None:
                         inventory.produce_versions.add(version)
                         inventory.used_transactions = True
                         if inventory.first_transactional_id is None:
-                            inventory.first_transactional_id = txn_id
+                            inventory.first_transactional_id = passed_write.transactional_id
                     room -= 1
                     frames_in[_PRODUCE] += 1
                     bytes_in[_PRODUCE] += 4 + size
                     entry = InFlight(correlation_id, _PRODUCE, version,
                                      _REWRITE_ADDRESSES if version >= _ADDRESSES_FROM[_PRODUCE] else _PASS, now)
-                    entry.evidence, entry.evidence_at = verdict.evidence.value, decided
+                    entry.evidence = passed_write.verdict.evidence.value
+                    entry.evidence_at = passed_write.decided_at
                     order.append(entry)
                     forwarded.append(entry)
                     pos = stop
                     continue
-                at += 1 if version >= _FIRST_FLEXIBLE_PRODUCE else 2  # the null transactional id
-                if not _I16.unpack_from(data, at)[0]:  # acks=0: no response, never in the queue
+                if not acks:  # acks=0: no response, never in the queue
                     if inventory is not None:
                         inventory.produce_versions.add(version)
                     frames_in[key] += 1
@@ -779,7 +728,7 @@ class Connection:
         if action is ResponseAction.OBSERVE:
             entry.observed = self.rules.observe_request(key, version, body, self.clock.wall_ms(),
                                                         self.settings.connection_id)
-            if key in ABSORBED_KEYS and entry.observed is not None and self.rules.concurrent.enabled:
+            if self.rules.absorbs(key, entry.observed):
                 entry.request = bytes(frame)  # a few hundred bytes, kept until the answer
             if key in _OPENS_TRANSACTION and self._hold_for_end_txn(entry, frame, out):
                 return None  # held: forwarded (or answered) when the doubt ends
@@ -951,7 +900,7 @@ class Connection:
         if entry.refused_at is None:
             entry.refused_at = now
         waited_ms = (now - entry.refused_at) * 1000
-        delay_ms = self.rules.concurrent.delay_ms(entry.retries, waited_ms)
+        delay_ms = self.rules.retry_delay_ms(entry.retries, waited_ms)
         if delay_ms is None:
             self._end_absorbing(entry, "budget_spent", out)
             return frame

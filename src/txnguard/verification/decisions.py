@@ -25,7 +25,7 @@ from txnguard.codecs import schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
-from txnguard.codecs.header import RequestHead, peek_request, produce_timeout_ms
+from txnguard.codecs.header import FIRST_FLEXIBLE_PRODUCE, RequestHead, peek_request, produce_timeout_ms
 from txnguard.codecs.lifecycle_scan import (
     AddOffsetsSeen,
     AddPartitionsSeen,
@@ -39,6 +39,7 @@ from txnguard.codecs.lifecycle_scan import (
     read_txn_request,
     read_txn_response,
 )
+from txnguard.codecs.native import scan_transactional
 from txnguard.codecs.produce import (
     Rejection,
     merged_produce_response,
@@ -75,10 +76,11 @@ from txnguard.verification.checks import (
     answers,
 )
 from txnguard.verification.checks import Question as Question  # re-exported: connection/commands.py's Ask carries one
-from txnguard.verification.concurrent import ConcurrentRetry
+from txnguard.verification.concurrent import ABSORBED_KEYS, ConcurrentRetry
 from txnguard.verification.hold_limits import HoldLimits
 from txnguard.verification.in_doubt import EndTxnLedger, SentEndTxn
 from txnguard.verification.judge import coordinator_unreachable, group_partitions
+from txnguard.verification.passed import UNCHECKED, Passed, PassedOffsets, Unchecked
 from txnguard.verification.plan import (
     LAST_PRODUCE_VERSION_BEFORE_TV2,
     LAST_TXN_OFFSET_COMMIT_VERSION_BEFORE_TV2,
@@ -246,6 +248,10 @@ class TransactionRules:
 
     # -- which requests -----------------------------------------------------------------------------
 
+    def family(self, software_name: str | None, client_id: str | None, listener: str | None) -> str:
+        """The client's family, as the policy classifies it (the errors it gets, the audit's name for it)."""
+        return self.policy.family(software_name, client_id, listener)
+
     def wants(self, key: int, version: int) -> bool:
         if not self.enabled:
             return False
@@ -273,20 +279,35 @@ class TransactionRules:
             req = from_kio_request(key, decoded)
         return self._observed(req, now_ms, connection_id)
 
-    def observe_request_in_place(self, head: RequestHead, body: memoryview, now_ms: int,
-                                 connection_id: int) -> tuple[bool, Observed | None]:
-        """`observe_request` for the relay's fast path, which neither decodes with kio nor holds: (False, None)
-        leaves the request to the general path untouched (a shape the in-place reader does not read, or an
-        AddPartitionsToTxn/AddOffsetsToTxn the EndTxn defence holds); otherwise (True, what observe_request
-        returns), with the same effects."""
-        if head.api_key == ADD_PARTITIONS and head.api_version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
-            return True, None
+    def observe_request_in_place(self, head: RequestHead, body: memoryview, clock: Clock,
+                                 connection_id: int) -> tuple[Observed | None, bool] | None:
+        """`observe_request` for the relay's fast path, which neither decodes with kio nor holds nor checks: None
+        leaves the request to the general path untouched (the rules off, a request the coordinator-timeout check
+        wants, a shape the in-place reader does not read, or an AddPartitionsToTxn/AddOffsetsToTxn the EndTxn
+        defence holds); otherwise (what observe_request returns, with the same effects; whether the request's
+        bytes are kept to ask again: `absorbs`)."""
+        key, version = head.api_key, head.api_version
+        if not self.enabled or self.wants_lifecycle(key, version):
+            return None
+        now_ms = clock.wall_ms()
+        if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
+            return None, False
         req = read_txn_request(body, head)
         if req is None:
-            return False, None
+            return None
         if isinstance(req, AddPartitionsSeen | AddOffsetsSeen) and self.holds_for_end_txn(req, connection_id, now_ms):
-            return False, None
-        return True, self._observed(req, now_ms, connection_id)
+            return None
+        observed = self._observed(req, now_ms, connection_id)
+        return observed, self.absorbs(key, observed)
+
+    def absorbs(self, key: int, observed: Observed | None) -> bool:
+        """Whether the core keeps an observed request's bytes to ask the coordinator again itself, should it
+        refuse the whole request with CONCURRENT_TRANSACTIONS (verification/concurrent.py)."""
+        return key in ABSORBED_KEYS and observed is not None and self.concurrent.enabled
+
+    def retry_delay_ms(self, retries: int, waited_ms: float) -> float | None:
+        """How long the core waits before asking again after CONCURRENT_TRANSACTIONS; None: the budget is spent."""
+        return self.concurrent.delay_ms(retries, waited_ms)
 
     def _observed(self, req: TxnRequest, now_ms: int, connection_id: int) -> Observed | None:
         match req:
@@ -418,6 +439,74 @@ class TransactionRules:
                                 local_reason="end_txn_in_doubt")
             case _:
                 assert_never(answer)
+
+    # -- passing on local evidence, for the relay's fast path (connection/relay.py) ------------------------
+
+    def pass_produce_locally(self, data: bytes | memoryview, start: int, stop: int, version: int,
+                             client: ClientInfo, clock: Clock) -> Passed | None:
+        """A transactional Produce read in place (`data[start:stop]`, from its transactional id to the frame's
+        end) that `check_produce` would pass at once: what its `Decided` would have recorded. None leaves it to
+        the general path (not wanted, not readable in place, acks=0, the policy's mode off, a partition
+        without local evidence). The native reader's PanicException goes to the caller (its connection closes)."""
+        if not self.wants(PRODUCE_KEY, version):
+            return None
+        parsing = clock.perf()
+        found = scan_transactional(data, start, stop, version >= FIRST_FLEXIBLE_PRODUCE)
+        if found is None:
+            return None
+        txn_id, producer_id, epoch, partitions, acks = found
+        if not acks:
+            return None  # acks=0: a rejection would close the connection; the general path says so
+        started = clock.perf()
+        measures_cpu = self.measures_cpu
+        on_cpu = clock.cpu() if measures_cpu else 0.0
+        mode = self.policy.mode_for(txn_id, partitions[0][0])
+        if mode is Enforcement.OFF:
+            return None
+        wall_ms = clock.wall_ms()
+        verdict = self.registry.passes_locally(txn_id, producer_id, epoch, partitions, wall_ms)
+        if verdict is None:
+            return None
+        decided = clock.perf()
+        return Passed(client, txn_id, producer_id, epoch, version, partitions, verdict, mode,
+                      (started - parsing) * 1000, (decided - started) * 1000,
+                      (clock.cpu() - on_cpu) * 1000 if measures_cpu else None, wall_ms, decided)
+
+    def pass_offset_commit_locally(self, data: bytes | memoryview, head: RequestHead, start: int, stop: int,
+                                   client: ClientInfo, clock: Clock, place: int) -> PassedOffsets | Unchecked | None:
+        """A TxnOffsetCommit (v0-v4) read in place (`data[start:stop]`: the frame without its length prefix) that
+        `check_txn_offset_commit` would pass at once (a plain forward, no log line): what its `Decided` would
+        have recorded, at `place` in the ledger; UNCHECKED when the policy leaves it unchecked (forwarded as it
+        is). None leaves it to the general path (not wanted, not readable in place, the __consumer_offsets
+        partition count not known yet, a verdict that is not a local pass)."""
+        version = head.api_version
+        if version < 0 or not self.wants(TXN_OFFSET_COMMIT_KEY, version):
+            return None
+        parsing = clock.perf()
+        commit = read_txn_offset_commit(data, head, start, stop)
+        if commit is None:
+            return None
+        started = clock.perf()
+        measures_cpu = self.measures_cpu
+        on_cpu = clock.cpu() if measures_cpu else 0.0
+        txn_id = commit.transactional_id
+        mode = self.policy.mode_for(txn_id, CONSUMER_OFFSETS)
+        if mode is Enforcement.OFF:
+            return UNCHECKED
+        count = self.offsets_partitions
+        if count is None:
+            return None  # the general path asks for it first
+        group, producer_id, epoch = commit.group_id, commit.producer_id, commit.producer_epoch
+        wall_ms = clock.wall_ms()
+        verdict = self.registry.local_verdict(txn_id, producer_id, epoch,
+                                              (CONSUMER_OFFSETS, offsets_partition_for(group, count)), wall_ms,
+                                              group=group)
+        if verdict is None or not verdict.passed:
+            return None
+        decided = clock.perf()
+        return PassedOffsets(client, txn_id, producer_id, epoch, version, group, verdict, mode,
+                             (started - parsing) * 1000, (decided - started) * 1000,
+                             (clock.cpu() - on_cpu) * 1000 if measures_cpu else None, wall_ms, decided, place)
 
     # -- checking writes ---------------------------------------------------------------------------------
 

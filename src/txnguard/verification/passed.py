@@ -56,3 +56,13 @@ class PassedOffsets(NamedTuple):
     time_ms: int
     decided_at: float
     place: int                 # how many `Passed` of the same ledger were booked before it
+
+
+class Unchecked:
+    """What `pass_offset_commit_locally` says of a request the policy leaves unchecked: forwarded as it is,
+    nothing recorded (as the general path's `Decision` without a context)."""
+
+    __slots__ = ()
+
+
+UNCHECKED = Unchecked()
