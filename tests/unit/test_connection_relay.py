@@ -676,7 +676,7 @@ def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken(monkeypat
         return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)), *bounds)
 
     monkeypatch.setattr(decisions, "read_txn_offset_commit", reads_v5)
-    v5_head = core.RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 1)
+    v5_head = decisions.RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 1)
     assert reads_v5(memoryview(txn_offset_commit(1, version=5))[4:], v5_head) is not None
     taken, [facts], _, _ = _commit_both_ways(_evidence_for_group, [txn_offset_commit(1, version=5)])
     assert taken == [0] and facts == []

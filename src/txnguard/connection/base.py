@@ -1,0 +1,178 @@
+"""What a connection knows, and the moves every part of it makes (connection/core.py puts them together).
+
+`ConnectionBase` holds the state of one client connection and its broker connection: the frame splitter
+and the response reader, the in-order queue of requests awaiting responses (`_order`, and `_forwarded`,
+the subset sent to the broker), the holds, the mode, who the client is. `Settings` and the shell's view of
+the cluster (`Cluster`) are what a connection is made with.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from txnguard.codecs import api_versions, native
+from txnguard.codecs.errors import CodecError
+from txnguard.codecs.framing import FrameSplitter
+from txnguard.connection.commands import (
+    Close,
+    Command,
+    Direction,
+    PauseReading,
+    ResumeReading,
+    Side,
+)
+from txnguard.connection.holds import Hold, Holds, Pause
+from txnguard.connection.in_flight import InFlight
+from txnguard.connection.ledger import Ledger
+from txnguard.connection.modes import Event, Mode, next_mode
+from txnguard.connection.reader import ResponseReader
+from txnguard.connection.rules import Rules
+from txnguard.connection.traffic import Traffic
+from txnguard.verification.audit import ClientInfo
+from txnguard.verification.decisions import Clock, PendingCheck
+from txnguard.verification.inventory import ConnectionInventory
+
+_CLOSED, _LINGERING = Mode.CLOSED, Mode.LINGERING
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    connection_id: int
+    listener: str
+    max_frame_bytes: int
+    pre_auth_max_frame_bytes: int | None   # the limit until SASL completes; None: no SASL expected
+    max_in_flight: int
+    partial_frame_timeout_s: float
+    idle_timeout_s: float
+    debug: bool = False                    # a RequestSeen fact per request
+    fast_path: bool = True                 # relay frames that need no reading without the general path's helpers
+
+
+class Cluster(Protocol):
+    """The shell's view of the cluster, consulted synchronously (addresses, ApiVersions)."""
+
+    version_policy: api_versions.VersionPolicy
+
+    # May raise AddressUnavailable (no listener of ours for that broker): the connection closes with its reason.
+    def client_address_for(self, node_id: int, host: str, port: int) -> tuple[str, int]: ...
+    def learn_brokers(self, found: list[tuple[int, str, int]]) -> None: ...
+    def remember_broker_api_versions(self, body: Any) -> None: ...
+    def advertised_api_versions(self) -> list[tuple[int, int, int]]: ...
+
+
+class ResponseOutOfOrder(CodecError):
+    reason = "response_out_of_order"
+
+
+
+class ConnectionBase:
+    """What a connection knows (its state) and the few moves every part of it makes: who the client is, the
+    mode's changes, pausing and closing, holds beginning and ending. connection/core.py builds `Connection`
+    on it: the response side (responses.py), the request side (requests.py), the relay's fast paths
+    (relay.py), and the events in."""
+
+    def __init__(self, settings: Settings, rules: Rules, cluster: Cluster, clock: Clock,
+                 traffic: Traffic | None = None, inventory: ConnectionInventory | None = None) -> None:
+        self.settings = settings
+        self.inventory = inventory  # what the client showed of itself, for the audit's connection record
+        self.rules = rules
+        self.cluster = cluster
+        self.clock = clock
+        self.traffic = traffic or Traffic()
+        self.ledger = Ledger()  # what the shell records without commands (connection/ledger.py)
+        self._info: ClientInfo | None = None
+        limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
+        self.requests = FrameSplitter(limit)
+        # debug wants a RequestSeen per request; without the native readers nothing is read in place (native.py)
+        self._fast = settings.fast_path and not settings.debug and native.AVAILABLE
+        self._panicked: str | None = None  # a native reader's panic: this connection closes (receive_from_client)
+        self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
+        self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
+        # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
+        self.holds = Holds()
+        self._paused: set[Pause] = set()
+        self.mode = Mode.RELAY  # what the connection does; changed only through the table in connection/modes.py
+        self.client_id: str | None = None
+        self.software_name: str | None = None
+        self.software_version: str | None = None
+        self._family: str | None = None
+        self.last_activity = clock.perf()
+        self.partial_since: float | None = None
+        self._now = self.last_activity
+        self.responses = ResponseReader()
+        self._answering: InFlight | None = None  # the request of the response being read
+
+    # -- who the client is ----------------------------------------------------------------------------
+
+    @property
+    def family(self) -> str:
+        if self._family is None:
+            self._family = self.rules.family(self.software_name, self.client_id, self.settings.listener)
+        return self._family
+
+    def forget_family(self) -> None:
+        """A new policy may classify the client differently."""
+        self._family = None
+        self._info = None
+
+    def client_info(self) -> ClientInfo:
+        """Who the client is, as decisions and audit records name it (kept until any part of it changes)."""
+        info = self._info
+        if info is None:
+            info = self._info = ClientInfo(self.client_id, self.software_name, self.software_version, self.family,
+                                           self.settings.listener, self.settings.connection_id)
+        return info
+
+    # -- the mode (connection/modes.py) ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.mode is _CLOSED
+
+    @property
+    def lingering(self) -> bool:
+        return self.mode is _LINGERING
+
+    def _to(self, event: Event) -> None:
+        self.mode = next_mode(self.mode, event)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._order)
+
+    # -- holds (connection/holds.py): later requests queue, reading the client pauses ------------------
+
+    def _hold(self, reason: Pause, entry: InFlight, out: list[Command], check: PendingCheck | None = None,
+              expect_response: bool = True) -> Hold:
+        """Later requests queue behind `entry` until the hold ends; reading the client pauses for `reason`."""
+        hold = self.holds.start(reason, entry, check, expect_response)
+        self._to(Event.HOLD)
+        self._pause(reason, out)
+        return hold
+
+    def _end_hold(self, hold: Hold, out: list[Command]) -> None:
+        self.holds.end(hold)
+        if self.holds.of(hold.reason) is None:
+            self._resume(hold.reason, out)
+        if not self.holds:
+            self._to(Event.RELEASE)
+
+    # -- pausing and closing --------------------------------------------------------------------------
+
+    def _pause(self, cause: Pause, out: list[Command]) -> None:
+        if cause not in self._paused:
+            self._paused.add(cause)
+            out.append(PauseReading(Side.CLIENT, cause.value))
+
+    def _resume(self, cause: Pause, out: list[Command]) -> None:
+        if cause in self._paused:
+            self._paused.discard(cause)
+            out.append(ResumeReading(Side.CLIENT, cause.value))
+
+    def _close(self, reason: str, detail: str, level: str = "info", frame_error: Direction | None = None) -> Close:
+        self._to(Event.CLOSE)
+        return Close(reason, detail, level, frame_error)
+
+    def _close_on(self, error: CodecError, direction: Direction, prefix: str = "") -> Close:
+        return self._close(error.reason, f"{prefix}{error}", "warning", direction)
