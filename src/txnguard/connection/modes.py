@@ -7,12 +7,15 @@ queued behind a hold". A hold that begins or ends while the connection drains, l
 become a byte pipe leaves that mode as it is (the holds themselves keep the queue).
 
     RELAY        frames read, book-kept, forwarded; the fast paths run only here (and, for responses, in
-                 HOLDING)
-    HOLDING      a verification, the EndTxn hold or an absorption holds the client's later requests
+                 HOLDING); a large request is cut through only here
+    HOLDING      a verification, the EndTxn hold or an absorption holds the client's later requests: what
+                 the relay tests (connection/relay.py) to leave requests to the general path, which queues
+                 them, while answers still take the fast path; the last hold's end (RELEASE) goes back to RELAY
     RAW_PENDING  a SaslHandshake v0 succeeded: header-less SASL tokens follow once every earlier response
                  is out
     RAW          a byte pipe both ways (SASL v0 tokens)
-    DRAINING     the proxy shuts down: nothing new is read; closes once every response is delivered
+    DRAINING     the proxy shuts down: nothing new is read; closes once every response is delivered (the one
+                 place: `_close_when_drained`, connection/responses.py)
     LINGERING    the client left with an EndTxn unanswered: the broker side stays until it is answered
     CLOSED       nothing more comes out
 """
