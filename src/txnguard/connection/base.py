@@ -36,6 +36,7 @@ from txnguard.verification.inventory import ConnectionInventory
 
 _CLOSED, _LINGERING = Mode.CLOSED, Mode.LINGERING
 
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     connection_id: int
@@ -63,7 +64,6 @@ class Cluster(Protocol):
 
 class ResponseOutOfOrder(CodecError):
     reason = "response_out_of_order"
-
 
 
 class ConnectionBase:

@@ -52,6 +52,7 @@ __all__ = ["CUT_THROUGH_REQUESTS_ABOVE", "FAST_PRODUCE_VERSIONS", "SLOW_KEYS", "
 
 _RAW, _LINGERING, _CLOSED = Mode.RAW, Mode.LINGERING, Mode.CLOSED
 
+
 class Connection(RequestSide):
     """One client connection: the events in, each a method; the commands out, a list (connection/commands.py).
 

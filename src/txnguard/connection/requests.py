@@ -47,6 +47,7 @@ _LIFECYCLE = frozenset({ApiKey.END_TXN.value, ApiKey.INIT_PRODUCER_ID.value})  #
 _OPENS_TRANSACTION = frozenset({ApiKey.ADD_PARTITIONS_TO_TXN.value, ApiKey.ADD_OFFSETS_TO_TXN.value})
 _RELAY, _CLOSED = Mode.RELAY, Mode.CLOSED
 
+
 class RequestSide(ResponseSide):
     """Client -> broker on the general path: each whole request peeked, counted, checked by the rules when
     they want it (a decision now, or a question and a hold), answered here, or forwarded; a large request
