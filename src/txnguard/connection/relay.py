@@ -64,22 +64,16 @@ _PRODUCE_ADDRESSES_FROM = _ADDRESSES_FROM[_PRODUCE]
 
 def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - the loop: one frame per turn
     """The fast path for requests: book the whole frames at the start of `data` that need no reading; how many
-    bytes. When that is the whole read, the read goes to the broker as it is (the shell's common case: one call
-    here and one write, no command objects); otherwise the shell hands the read to
-    `Connection.receive_from_client` with `relayed` set, which forwards those bytes with the rest. Which frames
-    qualify, and when nothing is taken: the module's docstring."""
-    # Only while relaying (no hold, no byte pipe, not draining...), with the fast path on, the client
-    # identified, and no request read in part (buffered, or being cut through).
+    bytes (all of them: the read goes to the broker as it is; else `Connection.receive_from_client(data, relayed)`
+    forwards them with the rest). Which frames qualify, and when nothing is taken: the module's docstring."""
     requests = conn.requests
     if conn.mode is not _RELAY or not conn._fast or conn.client_id is None or requests.through or requests.buffered:
         return 0
-    conn._now = conn.last_activity = now = conn.clock.perf()
-    end, pos = len(data), 0
-    limit = requests.max_frame
-    t = conn.traffic
-    frames_in, bytes_in = t.frames_in, t.bytes_in
+    clock, rules, inventory = conn.clock, conn.rules, conn.inventory
+    conn._now = conn.last_activity = now = clock.perf()
+    end, pos, limit = len(data), 0, requests.max_frame
+    frames_in, bytes_in = conn.traffic.frames_in, conn.traffic.bytes_in
     order, forwarded = conn._order, conn._forwarded
-    inventory = conn.inventory
     room = conn.settings.max_in_flight - 1 - len(order)  # queue places before the limit
     entry: InFlight | None
     while end - pos >= 14:
@@ -94,38 +88,48 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
             if found is None:
                 break
             at, acks = found
-            if acks is None:  # a transactional write
-                if room <= 0:
-                    break
-                entry = _transactional_write(conn, data, at, stop, version, correlation_id, now)
-                if entry is None:
-                    break
-            else:
-                if acks and room <= 0:
-                    break
+            if acks == 0:  # acks=0: no response, never in the queue
                 if inventory is not None:
                     inventory.produce_versions.add(version)
-                if not acks:  # acks=0: no response, never in the queue
-                    frames_in[key] += 1
-                    bytes_in[key] += 4 + size
-                    pos = stop
-                    continue
-                entry = InFlight(correlation_id, key, version,
-                                 _REWRITE_ADDRESSES if version >= _PRODUCE_ADDRESSES_FROM else _PASS, now)
-        elif key in SLOW_KEYS:
+                frames_in[key] += 1
+                bytes_in[key] += 4 + size
+                pos = stop
+                continue
             if room <= 0:
                 break
+            action = _REWRITE_ADDRESSES if version >= _PRODUCE_ADDRESSES_FROM else _PASS
+            if acks is None:  # a transactional write: the rules pass it at once on local evidence, or not here
+                try:
+                    passed = rules.pass_produce_locally(data, at, stop, version, conn.client_info(), clock)
+                except _PanicException as e:  # a bug in the native reader, never the input's fault
+                    conn._panicked = f"the native Produce reader panicked: {e}"
+                    break
+                if passed is None:
+                    break
+                conn.ledger.passed.append(passed)  # what its `Decided` would have recorded
+                if inventory is not None:  # as `ConnectionInventory.produce` notes a transactional write
+                    inventory.produce_versions.add(version)
+                    inventory.used_transactions = True
+                    if inventory.first_transactional_id is None:
+                        inventory.first_transactional_id = passed.transactional_id
+                entry = InFlight(correlation_id, key, version, action, now)
+                entry.evidence, entry.evidence_at = passed.verdict.evidence.value, passed.decided_at
+            else:
+                if inventory is not None:
+                    inventory.produce_versions.add(version)
+                entry = InFlight(correlation_id, key, version, action, now)
+        elif room <= 0:
+            break
+        elif key in SLOW_KEYS:  # read in place by a helper of its kind, or the general path's
             if key == _TXN_OFFSET_COMMIT:
                 entry = _offset_commit(conn, data, pos, stop, version, correlation_id, now)
             elif key in _OBSERVED_FAST:
                 entry = _life_cycle(conn, data, pos, stop, key, version, correlation_id, now)
             else:
-                break  # the general path reads it
+                break
             if entry is None:
                 break
         else:
-            if room <= 0:
-                break
             entry = InFlight(correlation_id, key, version,
                              _REWRITE_ADDRESSES if version >= _ADDRESSES_FROM.get(key, _NO_ADDRESSES) else _PASS, now)
         room -= 1
@@ -138,31 +142,6 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
     if pos == end:
         conn.partial_since = None
     return pos
-
-
-def _transactional_write(conn: ConnectionBase, data: Chunk, at: int, stop: int, version: int, correlation_id: int,
-                         now: float) -> InFlight | None:
-    """A transactional Produce (its transactional id at `at`) the rules pass at once on local evidence, as
-    `check_produce` would: what its `Decided` would have recorded goes to the ledger; its in-flight entry.
-    None: the general path (or a native reader's panic: the connection closes, receive_from_client)."""
-    try:
-        passed = conn.rules.pass_produce_locally(data, at, stop, version, conn.client_info(), conn.clock)
-    except _PanicException as e:  # a bug in the native reader, never the input's fault
-        conn._panicked = f"the native Produce reader panicked: {e}"
-        return None
-    if passed is None:
-        return None
-    conn.ledger.passed.append(passed)
-    inventory = conn.inventory
-    if inventory is not None:
-        inventory.produce_versions.add(version)
-        inventory.used_transactions = True
-        if inventory.first_transactional_id is None:
-            inventory.first_transactional_id = passed.transactional_id
-    entry = InFlight(correlation_id, _PRODUCE, version,
-                     _REWRITE_ADDRESSES if version >= _PRODUCE_ADDRESSES_FROM else _PASS, now)
-    entry.evidence, entry.evidence_at = passed.verdict.evidence.value, passed.decided_at
-    return entry
 
 
 def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, version: int, correlation_id: int,
