@@ -116,3 +116,28 @@ def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark(
     # The same answer taken as complete (a full Fetch) says nothing of partition 1.
     f.caught_up_at[1] = 1.0
     assert f._apply(answer, [0, 1, 2])[0] == {0}
+
+
+def test_a_partition_behind_only_until_its_epoch_started_is_at_its_end_without_news() -> None:
+    """follower ─Fetch(session)─▶ new leader of partition 2: records to its watermark 10, but the epoch's start not
+    confirmed yet (behind) ─ListOffsets─▶ started ─Fetch(session)─▶ nothing new to list for partition 2: it is at its
+    end now (waiting for news that never comes left the follower behind forever after a broker crash)."""
+    from txnguard.codecs.log_fetch import FetchAnswer
+    from txnguard.proxy.config import HostPort
+    from txnguard.proxy.log_follower import LogFollower
+    from txnguard.proxy.metrics import ProxyMetrics
+    from txnguard.verification.transaction_log_view import TransactionLogView
+
+    leader = HostPort("127.0.0.1", 9092)
+    f = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: (leader,), lambda h, p: HostPort(h, p))
+    f.leaders = {2: leader}
+    f.leader_epochs = {2: 4}
+    f.view.positions[2] = 10
+    f.high_watermarks[2] = 10
+    f._behind = {2}
+    empty = FetchAnswer(0, 41, [])
+    assert f._apply(empty, [2], complete=False)[0] == set()  # the epoch not started: still behind
+    f._epoch_checked[2] = 4
+    f._epochs_unchecked.discard(2)
+    assert f._apply(empty, [2], complete=False)[0] == {2}
+    assert f.partition_usable(2)

@@ -369,17 +369,35 @@ class LogFollower:
             else:
                 self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
         if not complete:
-            listed = {part.partition for part in parts}
-            caught_up_at, behind = self.caught_up_at, self._behind
-            still = [p for p in asked if p not in listed and p not in behind and p in caught_up_at]
-            caught_up_at.update(dict.fromkeys(still, now))
-            reached.update(still)
+            reached |= self._unlisted_at_end(asked, {part.partition for part in parts}, now)
         if read_one:
             self.denied = False
             if self.on_proved is not None:
                 self.on_proved(("READ", "Topic", TOPIC))
         self._check_caught_up()
         return reached, failed
+
+    def _unlisted_at_end(self, asked: Iterable[int], listed: set[int], now: float) -> set[int]:
+        """The partitions an incremental answer left out that are at their end: the broker lists a partition only
+        with news (records, a new watermark), so one left out still has the watermark last read. One that was
+        below it only because its new leader's epoch had not started yet is at its end once the epoch has (no
+        news would ever come to say so: a fault test's follower waited forever on such a partition)."""
+        caught_up_at, behind, hws = self.caught_up_at, self._behind, self.high_watermarks
+        positions = self.view.positions
+        at_end = set()
+        for p in asked:
+            if p in listed:
+                continue
+            if p not in behind:
+                if p in caught_up_at:
+                    at_end.add(p)
+                continue
+            hw = hws.get(p)
+            if hw is not None and positions.get(p, 0) >= hw and self._epoch_started(p):
+                behind.discard(p)
+                at_end.add(p)
+        caught_up_at.update(dict.fromkeys(at_end, now))
+        return at_end
 
     def _partition_failed(self, part: Fetched) -> bool:
         """A partition's error: whether it failed (an offset out of range does not: the log's start moved)."""
