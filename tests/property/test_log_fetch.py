@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.records.readers import read_batch
@@ -20,8 +19,8 @@ from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.log_fetch import Wanted, fetch_request, read_fetch_answer
 from txnguard.testing.raw import build_batch
 
-pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native module is part of the build: "
-                                "test_native_data_path.py fails without it")
+# No skip without the native module: it is part of the build, and these tests fail without it (as
+# test_native_data_path.py does), like the other native readers' property tests.
 
 st.register_type_strategy(Records, st.binary(max_size=64).map(Records))
 FETCH = ApiKey.FETCH.value
