@@ -16,11 +16,12 @@ pub mod fetch;
 pub mod lifecycle;
 pub mod log_records;
 pub mod produce;
+pub mod transaction_log;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyString, PyTuple};
 
 use lifecycle::TxnRequest;
 
@@ -152,6 +153,50 @@ fn read_batch_records<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usi
     Ok(Some(PyList::new(py, items)?))
 }
 
+/// TransactionState's names in Apache Kafka, by the status byte the log stores (codecs/transaction_log.py's STATES).
+const STATES: [&str; 8] = ["Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
+                           "Dead", "PrepareEpochFence"];
+
+/// One decoded record as Python gets it: (offset, applied, transactional id or None, value fields or None).
+fn decoded_item<'py>(py: Python<'py>, offset: i64, d: transaction_log::Decoded) -> PyResult<Bound<'py, PyTuple>> {
+    let value = match d.value {
+        None => py.None(),
+        Some(v) => {
+            let parts = PyFrozenSet::new(py, v.partitions.iter())?;
+            let state = PyString::intern(py, STATES[usize::from(v.status)]);
+            (v.producer_id, v.producer_epoch, v.timeout_ms, state, parts, v.last_update_ms, v.start_ms)
+                .into_pyobject(py)?.into_any().unbind()
+        }
+    };
+    PyTuple::new(py, [
+        offset.into_pyobject(py)?.into_any().unbind(),
+        (d.applied as u8).into_pyobject(py)?.into_any().unbind(),
+        d.transactional_id.into_pyobject(py)?.into_any().unbind(),
+        value,
+    ])
+}
+
+/// `read_log_records(data, start, stop)`: a Fetch answer's record set of `__transaction_state` in
+/// `data[start:stop]`, every record of its batches decoded as the follower's view applies it, in one call:
+/// ([(offset, applied, transactional id or None, (producer id, epoch, timeout, state, frozenset of (topic,
+/// partition), last update, start) or None)], failure). `applied` is the index of `Applied` (state, tombstone,
+/// unknown, malformed). `failure` is None, or (unknown, where) when a batch stopped the reading: a batch this
+/// reader does not know (magic, compression: `unknown` true) or one that does not read whole (false), the
+/// records before it kept. A partial batch at the end (Fetch cuts at its byte limit) ends the set
+/// (log_records.rs, transaction_log.rs; codecs/transaction_log.py's `read_decoded` says the same in Python).
+#[pyfunction]
+fn read_log_records<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize)
+    -> PyResult<(Bound<'py, PyList>, Option<(bool, usize)>)> {
+    let found = in_place!(data, |b| Some(log_records::read_record_set(b, start, stop, transaction_log::decode)));
+    let (records, failure) = found.unwrap_or((Vec::new(), Some(log_records::SetFailure::Malformed(start))));
+    let items = records.into_iter().map(|(offset, d)| decoded_item(py, offset, d)).collect::<PyResult<Vec<_>>>()?;
+    let failure = failure.map(|f| match f {
+        log_records::SetFailure::Unknown(at) => (true, at - start),
+        log_records::SetFailure::Malformed(at) => (false, at - start),
+    });
+    Ok((PyList::new(py, items)?, failure))
+}
+
 /// `set_known_errors(low, high)`: the error codes kio knows (once, at import: codecs/native.py).
 #[pyfunction]
 fn set_known_errors(low: i16, high: i16) {
@@ -167,6 +212,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(endpoints_absent, m)?)?;
     m.add_function(wrap_pyfunction!(read_fetch_answer, m)?)?;
     m.add_function(wrap_pyfunction!(read_batch_records, m)?)?;
+    m.add_function(wrap_pyfunction!(read_log_records, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

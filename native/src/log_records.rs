@@ -137,6 +137,56 @@ pub fn read_batch_records<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize)
     (head.left() == 0).then_some(out)
 }
 
+/// What stopped reading a record set at a batch (its position in the buffer): a batch this reader does not know
+/// (magic, compression) or one that does not read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetFailure {
+    Unknown(usize),
+    Malformed(usize),
+}
+
+const BATCH_HEAD: usize = 12; // base offset, batch length
+
+/// Every record of the batches of a record set in `buf[start..stop]`, each one given to `decode` with its key
+/// and value bounds, in order; control batches skipped; a partial batch at the end ends the set. The records
+/// before a batch that stops the reading are kept, with the failure.
+pub fn read_record_set<B: Bytes + ?Sized, T>(
+    buf: &B, start: usize, stop: usize,
+    decode: impl Fn(&B, Option<(usize, usize)>, Option<(usize, usize)>) -> T,
+) -> (Vec<(i64, T)>, Option<SetFailure>) {
+    let mut out = Vec::new();
+    let Some(mut c) = Cursor::new(buf, start, stop) else { return (out, Some(SetFailure::Malformed(start))) };
+    while c.left() >= BATCH_HEAD {
+        let pos = c.pos;
+        let mut head = match c.within(stop) { Some(h) => h, None => break };
+        let (Some(_), Some(length)) = (head.i64(), head.i32()) else { break };
+        let Ok(length) = usize::try_from(length) else { break };
+        let Some(end) = (pos + BATCH_HEAD).checked_add(length) else { break };
+        if length == 0 || end > stop {
+            break; // a partial batch at the end: Fetch cut there
+        }
+        if end - pos < HEADER {
+            return (out, Some(SetFailure::Malformed(pos)));
+        }
+        let (Some(magic), Some(attributes)) = (buf.byte(pos + MAGIC), (|| {
+            Some(i16::from_be_bytes([buf.byte(pos + ATTRIBUTES)?, buf.byte(pos + ATTRIBUTES + 1)?]))
+        })()) else { return (out, Some(SetFailure::Malformed(pos))) };
+        if magic != 2 || attributes & 0x07 != 0 {
+            return (out, Some(SetFailure::Unknown(pos)));
+        }
+        if attributes & 0x20 == 0 {
+            let Some(records) = read_batch_records(buf, pos, end) else {
+                return (out, Some(SetFailure::Malformed(pos)));
+            };
+            out.extend(records.into_iter().map(|(offset, key, value)| (offset, decode(buf, key, value))));
+        }
+        if c.skip(end - pos).is_none() {
+            break;
+        }
+    }
+    (out, None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

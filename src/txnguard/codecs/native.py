@@ -70,3 +70,7 @@ endpoints_absent: Any = getattr(_native, "endpoints_absent", None)
 # (native/src/log_records.rs). Only called where AVAILABLE (kio reads them without the module).
 read_fetch_answer: Any = getattr(_native, "read_fetch_answer", None)
 read_batch_records: Any = getattr(_native, "read_batch_records", None)
+# read_log_records(data, start, stop) -> ([(offset, applied, transactional id | None, value fields | None)], failure):
+# a record set of __transaction_state, each record decoded as the follower's view applies it, in one call
+# (native/src/transaction_log.rs; codecs/transaction_log.py's read_decoded)
+read_log_records: Any = getattr(_native, "read_log_records", None)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kio.records.readers import read_batch
 
@@ -38,6 +39,7 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _BATCH_HEAD = struct.Struct(">qi")  # base offset, batch length (after this field)
 _ATTRIBUTES_AT = 21                 # the batch's int16 attributes
+_BATCH_HEADER = 61                  # a v2 batch's fixed header, up to its record count
 _COMPRESSION = 0x07
 _CONTROL = 0x20
 
@@ -61,8 +63,9 @@ class LogRecord:
     value: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class TxnLogValue:
+class TxnLogValue(NamedTuple):
+    """A transaction log value's fields (a NamedTuple: the follower builds one per record read)."""
+
     producer_id: int
     producer_epoch: int
     timeout_ms: int
@@ -72,9 +75,71 @@ class TxnLogValue:
     start_ms: int
 
 
+# What one record does to the view, by index (verification/transaction_log_view.py's `Applied`, in its order):
+STATE, TOMBSTONE, UNKNOWN, MALFORMED = range(4)
+# (offset, what it does, its transactional id or None when the key does not decode, its value when a state)
+Decoded = tuple[int, int, str | None, TxnLogValue | None]
+
+
+def read_decoded(data: bytes | memoryview) -> tuple[list[Decoded], DecodeFailed | None]:
+    """The records of a Fetch answer's record set (as `records`), each decoded as the view applies it, and what
+    stopped the reading at a batch (`UnknownVersion`, `DecodeFailed`: the records before it are kept), or None.
+    By the native module in one call (batches, keys and values read in place: the follower's cost is the
+    interpreter's work per answer, so it does as little of it as it can); by `decode` record by record without
+    it, or the native module's oracle in the property tests."""
+    if native.AVAILABLE:
+        found, failure = native.read_log_records(data, 0, len(data))
+        make = TxnLogValue._make
+        decoded: list[Decoded] = [(o, a, t, None if v is None else make(v)) for o, a, t, v in found]
+        if failure is None:
+            return decoded, None
+        unknown, at = failure
+        return decoded, (UnknownVersion(f"a record batch at byte {at} this reader does not know (magic, compression)")
+                         if unknown else DecodeFailed(f"record batch at byte {at}: not read whole"))
+    return python_decoded(data)
+
+
+def python_decoded(data: bytes | memoryview) -> tuple[list[Decoded], DecodeFailed | None]:
+    """`read_decoded` in Python: the fallback without the native module, and its oracle."""
+    out: list[Decoded] = []
+    try:
+        for record in records(data):
+            out.append(decode(record))
+    except DecodeFailed as e:
+        return out, e
+    return out, None
+
+
+def decode(record: LogRecord) -> Decoded:
+    """One record decoded as the view applies it (the Python reader: the fallback, and the native one's oracle)."""
+    try:
+        if record.key is None:
+            raise DecodeFailed("a transaction log record without a key")
+        txn_id = transactional_id(record.key)
+    except UnknownVersion:
+        return record.offset, UNKNOWN, None, None
+    except DecodeFailed:
+        return record.offset, MALFORMED, None, None
+    if record.value is None:
+        return record.offset, TOMBSTONE, txn_id, None
+    try:
+        return record.offset, STATE, txn_id, transaction(record.value)
+    except UnknownVersion:
+        return record.offset, UNKNOWN, txn_id, None
+    except DecodeFailed:
+        return record.offset, MALFORMED, txn_id, None
+
+
 def records(data: bytes | memoryview) -> Iterator[LogRecord]:
     """The records of a Fetch answer's record set, in offset order. A partial batch at the end (Fetch cuts
     at its byte limit) ends the iteration; control batches (none in this topic) are skipped."""
+    view = memoryview(data)
+    for pos, stop in _batches(data):
+        yield from _batch_records(data, view, pos, stop)
+
+
+def _batches(data: bytes | memoryview) -> Iterator[tuple[int, int]]:
+    """The bounds of each whole, uncompressed, non-control v2 batch of a record set, in order."""
     view = memoryview(data)
     pos, end = 0, len(view)
     while pos + _BATCH_HEAD.size <= end:
@@ -82,13 +147,15 @@ def records(data: bytes | memoryview) -> Iterator[LogRecord]:
         stop = pos + _BATCH_HEAD.size + length
         if length <= 0 or stop > end:
             return
+        if stop - pos < _BATCH_HEADER:
+            raise DecodeFailed(f"a record batch of {stop - pos} bytes at byte {pos}: shorter than its header")
         if view[pos + 16] != 2:
             raise UnknownVersion(f"record batch magic {view[pos + 16]} at byte {pos}")
         (attributes,) = _I16.unpack_from(view, pos + _ATTRIBUTES_AT)
         if attributes & _COMPRESSION:
             raise UnknownVersion(f"a compressed batch (attributes {attributes:#x}): the coordinator writes none")
         if not attributes & _CONTROL:
-            yield from _batch_records(data, view, pos, stop)
+            yield pos, stop
         pos = stop
 
 

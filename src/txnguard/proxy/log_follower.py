@@ -45,7 +45,7 @@ from kio.static.primitive import i8, i32, i64
 
 from txnguard.codecs import log_fetch
 from txnguard.codecs.api_keys import ApiKey
-from txnguard.codecs.errors import CodecError, DecodeFailed
+from txnguard.codecs.errors import CodecError
 from txnguard.codecs.log_fetch import (
     FETCH_SESSION_ID_NOT_FOUND,
     FINAL_EPOCH,
@@ -57,7 +57,7 @@ from txnguard.codecs.log_fetch import (
     Wanted,
 )
 from txnguard.codecs.topic_partition import TopicPartition
-from txnguard.codecs.transaction_log import TOPIC, UnknownVersion, records
+from txnguard.codecs.transaction_log import TOPIC, read_decoded
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import CLIENT_ID, BrokerConnection, BrokerConnections, UpstreamError
@@ -66,6 +66,8 @@ from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.verification.access import missing_acl
 from txnguard.verification.transaction_log_view import Applied, TransactionLogView
 from txnguard.verification.verdicts import Verdict
+
+_STATE, _TOMBSTONE = Applied.STATE, Applied.TOMBSTONE
 
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 PARTITION_MAX_BYTES = 1024 * 1024
@@ -302,6 +304,7 @@ class LogFollower:
         else:
             session_id, epoch, listed, full = session.next(self._plan_version, partitions, epochs, positions,
                                                            PARTITION_MAX_BYTES)
+        self._fetches.inc()
         body = await conn.request_encoded(
             ApiKey.FETCH.value, log_fetch.VERSION,
             lambda correlation_id: log_fetch.fetch_request(
@@ -368,6 +371,11 @@ class LogFollower:
                 reached.add(p)
             else:
                 self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
+        tally = self._tally
+        for applied, n in tally.items():
+            if n:
+                self._counted[applied].inc(n)
+                tally[applied] = 0
         if not complete:
             reached |= self._unlisted_at_end(asked, {part.partition for part in parts}, now)
         if read_one:
@@ -384,14 +392,9 @@ class LogFollower:
         news would ever come to say so: a fault test's follower waited forever on such a partition)."""
         caught_up_at, behind, hws = self.caught_up_at, self._behind, self.high_watermarks
         positions = self.view.positions
-        at_end = set()
-        for p in asked:
-            if p in listed:
-                continue
-            if p not in behind:
-                if p in caught_up_at:
-                    at_end.add(p)
-                continue
+        unlisted = set(asked).difference(listed)
+        at_end = (unlisted - behind).intersection(caught_up_at)  # set operations: no Python loop per partition
+        for p in unlisted & behind:
             hw = hws.get(p)
             if hw is not None and positions.get(p, 0) >= hw and self._epoch_started(p):
                 behind.discard(p)
@@ -446,22 +449,25 @@ class LogFollower:
     def _read(self, partition: int, data: memoryview) -> None:
         if not data:
             return
-        position = self.view.positions.get(partition, 0)
-        try:
-            for record in records(data):
-                if record.offset < position:
-                    continue  # read already (a sync and a long poll may both carry it)
-                applied = self.view.apply(partition, record)
-                self._counted[applied].inc()
-                position = record.offset + 1
-                if applied in (Applied.UNKNOWN, Applied.MALFORMED) and (partition, applied) not in self._said:
-                    self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
-                    self.log.warning("transaction_log_record_unreadable", partition=partition, offset=record.offset,
-                                     outcome=applied.value, detail="its id is asked of the coordinator instead")
-        except (UnknownVersion, DecodeFailed) as e:
+        view = self.view
+        position = view.positions.get(partition, 0)
+        found, failure = read_decoded(data)
+        apply, tally = view.apply_decoded, self._tally
+        for record in found:
+            offset = record[0]
+            if offset < position:
+                continue  # read already (a sync and a long poll may both carry it)
+            applied = apply(partition, record)
+            tally[applied] += 1  # the metric counted once per answer (`_apply`), not per record
+            position = offset + 1
+            if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
+                self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
+                self.log.warning("transaction_log_record_unreadable", partition=partition, offset=offset,
+                                 outcome=applied.value, detail="its id is asked of the coordinator instead")
+        if failure is not None:
             # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
             # the log's; so stop this partition here and say so (writes of its ids go to the next source).
-            self._say_problem(f"{TOPIC}-{partition} at offset {position}: {e}")
+            self._say_problem(f"{TOPIC}-{partition} at offset {position}: {failure}")
 
     async def sync(self, partition: int, budget_s: float) -> bool:
         """Read `partition` up to the high watermark as of now; True once there, False past the budget.
@@ -629,3 +635,5 @@ class LogFollower:
             lambda: self.lag_seconds() if self.caught_up_once else -1.0)
         m.log_follower_ids.set_function(lambda: float(len(self.view)))
         self._counted = {a: m.log_follower_records.labels(a.value) for a in Applied}
+        self._tally = dict.fromkeys(Applied, 0)  # records read since the metric was last told
+        self._fetches = m.log_follower_fetches

@@ -236,6 +236,10 @@ class ProxyMetrics:
             "tombstone, unknown_version or malformed (the id is then asked of the coordinator)", ["outcome"],
             registry=r)
         self.log_follower_records.labels("state")  # the rest appear with their first record
+        self.log_follower_fetches = Counter(
+            "txnguard_transaction_log_fetches", "Fetch requests the follower of __transaction_state sent: its long "
+            "polls (one answer each, carrying every record appended meanwhile) and its reads to the end; its CPU "
+            "goes mostly per Fetch, so this rate, not the cluster's transaction rate, sizes it", registry=r)
 
         # The proxy's own principal refused by Kafka (proxy/access_report.py): each names one missing ACL.
         self.authorization_failures = Counter(

@@ -27,12 +27,12 @@ import enum
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from txnguard.codecs.describe_transactions import DescribedTransaction
-from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.groups import coordinator_partition_for
 from txnguard.codecs.topic_partition import TopicPartition
-from txnguard.codecs.transaction_log import LogRecord, TxnLogValue, UnknownVersion, transaction, transactional_id
+from txnguard.codecs.transaction_log import Decoded, LogRecord, TxnLogValue, decode
 from txnguard.verification.judge import judge_description
 from txnguard.verification.verdicts import Evidence, Verdict
 
@@ -46,8 +46,11 @@ class Applied(enum.Enum):
     MALFORMED = "malformed"    # bytes that do not decode: likewise
 
 
-@dataclass(frozen=True, slots=True)
-class Logged:
+# By codecs/transaction_log.py's index of each (STATE, TOMBSTONE, UNKNOWN, MALFORMED).
+_APPLIED = (Applied.STATE, Applied.TOMBSTONE, Applied.UNKNOWN, Applied.MALFORMED)
+
+
+class Logged(NamedTuple):
     value: TxnLogValue
     partition: int
     offset: int
@@ -84,35 +87,29 @@ class TransactionLogView:
 
     def apply(self, partition: int, record: LogRecord) -> Applied:
         """One record, in offset order within its partition."""
-        self.positions[partition] = record.offset + 1
-        try:
-            if record.key is None:
-                raise DecodeFailed("a transaction log record without a key")
-            txn_id = transactional_id(record.key)
-        except UnknownVersion:
-            return self._count(Applied.UNKNOWN)
-        except DecodeFailed:
-            return self._count(Applied.MALFORMED)
-        if record.value is None:
-            self._ids.pop(txn_id, None)
-            return self._count(Applied.TOMBSTONE)
-        try:
-            value = transaction(record.value)
-        except UnknownVersion:
-            self._ids.pop(txn_id, None)  # its latest state is not known: no older one stands in for it
-            return self._count(Applied.UNKNOWN)
-        except DecodeFailed:
-            self._ids.pop(txn_id, None)
-            return self._count(Applied.MALFORMED)
-        self._ids[txn_id] = Logged(value, partition, record.offset)
-        self._ids.move_to_end(txn_id)
-        while len(self._ids) > self.limits.max_entries:
-            self._ids.popitem(last=False)
-            self.evicted += 1
-        return self._count(Applied.STATE)
+        return self.apply_decoded(partition, decode(record))
 
-    def _count(self, applied: Applied) -> Applied:
+    def apply_decoded(self, partition: int, record: Decoded) -> Applied:
+        """One record decoded (codecs/transaction_log.py: `decode`, `decoded_records`), in offset order within its
+        partition: a state replaces the id's; a tombstone removes it; a value that is unknown or does not decode
+        removes it too (its latest state is not known: no older one stands in for it); a key that does not
+        decode names no id."""
+        offset, kind, txn_id, value = record
+        self.positions[partition] = offset + 1
+        applied = _APPLIED[kind]
         self.counts[applied] += 1
+        if txn_id is None:
+            return applied
+        ids = self._ids
+        if value is None:
+            ids.pop(txn_id, None)
+            return applied
+        ids[txn_id] = Logged(value, partition, offset)
+        ids.move_to_end(txn_id)
+        if len(ids) > self.limits.max_entries:
+            while len(ids) > self.limits.max_entries:
+                ids.popitem(last=False)
+                self.evicted += 1
         return applied
 
     def describe(self, txn_id: str) -> DescribedTransaction | None:

@@ -1,0 +1,222 @@
+//! A `__transaction_state` record's key and value, decoded in place: what the follower's view applies.
+//!
+//! The same rules as the Python reader it stands beside (codecs/transaction_log.py: `transactional_id`,
+//! `transaction`), which stays the fallback without this module and the oracle of the property tests
+//! (tests/property/test_transaction_log_native.py): key version 0 (an int16-length id); value version 0
+//! (fixed-width) or 1 (flexible: compact arrays and strings, tagged fields skipped); a status outside
+//! 0-7 or another version is Unknown, never guessed at; anything that does not decode is Malformed.
+//! Trailing bytes after the last field are ignored, as the Python reader ignores them.
+
+use crate::bytes::{Bytes, Cursor};
+
+/// What one record does to the view (verification/transaction_log_view.py's `Applied`, in that order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    State = 0,
+    Tombstone = 1,
+    Unknown = 2,
+    Malformed = 3,
+}
+
+/// The value's fields: producer id, epoch, timeout, status (0-7), partitions, last update, start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnValue {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub timeout_ms: i32,
+    pub status: u8,
+    pub partitions: Vec<(String, i32)>,
+    pub last_update_ms: i64,
+    pub start_ms: i64,
+}
+
+/// A record as the view applies it: the id (None when the key does not decode) and the value when a state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    pub applied: Applied,
+    pub transactional_id: Option<String>,
+    pub value: Option<TxnValue>,
+}
+
+enum Failed {
+    Unknown,
+    Malformed,
+}
+
+/// The transactional id of the key in `buf[start..stop]`.
+fn transactional_id<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize) -> Result<String, Failed> {
+    let mut c = Cursor::new(buf, start, stop).ok_or(Failed::Malformed)?;
+    if c.left() < 4 {
+        return Err(Failed::Malformed);
+    }
+    let version = c.i16().ok_or(Failed::Malformed)?;
+    if version != 0 {
+        return Err(Failed::Unknown);
+    }
+    let n = usize::try_from(c.i16().ok_or(Failed::Malformed)?).map_err(|_| Failed::Malformed)?;
+    c.string(n).ok_or(Failed::Malformed)
+}
+
+struct Value<'a, 'b, B: Bytes + ?Sized> {
+    c: &'b mut Cursor<'a, B>,
+    flexible: bool,
+}
+
+impl<B: Bytes + ?Sized> Value<'_, '_, B> {
+    /// An array's length, or a string's: compact (unsigned varint, minus one) when flexible; -1 for null.
+    fn length(&mut self, fixed_i32: bool) -> Option<i64> {
+        if self.flexible {
+            Some(self.c.uvarint()? as i64 - 1)
+        } else if fixed_i32 {
+            Some(i64::from(self.c.i32()?))
+        } else {
+            Some(i64::from(self.c.i16()?))
+        }
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let n = usize::try_from(self.length(false)?).ok()?;
+        self.c.string(n)
+    }
+
+    fn skip_tags(&mut self) -> Option<()> {
+        if self.flexible {
+            for _ in 0..self.c.uvarint()? {
+                self.c.uvarint()?;
+                let size = usize::try_from(self.c.uvarint()?).ok()?;
+                self.c.skip(size)?;
+            }
+        }
+        Some(())
+    }
+}
+
+/// The value in `buf[start..stop]` (not a tombstone).
+fn transaction<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize) -> Result<TxnValue, Failed> {
+    let mut c = Cursor::new(buf, start, stop).ok_or(Failed::Malformed)?;
+    let version = c.i16().ok_or(Failed::Malformed)?;
+    if version != 0 && version != 1 {
+        return Err(Failed::Unknown);
+    }
+    let producer_id = c.i64().ok_or(Failed::Malformed)?;
+    let producer_epoch = c.i16().ok_or(Failed::Malformed)?;
+    let timeout_ms = c.i32().ok_or(Failed::Malformed)?;
+    // A missing status is an unknown one, as the Python reader reads it (-1, not a state).
+    let status = c.u8().ok_or(Failed::Unknown)?;
+    if status > 7 {
+        return Err(Failed::Unknown);
+    }
+    let mut v = Value { c: &mut c, flexible: version >= 1 };
+    let rest = (|| {
+        let mut partitions = Vec::new();
+        for _ in 0..v.length(true)?.max(0) {
+            let topic = v.string()?;
+            for _ in 0..v.length(true)?.max(0) {
+                partitions.push((topic.clone(), v.c.i32()?));
+            }
+            v.skip_tags()?;
+        }
+        let last_update_ms = v.c.i64()?;
+        let start_ms = v.c.i64()?;
+        v.skip_tags()?;
+        Some((partitions, last_update_ms, start_ms))
+    })();
+    let (partitions, last_update_ms, start_ms) = rest.ok_or(Failed::Malformed)?;
+    Ok(TxnValue { producer_id, producer_epoch, timeout_ms, status, partitions, last_update_ms, start_ms })
+}
+
+/// One record's key and value bounds (None: null) as the view applies it.
+pub fn decode<B: Bytes + ?Sized>(buf: &B, key: Option<(usize, usize)>, value: Option<(usize, usize)>) -> Decoded {
+    let failed = |applied, transactional_id| Decoded { applied, transactional_id, value: None };
+    let Some((ks, ke)) = key else { return failed(Applied::Malformed, None) };
+    let id = match transactional_id(buf, ks, ke) {
+        Ok(id) => id,
+        Err(Failed::Unknown) => return failed(Applied::Unknown, None),
+        Err(Failed::Malformed) => return failed(Applied::Malformed, None),
+    };
+    let Some((vs, ve)) = value else { return failed(Applied::Tombstone, Some(id)) };
+    match transaction(buf, vs, ve) {
+        Ok(v) => Decoded { applied: Applied::State, transactional_id: Some(id), value: Some(v) },
+        Err(Failed::Unknown) => failed(Applied::Unknown, Some(id)),
+        Err(Failed::Malformed) => failed(Applied::Malformed, Some(id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> Vec<u8> {
+        let mut k = vec![0, 0];
+        k.extend((id.len() as i16).to_be_bytes());
+        k.extend(id.as_bytes());
+        k
+    }
+
+    fn value_v0(status: u8, partitions: &[(&str, &[i32])]) -> Vec<u8> {
+        let mut v = vec![0, 0];
+        v.extend(7i64.to_be_bytes());
+        v.extend(1i16.to_be_bytes());
+        v.extend(60_000i32.to_be_bytes());
+        v.push(status);
+        v.extend((partitions.len() as i32).to_be_bytes());
+        for (topic, parts) in partitions {
+            v.extend((topic.len() as i16).to_be_bytes());
+            v.extend(topic.as_bytes());
+            v.extend((parts.len() as i32).to_be_bytes());
+            for p in *parts {
+                v.extend(p.to_be_bytes());
+            }
+        }
+        v.extend(5i64.to_be_bytes());
+        v.extend(4i64.to_be_bytes());
+        v
+    }
+
+    fn decoded(k: &[u8], v: Option<&[u8]>) -> Decoded {
+        let mut buf = k.to_vec();
+        let value = v.map(|v| {
+            buf.extend(v);
+            (k.len(), k.len() + v.len())
+        });
+        decode(buf.as_slice(), Some((0, k.len())), value)
+    }
+
+    #[test]
+    fn a_state_is_read_whole() {
+        let d = decoded(&key("app"), Some(&value_v0(1, &[("orders", &[1, 2])])));
+        assert_eq!(d.applied, Applied::State);
+        assert_eq!(d.transactional_id.as_deref(), Some("app"));
+        let v = d.value.unwrap();
+        assert_eq!((v.producer_id, v.producer_epoch, v.timeout_ms, v.status), (7, 1, 60_000, 1));
+        assert_eq!(v.partitions, vec![("orders".to_string(), 1), ("orders".to_string(), 2)]);
+        assert_eq!((v.last_update_ms, v.start_ms), (5, 4));
+    }
+
+    #[test]
+    fn a_null_value_is_a_tombstone_and_an_unknown_status_is_never_guessed() {
+        assert_eq!(decoded(&key("app"), None).applied, Applied::Tombstone);
+        assert_eq!(decoded(&key("app"), Some(&value_v0(9, &[]))).applied, Applied::Unknown);
+        let mut v2 = value_v0(1, &[]);
+        v2[1] = 2;
+        assert_eq!(decoded(&key("app"), Some(&v2)).applied, Applied::Unknown);
+        let mut k1 = key("app");
+        k1[1] = 1;
+        let d = decoded(&k1, Some(&value_v0(1, &[])));
+        assert_eq!((d.applied, d.transactional_id), (Applied::Unknown, None));
+    }
+
+    #[test]
+    fn every_truncation_is_malformed_or_unknown_never_a_panic() {
+        let v = value_v0(2, &[("orders", &[1]), ("payments", &[3, 4])]);
+        for stop in 0..v.len() {
+            let d = decoded(&key("app"), Some(&v[..stop]));
+            assert!(matches!(d.applied, Applied::Malformed | Applied::Unknown), "{stop}: {d:?}");
+            assert_eq!(d.transactional_id.as_deref(), Some("app"));
+        }
+        let k = key("app");
+        for stop in 0..k.len() {
+            assert_eq!(decoded(&k[..stop], None).applied, Applied::Malformed);
+        }
+    }
+}
