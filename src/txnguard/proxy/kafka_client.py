@@ -60,6 +60,10 @@ class UnsupportedApi(Exception):
 
 
 ApiRanges = dict[int, tuple[int, int]]
+# A callback for an answer: (the response frame without its length, None), or (None, the error).
+Answered = Callable[[memoryview | None, Exception | None], None]
+# (correlation id, api key, version, the future or callback its answer goes to, deadline (loop time), timeout)
+_Waiter = tuple[int, int, int, "asyncio.Future[Any] | Answered", float, float]
 
 
 class BrokerConnection(asyncio.Protocol):
@@ -72,10 +76,16 @@ class BrokerConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._splitter = FrameSplitter()
-        self._waiting: deque[tuple[int, int, int, asyncio.Future[Any]]] = deque()
+        self._waiting: deque[_Waiter] = deque()
         self._ids = itertools.count(1)
-        self.closed = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.closed = self._loop.create_future()
         self.api_versions: ApiRanges | None = None
+        # One timer watches every waiter's deadline (armed for the earliest), not one timer per request: the log
+        # follower asks several times per transaction, and a timer armed and cancelled each time was a good part
+        # of a round's cost.
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_at = 0.0
 
     async def learn_api_versions(self, timeout: float) -> ApiRanges | None:
         """Ask ApiVersions (v3, every broker from 2.4 answers it) once; None when the answer is unreadable."""
@@ -173,26 +183,33 @@ class BrokerConnection(asyncio.Protocol):
             if not self._waiting:
                 self._fail(UpstreamError(f"unexpected response {correlation_id}"))
                 return
-            want, api_key, api_version, fut = self._waiting.popleft()
+            want, api_key, api_version, handler, _, _ = self._waiting.popleft()
             if want != correlation_id:
                 self._fail(UpstreamError(f"response {correlation_id} arrived for request {want}"))
                 return
-            if not fut.done():
-                fut.set_result((api_key, api_version, body))
+            if not isinstance(handler, asyncio.Future):
+                handler(body, None)  # an answer for a callback: handled here, in the read's turn
+            elif not handler.done():
+                handler.set_result((api_key, api_version, body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(UpstreamError(f"broker closed the connection: {exc!r}"))
 
     def _fail(self, error: Exception) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if not self.closed.done():
+            self.closed.set_result(None)  # first: a callback told of the error cannot send on this connection
         while self._waiting:
-            fut = self._waiting.popleft()[3]
-            if not fut.done():
-                fut.set_exception(error)
+            handler = self._waiting.popleft()[3]
+            if not isinstance(handler, asyncio.Future):
+                handler(None, error)
+            elif not handler.done():
+                handler.set_exception(error)
                 # The waiter may be gone (timed out, cancelled at shutdown): mark the exception
                 # retrieved so asyncio does not print "Future exception was never retrieved".
-                fut.exception()
-        if not self.closed.done():
-            self.closed.set_result(None)
+                handler.exception()
         if self._transport is not None:
             self._transport.close()
 
@@ -219,7 +236,20 @@ class BrokerConnection(asyncio.Protocol):
     async def request_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes],
                               timeout: float = 10.0) -> memoryview:
         """Send one request that `encode(correlation_id)` writes whole (length prefix included; the log follower
-        packs its Fetch by hand); return the response frame without its length."""
+        packs its Fetch by hand); return the response frame without its length. Past the timeout every waiter
+        fails: a late answer would desynchronise the pipeline, so the connection is dropped. A waiter cancelled
+        meanwhile cancels only its future; its answer, when it comes, is still matched to it and dropped."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self.send_encoded(api_key, version, encode, timeout, fut)
+        answer: tuple[int, int, memoryview] = await fut
+        return answer[2]
+
+    def send_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes], timeout: float,
+                     handler: asyncio.Future[Any] | Answered) -> None:
+        """Send one request, its answer to `handler`: a future (`request_encoded`) or a callback called with
+        (the response frame without its length, None) in the turn that read it, or (None, the error) when the
+        connection fails or the deadline passes first (the log follower's long poll: no task woken per round).
+        Raises UpstreamError / UnsupportedApi at once, as `request_encoded`."""
         if not self.is_open or self._transport is None:
             raise UpstreamError("connection is closed")
         if not self.supports(api_key, version):
@@ -227,22 +257,34 @@ class BrokerConnection(asyncio.Protocol):
             raise UnsupportedApi(api_key, version, self.api_versions.get(api_key))
         correlation_id = next(self._ids)
         frame = encode(correlation_id)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting.append((correlation_id, api_key, version, fut))
+        deadline = self._loop.time() + timeout
+        self._waiting.append((correlation_id, api_key, version, handler, deadline, timeout))
         self._transport.write(frame)
-        # A timer, not wait_for(shield(...)): the follower asks several times per transaction, and those two
-        # cost a task's worth of objects and callbacks each time. Past the timeout every waiter fails: a late
-        # answer would desynchronise the pipeline, so the connection is dropped. A waiter cancelled meanwhile
-        # cancels only its future; its answer, when it comes, is still matched to it and dropped.
-        timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, timeout)
-        try:
-            answer: tuple[int, int, memoryview] = await fut
-        finally:
-            timer.cancel()
-        return answer[2]
+        if self._watchdog is None or deadline < self._watchdog_at:
+            self._arm(deadline)
 
-    def _timed_out(self, timeout: float) -> None:
-        self._fail(UpstreamError(f"no response within {timeout}s"))
+    def _arm(self, deadline: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog, self._watchdog_at = self._loop.call_at(deadline, self._check_deadlines), deadline
+
+    def _check_deadlines(self) -> None:
+        """The watchdog: fail every waiter once one still waited for is past its deadline; else armed again for
+        the earliest (a waiter whose future was cancelled is not waited for)."""
+        self._watchdog = None
+        now = self._loop.time()
+        earliest: tuple[float, float] | None = None
+        for _, _, _, handler, deadline, timeout in self._waiting:
+            if isinstance(handler, asyncio.Future) and handler.done():
+                continue
+            if earliest is None or deadline < earliest[0]:
+                earliest = (deadline, timeout)
+        if earliest is None:
+            return
+        if earliest[0] <= now:
+            self._fail(UpstreamError(f"no response within {earliest[1]}s"))
+        else:
+            self._arm(earliest[0])
 
 
 class BrokerConnections:

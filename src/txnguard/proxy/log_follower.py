@@ -68,6 +68,8 @@ from txnguard.verification.transaction_log_view import Applied, TransactionLogVi
 from txnguard.verification.verdicts import Verdict
 
 _STATE, _TOMBSTONE = Applied.STATE, Applied.TOMBSTONE
+# How a stretch of long polls ended (`_poll`), for `_follow`: go round again, or every partition answered an error.
+_AGAIN, _ALL_FAILED = "again", "all failed"
 
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 PARTITION_MAX_BYTES = 1024 * 1024
@@ -269,13 +271,7 @@ class LogFollower:
                 started = self._epochs_unchecked.isdisjoint(partitions) or await self._epochs_started(conn, partitions)
                 wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
                 session = self._sessions.setdefault(address, FetchSession())
-                answer, full = await self._fetch(conn, partitions, wait_ms, self.timeout_s + wait_ms / 1000, session)
-                session.answered(answer.error_code, answer.session_id)
-                self._failing.discard(address)
-                if answer.error_code in SESSION_ERRORS:
-                    continue  # the broker dropped the session (evicted, restarted): a full Fetch at once
-                _, failed = self._apply(answer, partitions, complete=full)
-                if failed.issuperset(partitions):
+                if await self._poll(conn, address, partitions, session, wait_ms) is _ALL_FAILED:
                     # Every partition answered an error, at once (no long poll): READ refused, or all moved away.
                     # Asked again after a backoff, as after a connection error, not in a loop of round trips (a
                     # principal with DESCRIBE and no READ sent some 5,000 Fetches a second to the broker).
@@ -292,11 +288,55 @@ class LogFollower:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-    async def _fetch(self, conn: BrokerConnection, partitions: list[int], max_wait_ms: int, timeout_s: float,
-                     session: FetchSession | None = None) -> tuple[FetchAnswer, bool]:
-        """One Fetch of `partitions` from the view's positions, packed by hand and read in place (log_fetch.py:
-        with kio, a round at 50 partitions cost about 1 ms of CPU, several times per transaction); in `session`
-        (the long poll's), only what moved. (The answer, whether it lists every partition.)"""
+    def _poll(self, conn: BrokerConnection, address: HostPort, partitions: list[int], session: FetchSession,
+              wait_ms: int) -> asyncio.Future[object]:
+        """Long polls of `partitions` in `session`, one after the other: each answer is applied in the turn of the
+        loop that read it, and the next Fetch sent from there (no task woken, no future, no timer per round: the
+        follower's cost is per round, several per transaction of the cluster). The returned future ends the
+        stretch, for `_follow` to decide: _AGAIN (the plan moved, an epoch to check, the session lost, closing),
+        _ALL_FAILED (every partition answered an error), or the error (the connection failed or timed out, an
+        answer that does not decode)."""
+        stretch: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        plan, timeout_s, full = self._plan_version, self.timeout_s + wait_ms / 1000, True
+
+        def send() -> None:
+            nonlocal full
+            encode, full = self._fetch_request(partitions, wait_ms, session)
+            conn.send_encoded(ApiKey.FETCH.value, log_fetch.VERSION, encode, timeout_s, answered)
+
+        def answered(body: memoryview | None, error: Exception | None) -> None:
+            if stretch.done():
+                return  # `_follow` was cancelled (closing): the answer is dropped
+            try:
+                if error is not None:
+                    raise error
+                assert body is not None
+                answer = log_fetch.read_fetch_answer(body)
+                session.answered(answer.error_code, answer.session_id)
+                self._failing.discard(address)
+                if answer.error_code in SESSION_ERRORS:
+                    stretch.set_result(_AGAIN)  # the broker dropped the session (evicted, restarted): full at once
+                    return
+                _, failed = self._apply(answer, partitions, complete=full)
+                if failed.issuperset(partitions):
+                    stretch.set_result(_ALL_FAILED)
+                elif (self._closed or plan != self._plan_version or wait_ms != self.max_wait_ms
+                      or not self._epochs_unchecked.isdisjoint(partitions)):
+                    stretch.set_result(_AGAIN)
+                else:
+                    send()
+            except Exception as e:  # noqa: BLE001 - to `_follow`, which handles or raises it as its own
+                if not stretch.done():
+                    stretch.set_exception(e)
+
+        send()
+        return stretch
+
+    def _fetch_request(self, partitions: list[int], max_wait_ms: int, session: FetchSession | None,
+                       ) -> tuple[Callable[[int], bytes], bool]:
+        """A Fetch of `partitions` from the view's positions, packed by hand (log_fetch.py: with kio, a round at 50
+        partitions cost about 1 ms of CPU); in `session` (the long poll's), only what moved. (Its encoder, whether
+        it lists every partition.)"""
         epochs, positions = self._leader_epochs, self.view.positions
         if session is None:
             session_id, epoch, full = NO_SESSION, FINAL_EPOCH, True
@@ -305,13 +345,16 @@ class LogFollower:
             session_id, epoch, listed, full = session.next(self._plan_version, partitions, epochs, positions,
                                                            PARTITION_MAX_BYTES)
         self._fetches.inc()
-        body = await conn.request_encoded(
-            ApiKey.FETCH.value, log_fetch.VERSION,
-            lambda correlation_id: log_fetch.fetch_request(
-                correlation_id, CLIENT_ID, TOPIC, listed, max_wait_ms=max_wait_ms, min_bytes=1,
-                max_bytes=FETCH_MAX_BYTES, session_id=session_id, session_epoch=epoch),
-            timeout_s)
-        return log_fetch.read_fetch_answer(body), full
+        return (lambda correlation_id: log_fetch.fetch_request(
+            correlation_id, CLIENT_ID, TOPIC, listed, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
+            session_id=session_id, session_epoch=epoch)), full
+
+    async def _fetch(self, conn: BrokerConnection, partitions: list[int], max_wait_ms: int,
+                     timeout_s: float) -> FetchAnswer:
+        """One sessionless Fetch of `partitions` from the view's positions (a read to the end), read in place."""
+        encode, _ = self._fetch_request(partitions, max_wait_ms, None)
+        body = await conn.request_encoded(ApiKey.FETCH.value, log_fetch.VERSION, encode, timeout_s)
+        return log_fetch.read_fetch_answer(body)
 
     def _epoch_started(self, partition: int) -> bool:
         return partition not in self._epochs_unchecked
@@ -528,7 +571,7 @@ class LogFollower:
                     conn = await asyncio.wait_for(asyncio.shield(self._syncs.get(address)), left)
                 started = await self._epochs_started(conn, sorted(pending), left)
                 asked = sorted(pending)
-                answer, _ = await self._fetch(conn, asked, 0, left)
+                answer = await self._fetch(conn, asked, 0, left)
                 done, failed = self._apply(answer, asked)
                 reached |= done & pending
                 # A partition that moved on is asked again, as one whose new leader's watermark is not past its

@@ -6,6 +6,7 @@ sends and reads, so the follower's own reader runs in the test, not a stand-in f
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
 from collections.abc import Callable, Iterable
@@ -44,6 +45,9 @@ def fetch_answer(correlation_id: int, partitions: Iterable[Any], topic: str = TO
     return buf.getvalue()
 
 
+_SENT: set[asyncio.Task[None]] = set()
+
+
 class FetchesAsBytes:
     """Mixed into a fake broker connection whose `request(payload, timeout)` answers a FetchRequest with an object
     of `responses[].partitions[]`: the follower's hand-packed Fetch is decoded with kio for it, and its answer
@@ -56,8 +60,25 @@ class FetchesAsBytes:
         """As `BrokerConnections.ready`: these fakes are their own (always open) connection."""
         return self
 
+    is_open = True
+
     async def request_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes],
                               timeout: float = 10.0) -> memoryview:
         _, payload = schemas.decode_request(memoryview(encode(1))[4:])
         answer = await self.request(payload, timeout)
         return memoryview(fetch_answer(1, [p for t in answer.responses for p in t.partitions]))
+
+    def send_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes], timeout: float,
+                     handler: Callable[[memoryview | None, Exception | None], None]) -> None:
+        """As `BrokerConnection.send_encoded` with a callback: `request_encoded`'s answer or error, to `handler`."""
+        async def answer() -> None:
+            try:
+                body = await self.request_encoded(api_key, version, encode, timeout)
+            except Exception as e:  # noqa: BLE001 - to the handler, as the connection hands it its errors
+                handler(None, e)
+                return
+            handler(body, None)
+
+        task = asyncio.get_running_loop().create_task(answer())
+        _SENT.add(task)  # held until done (the loop keeps only weak references to tasks)
+        task.add_done_callback(_SENT.discard)
