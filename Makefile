@@ -66,7 +66,7 @@ kcat chromium container-tools prometheus: debs
 spark-jars: $(STAMP)
 	$(BIN)/python -m txnguard.pipeline.connector > /dev/null
 
-# The operator's path (issue 12). Tools live outside the repository: Debian's packages, ~/.cache/txnguard.
+# The operator's path. Tools live outside the repository: Debian's packages, ~/.cache/txnguard.
 TOOLS := $(HOME)/.cache/txnguard
 HELM := $(TOOLS)/bin/helm
 KUSTOMIZE := $(TOOLS)/bin/kustomize

@@ -89,6 +89,36 @@ def reads_from(cluster: Cluster, proxy: ProxyThread, partition: int, leader: int
             and f.problem is None and proxy.metric("txnguard_transaction_log_lag_records") == 0)
 
 
+def log_end(cluster: Cluster, partition: int) -> int | None:
+    """`__transaction_state`-P's high watermark at its leader, asked of the broker itself (None: not answered)."""
+    try:
+        _, host, port = raw.leader_of(cluster.live_bootstrap(), TOPIC, partition)
+        with raw.RawClient(*cluster.real_address(host, port)) as c:
+            return c.list_offsets(TOPIC, partition, read_committed=False)
+    except (OSError, raw.RawProtocolError):
+        return None
+
+
+def follower_state(cluster: Cluster, proxy: ProxyThread, partition: int) -> dict[str, object]:
+    """What a follower knows of `partition`, beside the log's end at its leader (for a failure's message)."""
+    f = follower(proxy)
+    address = f.leaders.get(partition)
+    session = f._sessions.get(address) if address is not None else None
+    return {"leader": address, "node": node_of(cluster, address), "position": f.view.positions.get(partition),
+            "high_watermark": f.high_watermarks.get(partition), "behind": partition in f._behind,
+            "session": None if session is None else (session.id, session.epoch, session._held.get(partition)),
+            "log_end": log_end(cluster, partition),
+            "fetches": proxy.metric("txnguard_transaction_log_fetches_total"), "problem": f.problem}
+
+
+def assert_view_complete(cluster: Cluster, proxy: ProxyThread, partition: int, txn_id: str) -> None:
+    """The follower's view holds the copier's last transaction committed (its records read, not only "lag 0")."""
+    state = follower(proxy).view.describe(txn_id)
+    if state is None or state.state != "CompleteCommit":
+        pytest.fail(f"the follower's view: {state}; what it knows of {TOPIC}-{partition}: "
+                    f"{follower_state(cluster, proxy, partition)}")
+
+
 def leader_now(cluster: Cluster, partition: int) -> int | None:
     """P's leader as a running broker names it (None while none answers: one may be starting)."""
     for n in cluster.nodes:
@@ -223,8 +253,7 @@ def test_s6_copier_exact_while_the_coordinators_log_partition_changes_leader(
     leader = raw.leader_of(direct, TOPIC, p)[0]
     for s in proxies:
         s.wait_for(lambda s=s: reads_from(cluster, s, p, leader), 30, f"the follower on {TOPIC}-{p}'s leader")
-        state = follower(s).view.describe(txn_id)
-        assert state is not None and state.state == "CompleteCommit", state
+        assert_view_complete(cluster, s, p, txn_id)
     print(f"\n{kind}: {TOPIC}-{p} (the copier's coordinator) broker {fault.old_leader} -> {fault.new_leader} "
           f"at {fault.started_s:.1f}s into the copy (output at {fault.at_output}), "
           f"the fault took {fault.moved_s:.2f}s, Metadata named the new leader after {fault.led_s or 0:.2f}s; "

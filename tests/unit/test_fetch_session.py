@@ -141,3 +141,20 @@ def test_a_partition_behind_only_until_its_epoch_started_is_at_its_end_without_n
     f._epochs_unchecked.discard(2)
     assert f._apply(empty, [2], complete=False)[0] == {2}
     assert f.partition_usable(2)
+
+
+def test_told_what_moved_a_session_compares_only_those_and_takes_its_own_out_of_the_record() -> None:
+    """    follower ─(partition 1 read to 7; partition 9, another leader's, moved too)─▶ next(moved={1, 9})
+             ─Fetch(session 41, epoch 2, partition 1 at 7)─▶ broker; {9} left for its own session"""
+    s = FetchSession()
+    ask(s, 0, 0, 0)
+    s.answered(0, 41)
+    moved = {1, 9}
+    offsets = {0: 0, 1: 7, 2: 3}  # 2 moved but the caller did not say so: not compared (the caller records all)
+    assert s.next(1, [0, 1, 2], EPOCHS, offsets, 1024, moved) == (41, 1, [Wanted(1, 5, 7, 1024)], False)
+    assert moved == {9}
+    s.answered(0, 41)
+    # What the broker's session holds moved with the answer: partition 1 at 7, and said again only when it moves.
+    assert s.next(1, [0, 1, 2], EPOCHS, {0: 0, 1: 7, 2: 3}, 1024, {1}) == (41, 2, [], False)
+    s.answered(0, 41)
+    assert ask(s, 0, 7, 3) == (41, 3, [Wanted(2, 5, 3, 1024)], False)  # every partition compared: 2 is listed

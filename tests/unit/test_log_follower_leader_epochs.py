@@ -113,3 +113,50 @@ def test_without_an_epoch_from_metadata_nothing_is_asked() -> None:
         return reached, leader.asked
 
     assert asyncio.run(scenario()) == (True, ["Fetch"])
+
+
+class MovingPlan(NewLeader):
+    """A leader that comes to lead partition 4 too while the follower waits for its ListOffsets answer (Metadata
+    arrived meanwhile); each Fetch answers "no records" for every partition it lists (a session of id 9)."""
+
+    def __init__(self, follower: list[LogFollower]) -> None:
+        super().__init__(not_yet=0)
+        self.follower = follower
+
+    async def request(self, payload: Any, timeout: float) -> Any:
+        if type(payload).__name__ == "ListOffsetsRequest":
+            self.asked.append("ListOffsets")
+            f = self.follower[0]
+            f.leaders = {3: LEADER, 4: LEADER}  # the plan moves while this answer is on its way
+            f.leader_epochs = {3: 7, 4: 2}
+            parts = [SimpleNamespace(partition_index=int(p.partition_index), error_code=ErrorCode.none)
+                     for t in payload.topics for p in t.partitions]
+            return SimpleNamespace(topics=[SimpleNamespace(partitions=parts)])
+        self.asked.append("Fetch")
+        self.fetched.append(payload)
+        parts = [SimpleNamespace(partition_index=int(p.partition), error_code=ErrorCode.none, high_watermark=0,
+                                 log_start_offset=0, records=None) for t in payload.topics for p in t.partitions]
+        await asyncio.sleep(0.01)
+        return SimpleNamespace(session_id=9, responses=[SimpleNamespace(partitions=parts)])
+
+
+def test_a_partition_that_moves_to_the_leader_while_the_loop_awaits_is_fetched() -> None:
+    """    follower ─ListOffsets(3)─▶ leader        (meanwhile Metadata: the leader leads 4 too: a new plan)
+             ─Fetch(3, 4)─▶ leader              the session holds both: 4 is read, not left out for good"""
+    async def scenario() -> list[set[int]]:
+        holder: list[LogFollower] = []
+        leader = MovingPlan(holder)
+        f = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: (LEADER,), lambda h, p: HostPort(h, p))
+        holder.append(f)
+        f._polls = leader  # type: ignore[assignment]
+        f.leaders = {3: LEADER}
+        f.leader_epochs = {3: 7}
+        loop = asyncio.ensure_future(f._follow(LEADER))
+        await asyncio.sleep(0.2)
+        await f.close()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        return [{int(p.partition) for t in fetch.topics for p in t.partitions} for fetch in leader.fetched]
+
+    fetched = asyncio.run(scenario())
+    assert fetched and fetched[0] == {3, 4}, fetched  # the first Fetch is the new plan's: both partitions

@@ -18,7 +18,7 @@ that read a partition to its end for a write (`sync`) stay sessionless: they ask
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from txnguard.codecs import native, schemas
@@ -123,25 +123,33 @@ class FetchSession:
         self.epoch = INITIAL_EPOCH
         self._plan: int | None = None               # the caller's version of the partitions and their epochs
         self._held: dict[int, int] = {}              # partition -> the offset the broker's session holds
-        self._asked: dict[int, int] | None = None    # the same, as of the request on its way
+        self._asked: dict[int, int] | None = None    # what the request on its way lists: partition -> offset
+        self._asked_full = True                      # it lists every partition (a full request)
 
     def next(self, plan: int, partitions: Sequence[int], epochs: Mapping[int, int], offsets: Mapping[int, int],
-             max_bytes: int) -> tuple[int, int, list[Wanted], bool]:
+             max_bytes: int, moved: set[int] | None = None) -> tuple[int, int, list[Wanted], bool]:
         """The next request: (session id, epoch, the partitions to list, whether it is full). `plan` is the
         caller's version of `partitions` and their leader `epochs` (it moves when either changes: full again);
         within one plan only `offsets` move, and an incremental request lists the partitions whose offset did.
-        Its cost is a comparison of integers per partition, no object per partition that did not move."""
+        `moved`: the partitions whose offset may have moved since the last request (the caller's record of every
+        change; those of this session are taken out of it): only they are compared, not every partition (the
+        follower's long poll, several times per transaction). None: every partition is compared."""
         if self.id == NO_SESSION or self.epoch == INITIAL_EPOCH or plan != self._plan:
             self.epoch, self._plan = INITIAL_EPOCH, plan
             listed = [Wanted(p, epochs.get(p, -1), offsets.get(p, 0), max_bytes) for p in partitions]
-            self._asked = {w.partition: w.fetch_offset for w in listed}
+            self._asked, self._asked_full = {w.partition: w.fetch_offset for w in listed}, True
             return self.id, INITIAL_EPOCH, listed, True
         held = self._held
-        listed = [Wanted(p, epochs.get(p, -1), offsets.get(p, 0), max_bytes) for p in partitions
+        if moved is None or len(held) != len(partitions):
+            # Every partition compared (also where the session does not hold exactly these partitions: one the
+            # caller added without a new plan is listed, never left out of the session for good).
+            candidates: Iterable[int] = partitions
+        else:
+            candidates = [p for p in moved if p in held]
+            moved.difference_update(candidates)
+        listed = [Wanted(p, epochs.get(p, -1), offsets.get(p, 0), max_bytes) for p in candidates
                   if offsets.get(p, 0) != held.get(p)]
-        asked = dict(held)
-        asked.update((w.partition, w.fetch_offset) for w in listed)
-        self._asked = asked
+        self._asked, self._asked_full = {w.partition: w.fetch_offset for w in listed}, False
         return self.id, self.epoch, listed, False
 
     def answered(self, error_code: int, session_id: int) -> None:
@@ -158,7 +166,10 @@ class FetchSession:
             self.epoch = 1 if session_id != NO_SESSION else INITIAL_EPOCH
         else:
             self.epoch = 1 if self.epoch == _LAST_EPOCH else self.epoch + 1
-        self._held = asked
+        if self._asked_full:
+            self._held = asked
+        else:
+            self._held.update(asked)  # what moved (the rest the broker's session holds as it was)
 
     def lost(self, *, forget: bool = False) -> None:
         """Full again at the next request (`forget`: the broker no longer knows the session's id either)."""

@@ -124,6 +124,7 @@ class LogFollower:
         self._metadata_stale = asyncio.Event()
         self._loops: dict[HostPort, asyncio.Task[None]] = {}
         self._sessions: dict[HostPort, FetchSession] = {}  # the long poll's fetch session with each leader
+        self._moved: set[int] = set()  # partitions whose position moved since their session's last request
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         # `log`: another logger (`txnguard hanging` reads the log once and says what went wrong in its own words).
@@ -260,7 +261,7 @@ class LogFollower:
         """Long-poll the partitions `address` leads, while it leads any."""
         backoff = 0.1
         while not self._closed:
-            partitions = self._led_by.get(address)
+            plan, partitions = self._plan_version, self._led_by.get(address)
             if not partitions:
                 return
             try:
@@ -269,9 +270,14 @@ class LogFollower:
                     conn = await asyncio.wait_for(asyncio.shield(self._polls.get(address)), self.timeout_s)
                 # A new leader's watermark not past its epoch's start yet: a short poll, then asked again.
                 started = self._epochs_unchecked.isdisjoint(partitions) or await self._epochs_started(conn, partitions)
+                if plan != self._plan_version:
+                    # The plan moved while this loop awaited: these partitions may no longer be the ones this leader
+                    # leads. A session set up with the new plan and the old partitions would never fetch a partition
+                    # that moved here (a fault test's follower, at "lag 0", sat 169 records behind on one).
+                    continue
                 wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
                 session = self._sessions.setdefault(address, FetchSession())
-                if await self._poll(conn, address, partitions, session, wait_ms) is _ALL_FAILED:
+                if await self._poll(conn, address, plan, partitions, session, wait_ms) is _ALL_FAILED:
                     # Every partition answered an error, at once (no long poll): READ refused, or all moved away.
                     # Asked again after a backoff, as after a connection error, not in a loop of round trips (a
                     # principal with DESCRIBE and no READ sent some 5,000 Fetches a second to the broker).
@@ -288,8 +294,8 @@ class LogFollower:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-    def _poll(self, conn: BrokerConnection, address: HostPort, partitions: list[int], session: FetchSession,
-              wait_ms: int) -> asyncio.Future[object]:
+    def _poll(self, conn: BrokerConnection, address: HostPort, plan: int, partitions: list[int],
+              session: FetchSession, wait_ms: int) -> asyncio.Future[object]:
         """Long polls of `partitions` in `session`, one after the other: each answer is applied in the turn of the
         loop that read it, and the next Fetch sent from there (no task woken, no future, no timer per round: the
         follower's cost is per round, several per transaction of the cluster). The returned future ends the
@@ -297,11 +303,11 @@ class LogFollower:
         _ALL_FAILED (every partition answered an error), or the error (the connection failed or timed out, an
         answer that does not decode)."""
         stretch: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        plan, timeout_s, full = self._plan_version, self.timeout_s + wait_ms / 1000, True
+        timeout_s, full = self.timeout_s + wait_ms / 1000, True
 
         def send() -> None:
             nonlocal full
-            encode, full = self._fetch_request(partitions, wait_ms, session)
+            encode, full = self._fetch_request(partitions, wait_ms, session, plan)
             conn.send_encoded(ApiKey.FETCH.value, log_fetch.VERSION, encode, timeout_s, answered)
 
         def answered(body: memoryview | None, error: Exception | None) -> None:
@@ -333,17 +339,17 @@ class LogFollower:
         return stretch
 
     def _fetch_request(self, partitions: list[int], max_wait_ms: int, session: FetchSession | None,
-                       ) -> tuple[Callable[[int], bytes], bool]:
+                       plan: int = 0) -> tuple[Callable[[int], bytes], bool]:
         """A Fetch of `partitions` from the view's positions, packed by hand (log_fetch.py: with kio, a round at 50
-        partitions cost about 1 ms of CPU); in `session` (the long poll's), only what moved. (Its encoder, whether
-        it lists every partition.)"""
+        partitions cost about 1 ms of CPU); in `session` (the long poll's), only what moved, `plan` the version of
+        the plan `partitions` come from. (Its encoder, whether it lists every partition.)"""
         epochs, positions = self._leader_epochs, self.view.positions
         if session is None:
             session_id, epoch, full = NO_SESSION, FINAL_EPOCH, True
             listed = [Wanted(p, epochs.get(p, -1), positions.get(p, 0), PARTITION_MAX_BYTES) for p in partitions]
         else:
-            session_id, epoch, listed, full = session.next(self._plan_version, partitions, epochs, positions,
-                                                           PARTITION_MAX_BYTES)
+            session_id, epoch, listed, full = session.next(plan, partitions, epochs, positions, PARTITION_MAX_BYTES,
+                                                           self._moved)
         self._fetches.inc()
         return (lambda correlation_id: log_fetch.fetch_request(
             correlation_id, CLIENT_ID, TOPIC, listed, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
@@ -452,6 +458,7 @@ class LogFollower:
             # Compaction or retention removed the start of the log: continue at its start (what was
             # removed was superseded: compaction keeps each id's latest record).
             self.view.positions[p] = max(self.view.positions.get(p, 0), part.log_start_offset)
+            self._moved.add(p)
             return False
         if code in LEADER_ERRORS:
             self._metadata_stale.set()
@@ -507,6 +514,8 @@ class LogFollower:
                 self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
                 self.log.warning("transaction_log_record_unreadable", partition=partition, offset=offset,
                                  outcome=applied.value, detail="its id is asked of the coordinator instead")
+        if found:
+            self._moved.add(partition)  # its offset in the fetch session moves (`FetchSession.next`)
         if failure is not None:
             # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
             # the log's; so stop this partition here and say so (writes of its ids go to the next source).
