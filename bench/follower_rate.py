@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -29,7 +28,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 from txnguard.testing import kafka
@@ -38,7 +36,7 @@ from txnguard.testing.fixtures import fresh_topic
 from txnguard.testing.proxy import ProxyProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import proxy_source
+from proxy_overhead import metric_sum, proxy_cpu_s, proxy_cpu_times, proxy_source, scrape_metrics
 
 _LOAD = textwrap.dedent("""
     import sys, threading, time
@@ -72,21 +70,11 @@ _LOAD = textwrap.dedent("""
 """)
 
 
-def cpu_s(pid: int, kernel_only: bool = False) -> float:
-    """User + system CPU seconds of a process (system only: `kernel_only`), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[12]) + (0 if kernel_only else int(fields[11]))) / os.sysconf("SC_CLK_TCK")
-
-
 def read_so_far(admin: str) -> tuple[float, float]:
     """(records read, Fetch requests sent) by the gateway's follower; Fetches NaN for a revision without the count."""
-    text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=10).read().decode()
-    lines = text.splitlines()
-    records = sum(float(line.rsplit(" ", 1)[1]) for line in lines
-                  if line.startswith("txnguard_transaction_log_records_total{"))
-    fetches = [float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith("txnguard_transaction_log_fetches_total ")]
-    return records, fetches[0] if fetches else float("nan")
+    metrics = scrape_metrics(admin)
+    fetches = metrics.get("txnguard_transaction_log_fetches_total", float("nan"))
+    return metric_sum(metrics, "txnguard_transaction_log_records_total"), fetches
 
 
 def main() -> None:
@@ -118,9 +106,9 @@ def main() -> None:
             gateways[name] = (proxy, proxy.proc.pid, f"127.0.0.1:{admin_port}")
         topic = fresh_topic(cluster, "rate", partitions=4)
         time.sleep(3)
-        idle0, t0 = {n: cpu_s(pid) for n, (_, pid, _) in gateways.items()}, time.monotonic()
+        idle0, t0 = {n: proxy_cpu_s(pid) for n, (_, pid, _) in gateways.items()}, time.monotonic()
         time.sleep(args.seconds)
-        idle_per_s = {n: (cpu_s(pid) - idle0[n]) / (time.monotonic() - t0) for n, (_, pid, _) in gateways.items()}
+        idle_per_s = {n: (proxy_cpu_s(pid) - idle0[n]) / (time.monotonic() - t0) for n, (_, pid, _) in gateways.items()}
         for n, idle in idle_per_s.items():
             print(f"idle gateway ({n}): {idle * 1000:.1f} ms of CPU a second", flush=True)
         for n in steps:
@@ -131,8 +119,8 @@ def main() -> None:
             if load.stdout.readline().strip() != "started":
                 raise RuntimeError("the load did not start")
             time.sleep(1)  # the producers' first coordinator lookups out of the way
-            c0 = {g: cpu_s(pid) for g, (_, pid, _) in gateways.items()}
-            k0 = {g: cpu_s(pid, kernel_only=True) for g, (_, pid, _) in gateways.items()}
+            c0 = {g: proxy_cpu_s(pid) for g, (_, pid, _) in gateways.items()}
+            k0 = {g: proxy_cpu_times(pid)[1] for g, (_, pid, _) in gateways.items()}
             r0 = {g: read_so_far(admin) for g, (_, _, admin) in gateways.items()}
             w0 = time.monotonic()
             profiler = None
@@ -151,8 +139,8 @@ def main() -> None:
             wall = time.monotonic() - w0
             txns = int(done)
             for g, (_, pid, admin) in gateways.items():
-                cpu = cpu_s(pid) - c0[g] - idle_per_s[g] * wall
-                kernel = cpu_s(pid, kernel_only=True) - k0[g]
+                cpu = proxy_cpu_s(pid) - c0[g] - idle_per_s[g] * wall
+                kernel = proxy_cpu_times(pid)[1] - k0[g]
                 records, fetches = (b - a for a, b in zip(r0[g], read_so_far(admin), strict=True))
                 row = {"gateway": g, "producers": n, "transactions": txns, "txn_per_s": txns / float(elapsed),
                        "records_per_txn": records / max(1, txns), "fetches_per_txn": fetches / max(1, txns),

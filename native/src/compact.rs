@@ -52,3 +52,45 @@ pub fn count<B: Bytes + ?Sized>(c: &mut Cursor<'_, B>, smallest: u64, nullable: 
     }
     Some(n as u64)
 }
+
+/// A body read field by field, in the fixed-width encoding or the flexible (compact) one: lengths and strings
+/// as the general path's field-by-field reader reads them. The readers add what is their own (lifecycle.rs).
+pub struct Fields<'a, B: Bytes + ?Sized> {
+    pub c: Cursor<'a, B>,
+    pub flexible: bool,
+}
+
+impl<B: Bytes + ?Sized> Fields<'_, B> {
+    /// An array's (`wide`: int32) or a string's (int16) length, compact (unsigned varint, minus one) when
+    /// flexible; -1 for null.
+    pub fn length(&mut self, wide: bool) -> Option<i64> {
+        if self.flexible {
+            Some(self.c.uvarint()? as i64 - 1)
+        } else if wide {
+            Some(i64::from(self.c.i32()?))
+        } else {
+            Some(i64::from(self.c.i16()?))
+        }
+    }
+
+    /// A string; `Some(None)` for a null one where `nullable`, `None` (unreadable) for any other negative length.
+    pub fn string_or_null(&mut self, nullable: bool) -> Option<Option<String>> {
+        let n = self.length(false)?;
+        if n < 0 {
+            return (nullable && n == -1).then_some(None);
+        }
+        Some(Some(self.c.string(usize::try_from(n).ok()?)?))
+    }
+
+    pub fn string(&mut self) -> Option<String> {
+        self.string_or_null(false)?
+    }
+
+    /// Tagged fields, skipped whole when flexible (none in the fixed-width encoding).
+    pub fn skip_tags(&mut self) -> Option<()> {
+        if self.flexible {
+            skip_tags(&mut self.c)?;
+        }
+        Some(())
+    }
+}

@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::bytes::{Bytes, Cursor};
+use crate::compact::Fields;
 
 pub const INIT_PRODUCER_ID: i16 = 22;
 pub const ADD_PARTITIONS: i16 = 24;
@@ -71,36 +72,8 @@ pub struct TxnOffsetCommit {
     pub producer_epoch: i16,
 }
 
-/// The body's fields as the general path's field-by-field reader reads them.
-struct Fields<'a, B: Bytes + ?Sized> {
-    c: Cursor<'a, B>,
-    flexible: bool,
-}
-
+/// What the life-cycle readers add to the shared field reader (compact.rs's `Fields`).
 impl<B: Bytes + ?Sized> Fields<'_, B> {
-    fn length(&mut self, wide: bool) -> Option<i64> {
-        if self.flexible {
-            Some(self.c.uvarint()? as i64 - 1)
-        } else if wide {
-            Some(i64::from(self.c.i32()?))
-        } else {
-            Some(i64::from(self.c.i16()?))
-        }
-    }
-
-    /// A string; `Some(None)` for a null one where `nullable`, `None` (unreadable) for any other negative length.
-    fn string_or_null(&mut self, nullable: bool) -> Option<Option<String>> {
-        let n = self.length(false)?;
-        if n < 0 {
-            return (nullable && n == -1).then_some(None);
-        }
-        Some(Some(self.c.string(usize::try_from(n).ok()?)?))
-    }
-
-    fn string(&mut self) -> Option<String> {
-        self.string_or_null(false)?
-    }
-
     fn count(&mut self, smallest: u64) -> Option<u64> {
         let n = self.length(true)?;
         if n < 0 || n as u64 > REQUEST_MAX_ELEMENTS || (n as u64) * smallest > self.c.left() as u64 {

@@ -14,7 +14,9 @@ const CRC: usize = 17;
 const ATTRIBUTES: usize = 21;
 const RECORD_COUNT: usize = 57;
 const HEADER: usize = 61;
-const COMPRESSION_OR_CONTROL: i16 = 0x07 | 0x20;
+const COMPRESSION: i16 = 0x07;
+const CONTROL: i16 = 0x20;
+const COMPRESSION_OR_CONTROL: i16 = COMPRESSION | CONTROL;
 const SMALLEST_RECORD: u64 = 7; // length, attributes, timestamp delta, offset delta, key, value, headers
 
 /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as Kafka checks a v2 batch: over its bytes from the
@@ -168,13 +170,16 @@ pub fn read_record_set<B: Bytes + ?Sized, T>(
         if end - pos < HEADER {
             return (out, Some(SetFailure::Malformed(pos)));
         }
-        let (Some(magic), Some(attributes)) = (buf.byte(pos + MAGIC), (|| {
-            Some(i16::from_be_bytes([buf.byte(pos + ATTRIBUTES)?, buf.byte(pos + ATTRIBUTES + 1)?]))
-        })()) else { return (out, Some(SetFailure::Malformed(pos))) };
-        if magic != 2 || attributes & 0x07 != 0 {
+        // Within the header (its HEADER bytes are there): the magic, past the CRC the attributes.
+        let magic = head.skip(MAGIC - BATCH_HEAD).and_then(|()| head.u8());
+        let attributes = head.skip(ATTRIBUTES - MAGIC - 1).and_then(|()| head.i16());
+        let (Some(magic), Some(attributes)) = (magic, attributes) else {
+            return (out, Some(SetFailure::Malformed(pos)));
+        };
+        if magic != 2 || attributes & COMPRESSION != 0 {
             return (out, Some(SetFailure::Unknown(pos)));
         }
-        if attributes & 0x20 == 0 {
+        if attributes & CONTROL == 0 {
             let Some(records) = read_batch_records(buf, pos, end) else {
                 return (out, Some(SetFailure::Malformed(pos)));
             };

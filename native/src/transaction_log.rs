@@ -8,6 +8,7 @@
 //! Trailing bytes after the last field are ignored, as the Python reader ignores them.
 
 use crate::bytes::{Bytes, Cursor};
+use crate::compact::Fields;
 
 /// What one record does to the view (verification/transaction_log_view.py's `Applied`, in that order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,40 +58,6 @@ fn transactional_id<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize) -> Re
     c.string(n).ok_or(Failed::Malformed)
 }
 
-struct Value<'a, 'b, B: Bytes + ?Sized> {
-    c: &'b mut Cursor<'a, B>,
-    flexible: bool,
-}
-
-impl<B: Bytes + ?Sized> Value<'_, '_, B> {
-    /// An array's length, or a string's: compact (unsigned varint, minus one) when flexible; -1 for null.
-    fn length(&mut self, fixed_i32: bool) -> Option<i64> {
-        if self.flexible {
-            Some(self.c.uvarint()? as i64 - 1)
-        } else if fixed_i32 {
-            Some(i64::from(self.c.i32()?))
-        } else {
-            Some(i64::from(self.c.i16()?))
-        }
-    }
-
-    fn string(&mut self) -> Option<String> {
-        let n = usize::try_from(self.length(false)?).ok()?;
-        self.c.string(n)
-    }
-
-    fn skip_tags(&mut self) -> Option<()> {
-        if self.flexible {
-            for _ in 0..self.c.uvarint()? {
-                self.c.uvarint()?;
-                let size = usize::try_from(self.c.uvarint()?).ok()?;
-                self.c.skip(size)?;
-            }
-        }
-        Some(())
-    }
-}
-
 /// The value in `buf[start..stop]` (not a tombstone).
 fn transaction<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize) -> Result<TxnValue, Failed> {
     let mut c = Cursor::new(buf, start, stop).ok_or(Failed::Malformed)?;
@@ -106,7 +73,7 @@ fn transaction<B: Bytes + ?Sized>(buf: &B, start: usize, stop: usize) -> Result<
     if status > 7 {
         return Err(Failed::Unknown);
     }
-    let mut v = Value { c: &mut c, flexible: version >= 1 };
+    let mut v = Fields { c, flexible: version >= 1 };
     let rest = (|| {
         let mut partitions = Vec::new();
         for _ in 0..v.length(true)?.max(0) {

@@ -140,9 +140,7 @@ class FetchSession:
             self._asked, self._asked_full = {w.partition: w.fetch_offset for w in listed}, True
             return self.id, INITIAL_EPOCH, listed, True
         held = self._held
-        if moved is None or len(held) != len(partitions):
-            # Every partition compared (also where the session does not hold exactly these partitions: one the
-            # caller added without a new plan is listed, never left out of the session for good).
+        if moved is None:
             candidates: Iterable[int] = partitions
         else:
             candidates = [p for p in moved if p in held]

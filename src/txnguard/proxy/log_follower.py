@@ -307,7 +307,7 @@ class LogFollower:
 
         def send() -> None:
             nonlocal full
-            encode, full = self._fetch_request(partitions, wait_ms, session, plan)
+            encode, full = self._fetch_request(partitions, wait_ms, (session, plan))
             conn.send_encoded(ApiKey.FETCH.value, log_fetch.VERSION, encode, timeout_s, answered)
 
         def answered(body: memoryview | None, error: Exception | None) -> None:
@@ -338,16 +338,17 @@ class LogFollower:
         send()
         return stretch
 
-    def _fetch_request(self, partitions: list[int], max_wait_ms: int, session: FetchSession | None,
-                       plan: int = 0) -> tuple[Callable[[int], bytes], bool]:
+    def _fetch_request(self, partitions: list[int], max_wait_ms: int,
+                       in_session: tuple[FetchSession, int] | None) -> tuple[Callable[[int], bytes], bool]:
         """A Fetch of `partitions` from the view's positions, packed by hand (log_fetch.py: with kio, a round at 50
-        partitions cost about 1 ms of CPU); in `session` (the long poll's), only what moved, `plan` the version of
-        the plan `partitions` come from. (Its encoder, whether it lists every partition.)"""
+        partitions cost about 1 ms of CPU); `in_session` (the long poll's session, and the version of the plan
+        `partitions` come from), only what moved. (Its encoder, whether it lists every partition.)"""
         epochs, positions = self._leader_epochs, self.view.positions
-        if session is None:
+        if in_session is None:
             session_id, epoch, full = NO_SESSION, FINAL_EPOCH, True
             listed = [Wanted(p, epochs.get(p, -1), positions.get(p, 0), PARTITION_MAX_BYTES) for p in partitions]
         else:
+            session, plan = in_session
             session_id, epoch, listed, full = session.next(plan, partitions, epochs, positions, PARTITION_MAX_BYTES,
                                                            self._moved)
         self._fetches.inc()

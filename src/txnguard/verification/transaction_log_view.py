@@ -106,10 +106,9 @@ class TransactionLogView:
             return applied
         ids[txn_id] = Logged(value, partition, offset)
         ids.move_to_end(txn_id)
-        if len(ids) > self.limits.max_entries:
-            while len(ids) > self.limits.max_entries:
-                ids.popitem(last=False)
-                self.evicted += 1
+        while len(ids) > self.limits.max_entries:
+            ids.popitem(last=False)
+            self.evicted += 1
         return applied
 
     def describe(self, txn_id: str) -> DescribedTransaction | None:
