@@ -110,27 +110,6 @@ fn endpoints_absent(data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16
     Ok(found.unwrap_or(false))
 }
 
-/// (partition, error code, high watermark, log start offset, records start, records stop): -1, -1 for null records
-type Fetched = (i32, i16, i64, i64, i64, i64);
-
-/// `read_fetch_answer(data, start, stop)`: a Fetch v12 answer (from its correlation id in `data[start:stop]`) as
-/// (error code, session id, [(topic, [Fetched])]), or None for kio to decode (fetch.rs).
-#[pyfunction]
-fn read_fetch_answer(data: &Bound<'_, PyAny>, start: usize, stop: usize)
-    -> PyResult<Option<(i16, i32, Vec<(String, Vec<Fetched>)>)>> {
-    let found = in_place!(data, |b| fetch::read_fetch_answer(b, start, stop));
-    Ok(found.map(|a| {
-        let topics = a.topics.into_iter().map(|(name, parts)| {
-            let parts = parts.into_iter().map(|p| {
-                let (s, e) = p.records.map_or((-1, -1), |(s, e)| (s as i64, e as i64));
-                (p.partition, p.error_code, p.high_watermark, p.log_start_offset, s, e)
-            }).collect();
-            (name, parts)
-        }).collect();
-        (a.error_code, a.session_id, topics)
-    }))
-}
-
 /// (offset, key, value): key and value copied out, None when null.
 type Copied = (i64, Option<Vec<u8>>, Option<Vec<u8>>);
 
@@ -176,6 +155,22 @@ fn decoded_item<'py>(py: Python<'py>, offset: i64, d: transaction_log::Decoded) 
     ])
 }
 
+/// A decoded record set as Python gets it: its records, and what stopped the reading.
+type DecodedSet<'py> = (Bound<'py, PyList>, Option<(bool, usize)>);
+
+/// A record set of `__transaction_state` in `b[start..stop]` decoded as the follower's view applies it: the records
+/// as Python gets them, and what stopped the reading (None, or (unknown, where) relative to `start`).
+fn decoded_set<'py, B: bytes::Bytes + ?Sized>(py: Python<'py>, b: &B, start: usize, stop: usize)
+    -> PyResult<DecodedSet<'py>> {
+    let (records, failure) = log_records::read_record_set(b, start, stop, transaction_log::decode);
+    let items = records.into_iter().map(|(offset, d)| decoded_item(py, offset, d)).collect::<PyResult<Vec<_>>>()?;
+    let failure = failure.map(|f| match f {
+        log_records::SetFailure::Unknown(at) => (true, at - start),
+        log_records::SetFailure::Malformed(at) => (false, at - start),
+    });
+    Ok((PyList::new(py, items)?, failure))
+}
+
 /// `read_log_records(data, start, stop)`: a Fetch answer's record set of `__transaction_state` in
 /// `data[start:stop]`, every record of its batches decoded as the follower's view applies it, in one call:
 /// ([(offset, applied, transactional id or None, (producer id, epoch, timeout, state, frozenset of (topic,
@@ -186,15 +181,57 @@ fn decoded_item<'py>(py: Python<'py>, offset: i64, d: transaction_log::Decoded) 
 /// (log_records.rs, transaction_log.rs; codecs/transaction_log.py's `read_decoded` says the same in Python).
 #[pyfunction]
 fn read_log_records<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize)
-    -> PyResult<(Bound<'py, PyList>, Option<(bool, usize)>)> {
-    let found = in_place!(data, |b| Some(log_records::read_record_set(b, start, stop, transaction_log::decode)));
-    let (records, failure) = found.unwrap_or((Vec::new(), Some(log_records::SetFailure::Malformed(start))));
-    let items = records.into_iter().map(|(offset, d)| decoded_item(py, offset, d)).collect::<PyResult<Vec<_>>>()?;
-    let failure = failure.map(|f| match f {
-        log_records::SetFailure::Unknown(at) => (true, at - start),
-        log_records::SetFailure::Malformed(at) => (false, at - start),
+    -> PyResult<DecodedSet<'py>> {
+    let found = in_place!(data, |b| Some(decoded_set(py, b, start, stop)));
+    match found {
+        Some(set) => set,
+        None => Ok((PyList::empty(py), Some((false, 0)))),
+    }
+}
+
+/// One partition of a follower's answer as Python gets it: (partition, error code, high watermark, log start
+/// offset, records as `read_log_records` gives them or None for null records, failure).
+type LogPartition<'py> = (i32, i16, i64, i64, Option<Bound<'py, PyList>>, Option<(bool, usize)>);
+
+/// `read_log_answer(data, start, stop)`: the follower's round in one call: a Fetch v12 answer (from its
+/// correlation id in `data[start:stop]`, fetch.rs) with each partition's record set decoded as
+/// `read_log_records` does, as (error code, session id, [LogPartition]) over every topic; None for kio to
+/// decode (codecs/log_fetch.py's `read_log_answer` says the same in Python).
+#[pyfunction]
+fn read_log_answer<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize)
+    -> PyResult<Option<(i16, i32, Vec<LogPartition<'py>>)>> {
+    let found = in_place!(data, |b| {
+        fetch::read_fetch_answer(b, start, stop).map(|a| -> PyResult<_> {
+            let mut parts = Vec::new();
+            for (_, topic_parts) in a.topics {
+                for p in topic_parts {
+                    let (records, failure) = match p.records {
+                        None => (None, None),
+                        Some((s, e)) => {
+                            let (list, failure) = decoded_set(py, b, s, e)?;
+                            (Some(list), failure)
+                        }
+                    };
+                    parts.push((p.partition, p.error_code, p.high_watermark, p.log_start_offset, records, failure));
+                }
+            }
+            Ok((a.error_code, a.session_id, parts))
+        })
     });
-    Ok((PyList::new(py, items)?, failure))
+    found.transpose()
+}
+
+/// `fetch_request(correlation_id, client_id, topic, partitions, max_wait_ms, min_bytes, max_bytes, session_id,
+/// session_epoch)`: the follower's Fetch v12 frame, length prefix included (fetch.rs); `partitions` as
+/// [(partition, leader epoch, fetch offset, max bytes)].
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn fetch_request<'py>(py: Python<'py>, correlation_id: i32, client_id: &str, topic: &str, partitions: Vec<fetch::Wanted>,
+                      max_wait_ms: i32, min_bytes: i32, max_bytes: i32, session_id: i32, session_epoch: i32)
+    -> Bound<'py, PyBytes> {
+    let frame = fetch::fetch_request(correlation_id, client_id, topic, &partitions, max_wait_ms, min_bytes, max_bytes,
+                                     (session_id, session_epoch));
+    PyBytes::new(py, &frame)
 }
 
 /// `set_known_errors(low, high)`: the error codes kio knows (once, at import: codecs/native.py).
@@ -210,9 +247,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_txn_response, m)?)?;
     m.add_function(wrap_pyfunction!(read_txn_offset_commit, m)?)?;
     m.add_function(wrap_pyfunction!(endpoints_absent, m)?)?;
-    m.add_function(wrap_pyfunction!(read_fetch_answer, m)?)?;
     m.add_function(wrap_pyfunction!(read_batch_records, m)?)?;
     m.add_function(wrap_pyfunction!(read_log_records, m)?)?;
+    m.add_function(wrap_pyfunction!(read_log_answer, m)?)?;
+    m.add_function(wrap_pyfunction!(fetch_request, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,11 +1,14 @@
-"""The log follower's readers (codecs/log_fetch.py, codecs/transaction_log.py) against kio: the native Fetch v12
-answer reader and the native batch reader give what kio decodes from the same bytes, on generated answers and
-batches, and take a broken one only where kio reads the same from it."""
+"""The log follower's readers and writer (codecs/log_fetch.py, codecs/transaction_log.py) against kio: the native Fetch
+v12 answer reader (its record sets decoded in the same call) and the native batch reader give what kio and the Python
+record reader give from the same bytes, on generated answers and batches, and take a broken one only where kio reads
+the same from it; the native Fetch request is kio's encoding, byte for byte, as the Python one is."""
 
 from __future__ import annotations
 
 import datetime
+from typing import NamedTuple
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.records.readers import read_batch
@@ -16,8 +19,11 @@ from kio.static.primitive import Records
 from txnguard.codecs import native, schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import DecodeFailed
-from txnguard.codecs.log_fetch import Wanted, fetch_request, read_fetch_answer
+from txnguard.codecs.log_fetch import Wanted, fetch_request, packed, read_log_answer
+from txnguard.codecs.transaction_log import STATE, TOMBSTONE, TxnLogValue, from_native, python_decoded
+from txnguard.testing.fetch_answers import fetch_answer
 from txnguard.testing.raw import build_batch
+from txnguard.testing.transaction_log_writer import key, value
 
 # No skip without the native module: it is part of the build, and these tests fail without it (as
 # test_native_data_path.py does), like the other native readers' property tests.
@@ -32,20 +38,26 @@ def _frame(body: FetchResponse) -> bytes:
     return bytes(memoryview(schemas.encode(schemas.response_header_for(FETCH, 12, 42), body))[4:])
 
 
-def _kio(frame: bytes) -> tuple[int, int, list[tuple[str, int, int, int, int, bytes | None]]]:
+def _kio(frame: bytes) -> tuple[int, int, list[tuple[int, int, int, int, object]]]:
+    """What kio decodes, each partition's records read by the Python record reader (None: null records)."""
     _, body = schemas.decode_response(frame, FETCH, 12)
     return int(body.error_code), int(body.session_id), [
-        (str(t.topic), int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
-         None if p.records is None else bytes(p.records)) for t in body.responses for p in t.partitions]
+        (int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
+         None if p.records is None else _comparable(*python_decoded(memoryview(p.records))))
+        for t in body.responses for p in t.partitions]
+
+
+def _comparable(records: list[object], failure: DecodeFailed | None) -> tuple[list[object], object]:
+    return records, None if failure is None else type(failure)
 
 
 def _native(frame: bytes, start: int = 0, stop: int | None = None) -> object:
-    found = native.read_fetch_answer(frame, start, len(frame) if stop is None else stop)
+    found = native.read_log_answer(frame, start, len(frame) if stop is None else stop)
     if found is None:
         return None
-    error, session_id, topics = found
-    return error, session_id, [(name, p, code, hw, log_start, None if s < 0 else frame[s:e])
-                   for name, parts in topics for p, code, hw, log_start, s, e in parts]
+    error, session_id, parts = found
+    return error, session_id, [(p, code, hw, log_start, None if records is None else _comparable(
+        *from_native(records, failure))) for p, code, hw, log_start, records, failure in parts]
 
 
 @SETTINGS
@@ -53,10 +65,39 @@ def _native(frame: bytes, start: int = 0, stop: int | None = None) -> object:
 def test_an_answer_reads_as_kio_decodes_it(body):
     frame = _frame(body)
     assert _native(frame) == _kio(frame)
-    # The wrapper the follower calls gives the same, records as views into the answer.
-    error, session_id, parts = read_fetch_answer(memoryview(frame))
-    assert (error, session_id, [(p.topic, p.partition, p.error_code, p.high_watermark, p.log_start_offset,
-                     None if p.records is None else bytes(p.records)) for p in parts]) == _kio(frame)
+    # The wrapper the follower calls gives the same.
+    error, session_id, parts = read_log_answer(memoryview(frame))
+    assert (error, session_id, [(p.partition, p.error_code, p.high_watermark, p.log_start_offset,
+                                 None if p.records is None else _comparable(p.records, p.failure))
+                                for p in parts]) == _kio(frame)
+
+
+_STATES = st.builds(TxnLogValue, st.integers(0, 2 ** 40), st.integers(0, 9), st.integers(1, 900_000),
+                    st.sampled_from(["Ongoing", "PrepareCommit", "CompleteCommit", "CompleteAbort"]),
+                    st.frozensets(st.tuples(st.sampled_from(["orders", "ü"]), st.integers(0, 9)), max_size=3),
+                    st.integers(0, 2 ** 42), st.integers(-1, 2 ** 42))
+
+
+@SETTINGS
+@given(entries=st.lists(st.tuples(st.text(min_size=1, max_size=8), st.none() | _STATES), min_size=1, max_size=6),
+       hw=st.integers(0, 2 ** 40))
+def test_an_answer_with_transaction_log_records_reads_them_as_the_python_reader_does(entries, hw):
+    batch = bytes(build_batch([None if v is None else value(v) for _, v in entries],
+                              keys=[key(txn_id) for txn_id, _ in entries]))
+    frame = fetch_answer(7, [_Part(3, 0, hw, 0, batch), _Part(4, 0, hw, 0, None), _Part(5, 0, hw, 0, b"")])
+    assert _native(frame) == _kio(frame)
+    [third, fourth, fifth] = read_log_answer(memoryview(frame)).partitions
+    assert [(r[1], r[2], r[3]) for r in third.records] == [
+        (TOMBSTONE, txn_id, None) if v is None else (STATE, txn_id, v) for txn_id, v in entries]
+    assert (third.failure, fourth.records, fifth.records) == (None, None, [])
+
+
+class _Part(NamedTuple):
+    partition_index: int
+    error_code: int
+    high_watermark: int
+    log_start_offset: int
+    records: bytes | None
 
 
 @SETTINGS
@@ -89,10 +130,12 @@ def test_an_answer_cut_short_or_with_bytes_after_it_is_left_to_kio():
     assert _native(frame + b"\x00") is None
 
 
-def test_the_hand_packed_request_is_kios_encoding():
+@pytest.mark.parametrize("pack", [fetch_request, packed], ids=["native", "python"])
+@pytest.mark.parametrize("session", [(0, -1), (41, 7)])
+def test_the_hand_packed_request_is_kios_encoding(pack, session):
     wanted = [Wanted(p, p % 3 - 1, 10 ** p, 1 << 20) for p in range(12)]
-    frame = fetch_request(9, "txnguard-proxy", "__transaction_state", wanted, max_wait_ms=500, min_bytes=1,
-                          max_bytes=4 << 20)
+    frame = pack(9, "txnguard-proxy", "__transaction_state", wanted, max_wait_ms=500, min_bytes=1,
+                 max_bytes=4 << 20, session_id=session[0], session_epoch=session[1])
     header, body = schemas.decode_request(memoryview(frame)[4:])
     assert (int(header.request_api_key), int(header.request_api_version), int(header.correlation_id),
             header.client_id) == (FETCH, 12, 9, "txnguard-proxy")

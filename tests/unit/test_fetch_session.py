@@ -98,7 +98,7 @@ def test_the_epoch_wraps_to_one() -> None:
 def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark() -> None:
     """follower ─Fetch(session, epoch 3)─▶ broker ─news of partition 0 only─▶ partition 1 was at its end and still
     is (a new watermark would have been listed); partition 2, stopped below its end, is not taken for caught up."""
-    from txnguard.codecs.log_fetch import FetchAnswer, Fetched
+    from txnguard.codecs.log_fetch import LogAnswer, LogPartition
     from txnguard.proxy.config import HostPort
     from txnguard.proxy.log_follower import LogFollower
     from txnguard.proxy.metrics import ProxyMetrics
@@ -109,7 +109,7 @@ def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark(
     f.leaders = {0: leader, 1: leader, 2: leader}
     f.caught_up_at = {0: 1.0, 1: 1.0, 2: 1.0}
     f._behind = {2}
-    answer = FetchAnswer(0, 41, [Fetched("__transaction_state", 0, 0, 0, 0, None)])
+    answer = LogAnswer(0, 41, [LogPartition(0, 0, 0, 0, None, None)])
     reached, failed = f._apply(answer, [0, 1, 2], complete=False)
     assert (reached, failed) == ({0, 1}, set())
     assert f.caught_up_at[1] > 1.0 and f.caught_up_at[2] == 1.0
@@ -122,7 +122,7 @@ def test_a_partition_behind_only_until_its_epoch_started_is_at_its_end_without_n
     """follower ─Fetch(session)─▶ new leader of partition 2: records to its watermark 10, but the epoch's start not
     confirmed yet (behind) ─ListOffsets─▶ started ─Fetch(session)─▶ nothing new to list for partition 2: it is at its
     end now (waiting for news that never comes left the follower behind forever after a broker crash)."""
-    from txnguard.codecs.log_fetch import FetchAnswer
+    from txnguard.codecs.log_fetch import LogAnswer
     from txnguard.proxy.config import HostPort
     from txnguard.proxy.log_follower import LogFollower
     from txnguard.proxy.metrics import ProxyMetrics
@@ -135,7 +135,7 @@ def test_a_partition_behind_only_until_its_epoch_started_is_at_its_end_without_n
     f.view.positions[2] = 10
     f.high_watermarks[2] = 10
     f._behind = {2}
-    empty = FetchAnswer(0, 41, [])
+    empty = LogAnswer(0, 41, [])
     assert f._apply(empty, [2], complete=False)[0] == set()  # the epoch not started: still behind
     f._epoch_checked[2] = 4
     f._epochs_unchecked.discard(2)

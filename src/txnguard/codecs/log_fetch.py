@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 from txnguard.codecs import native, schemas
 from txnguard.codecs.api_keys import ApiKey
+from txnguard.codecs.errors import DecodeFailed
+from txnguard.codecs.transaction_log import Decoded, from_native, python_decoded
 
 VERSION = 12
 _HEAD = struct.Struct(">hhih")  # api key, version, correlation id, client id length (then tags)
@@ -47,17 +49,6 @@ class Wanted(NamedTuple):
     max_bytes: int
 
 
-class Fetched(NamedTuple):
-    """One partition of the answer; `records` is a view into the answer (None: no records)."""
-
-    topic: str
-    partition: int
-    error_code: int
-    high_watermark: int
-    log_start_offset: int
-    records: memoryview | None
-
-
 def _uvarint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -67,17 +58,42 @@ def _uvarint(n: int) -> bytes:
             return bytes(out)
 
 
-class FetchAnswer(NamedTuple):
+class LogPartition(NamedTuple):
+    """One partition of the follower's answer, its records decoded as the view applies them
+    (codecs/transaction_log.py's `Decoded`; None: null records) and what stopped their reading, if anything."""
+
+    partition: int
+    error_code: int
+    high_watermark: int
+    log_start_offset: int
+    records: list[Decoded] | None
+    failure: DecodeFailed | None
+
+
+class LogAnswer(NamedTuple):
     error_code: int
     session_id: int
-    partitions: list[Fetched]
+    partitions: list[LogPartition]
 
 
 def fetch_request(correlation_id: int, client_id: str, topic: str, partitions: Sequence[Wanted], *,
                   max_wait_ms: int, min_bytes: int, max_bytes: int, session_id: int = NO_SESSION,
                   session_epoch: int = FINAL_EPOCH) -> bytes:
     """The whole request frame (length prefix included), as kio would encode it. Sessionless unless a session's
-    id and epoch are given (`FetchSession.next`)."""
+    id and epoch are given (`FetchSession.next`). Packed by the native module (native/src/fetch.rs), by `packed`
+    without it."""
+    if native.AVAILABLE:
+        frame: bytes = native.fetch_request(correlation_id, client_id, topic, partitions, max_wait_ms, min_bytes,
+                                            max_bytes, session_id, session_epoch)
+        return frame
+    return packed(correlation_id, client_id, topic, partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                  max_bytes=max_bytes, session_id=session_id, session_epoch=session_epoch)
+
+
+def packed(correlation_id: int, client_id: str, topic: str, partitions: Sequence[Wanted], *,
+           max_wait_ms: int, min_bytes: int, max_bytes: int, session_id: int = NO_SESSION,
+           session_epoch: int = FINAL_EPOCH) -> bytes:
+    """`fetch_request` in Python: the fallback without the native module."""
     client = client_id.encode()
     name = topic.encode()
     parts = [_HEAD.pack(ApiKey.FETCH.value, VERSION, correlation_id, len(client)), client, b"\x00",
@@ -91,20 +107,26 @@ def fetch_request(correlation_id: int, client_id: str, topic: str, partitions: S
     return struct.pack(">i", len(body)) + body
 
 
-def read_fetch_answer(body: memoryview) -> FetchAnswer:
-    """A Fetch v12 answer: `body` is the frame after its length prefix. Raises `DecodeFailed` (kio's verdict) for
-    an answer that cannot be read."""
+def read_log_answer(body: memoryview) -> LogAnswer:
+    """A Fetch v12 answer of the coordinator's log, its record sets decoded: `body` is the frame after its length
+    prefix. Read in one native call (the answer in place, then each partition's batches: native/src/fetch.rs,
+    transaction_log.rs); without the native module, or for an answer it does not read whole, kio decodes the
+    answer and the Python reader its records (`python_decoded`). Raises `DecodeFailed` (kio's verdict) for an
+    answer that cannot be read."""
     if native.AVAILABLE:
-        found = native.read_fetch_answer(body, 0, len(body))
+        found = native.read_log_answer(body, 0, len(body))
         if found is not None:
-            error, session_id, topics = found
-            return FetchAnswer(error, session_id, [
-                Fetched(name, p, code, hw, log_start, body[s:e] if s >= 0 else None)
-                for name, parts in topics for p, code, hw, log_start, s, e in parts])
+            error, session_id, parts = found
+            return LogAnswer(error, session_id, [
+                LogPartition(p, code, hw, log_start, None, None) if records is None
+                else LogPartition(p, code, hw, log_start, *from_native(records, failure))
+                for p, code, hw, log_start, records, failure in parts])
     _, answer = schemas.decode_response(body, ApiKey.FETCH.value, VERSION)
-    return FetchAnswer(int(answer.error_code), int(answer.session_id), [
-        Fetched(str(t.topic), int(p.partition_index), int(p.error_code), int(p.high_watermark),
-                int(p.log_start_offset), None if p.records is None else memoryview(p.records))
+    return LogAnswer(int(answer.error_code), int(answer.session_id), [
+        LogPartition(int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
+                     None, None) if p.records is None
+        else LogPartition(int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
+                          *python_decoded(memoryview(p.records)))
         for t in answer.responses for p in t.partitions])
 
 

@@ -63,14 +63,18 @@ read_txn_response: Any = getattr(_native, "read_txn_response", None)
 read_txn_offset_commit: Any = getattr(_native, "read_txn_offset_commit", None)
 # endpoints_absent(data, start, stop, key, version) -> bool (native/src/endpoints.rs)
 endpoints_absent: Any = getattr(_native, "endpoints_absent", None)
-# The transaction log follower's readers. read_fetch_answer(data, start, stop) -> (error, session id, [(topic,
-# [(partition, error, high watermark, log start offset, records start, records stop)])]) | None: a Fetch v12 answer
-# (native/src/fetch.rs);
-# read_batch_records(data, start, stop) -> [(offset, key, value)] | None: one uncompressed v2 batch
-# (native/src/log_records.rs). Only called where AVAILABLE (kio reads them without the module).
-read_fetch_answer: Any = getattr(_native, "read_fetch_answer", None)
-read_batch_records: Any = getattr(_native, "read_batch_records", None)
+# The transaction log follower's readers and writer, only called where AVAILABLE (kio and Python without the module):
+# read_log_answer(data, start, stop) -> (error, session id, [(partition, error, high watermark, log start offset,
+# records as read_log_records gives them | None, failure)]) | None: a Fetch v12 answer and its record sets in one
+# call (native/src/fetch.rs, transaction_log.rs; codecs/log_fetch.py's read_log_answer);
 # read_log_records(data, start, stop) -> ([(offset, applied, transactional id | None, value fields | None)], failure):
 # a record set of __transaction_state, each record decoded as the follower's view applies it, in one call
-# (native/src/transaction_log.rs; codecs/transaction_log.py's read_decoded)
+# (codecs/transaction_log.py's read_decoded);
+# read_batch_records(data, start, stop) -> [(offset, key, value)] | None: one uncompressed v2 batch
+# (native/src/log_records.rs; the Python reader's);
+# fetch_request(correlation id, client id, topic, [(partition, leader epoch, offset, max bytes)], max wait, min bytes,
+# max bytes, session id, session epoch) -> bytes: the follower's Fetch v12 frame (codecs/log_fetch.py's).
+read_log_answer: Any = getattr(_native, "read_log_answer", None)
 read_log_records: Any = getattr(_native, "read_log_records", None)
+read_batch_records: Any = getattr(_native, "read_batch_records", None)
+fetch_request: Any = getattr(_native, "fetch_request", None)

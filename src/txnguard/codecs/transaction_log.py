@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kio.records.readers import read_batch
 
@@ -88,15 +88,20 @@ def read_decoded(data: bytes | memoryview) -> tuple[list[Decoded], DecodeFailed 
     interpreter's work per answer, so it does as little of it as it can); by `decode` record by record without
     it, or the native module's oracle in the property tests."""
     if native.AVAILABLE:
-        found, failure = native.read_log_records(data, 0, len(data))
-        make = TxnLogValue._make
-        decoded: list[Decoded] = [(o, a, t, None if v is None else make(v)) for o, a, t, v in found]
-        if failure is None:
-            return decoded, None
-        unknown, at = failure
-        return decoded, (UnknownVersion(f"a record batch at byte {at} this reader does not know (magic, compression)")
-                         if unknown else DecodeFailed(f"record batch at byte {at}: not read whole"))
+        return from_native(*native.read_log_records(data, 0, len(data)))
     return python_decoded(data)
+
+
+def from_native(found: list[tuple[int, int, str | None, tuple[Any, ...] | None]],
+                failure: tuple[bool, int] | None) -> tuple[list[Decoded], DecodeFailed | None]:
+    """The native reader's records and failure (`read_log_records`, `read_log_answer`) as `read_decoded` gives them."""
+    make = TxnLogValue._make
+    decoded: list[Decoded] = [(o, a, t, None if v is None else make(v)) for o, a, t, v in found]
+    if failure is None:
+        return decoded, None
+    unknown, at = failure
+    return decoded, (UnknownVersion(f"a record batch at byte {at} this reader does not know (magic, compression)")
+                     if unknown else DecodeFailed(f"record batch at byte {at}: not read whole"))
 
 
 def python_decoded(data: bytes | memoryview) -> tuple[list[Decoded], DecodeFailed | None]:

@@ -45,19 +45,19 @@ from kio.static.primitive import i8, i32, i64
 
 from txnguard.codecs import log_fetch
 from txnguard.codecs.api_keys import ApiKey
-from txnguard.codecs.errors import CodecError
+from txnguard.codecs.errors import CodecError, DecodeFailed
 from txnguard.codecs.log_fetch import (
     FETCH_SESSION_ID_NOT_FOUND,
     FINAL_EPOCH,
     INVALID_FETCH_SESSION_EPOCH,
     NO_SESSION,
-    FetchAnswer,
-    Fetched,
     FetchSession,
+    LogAnswer,
+    LogPartition,
     Wanted,
 )
 from txnguard.codecs.topic_partition import TopicPartition
-from txnguard.codecs.transaction_log import TOPIC, read_decoded
+from txnguard.codecs.transaction_log import TOPIC, Decoded
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import CLIENT_ID, BrokerConnection, BrokerConnections, UpstreamError
@@ -317,7 +317,7 @@ class LogFollower:
                 if error is not None:
                     raise error
                 assert body is not None
-                answer = log_fetch.read_fetch_answer(body)
+                answer = log_fetch.read_log_answer(body)
                 session.answered(answer.error_code, answer.session_id)
                 self._failing.discard(address)
                 if answer.error_code in SESSION_ERRORS:
@@ -351,17 +351,17 @@ class LogFollower:
             session, plan = in_session
             session_id, epoch, listed, full = session.next(plan, partitions, epochs, positions, PARTITION_MAX_BYTES,
                                                            self._moved)
-        self._fetches.inc()
+        self._fetches.value += 1
         return (lambda correlation_id: log_fetch.fetch_request(
             correlation_id, CLIENT_ID, TOPIC, listed, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
             session_id=session_id, session_epoch=epoch)), full
 
     async def _fetch(self, conn: BrokerConnection, partitions: list[int], max_wait_ms: int,
-                     timeout_s: float) -> FetchAnswer:
+                     timeout_s: float) -> LogAnswer:
         """One sessionless Fetch of `partitions` from the view's positions (a read to the end), read in place."""
         encode, _ = self._fetch_request(partitions, max_wait_ms, None)
         body = await conn.request_encoded(ApiKey.FETCH.value, log_fetch.VERSION, encode, timeout_s)
-        return log_fetch.read_fetch_answer(body)
+        return log_fetch.read_log_answer(body)
 
     def _epoch_started(self, partition: int) -> bool:
         return partition not in self._epochs_unchecked
@@ -391,7 +391,7 @@ class LogFollower:
                     self._metadata_stale.set()
         return all(self._epoch_started(p) for p in partitions)
 
-    def _apply(self, answer: FetchAnswer, asked: Iterable[int], *, complete: bool = True) -> tuple[set[int], set[int]]:
+    def _apply(self, answer: LogAnswer, asked: Iterable[int], *, complete: bool = True) -> tuple[set[int], set[int]]:
         """One Fetch answer into the view: (the partitions it read to the high watermark it reported, those that
         answered an error other than an offset out of range; all it `asked` for on a top-level error). An answer
         not `complete` (incremental, in a fetch session) leaves out the partitions with no news: one that was at
@@ -412,7 +412,7 @@ class LogFollower:
                 continue
             read_one = True
             if part.records is not None:
-                self._read(p, part.records)
+                self._read(p, part.records, part.failure)
             hw = part.high_watermark
             self.high_watermarks[p] = hw
             if self.view.positions.get(p, 0) >= hw and self._epoch_started(p):
@@ -421,11 +421,6 @@ class LogFollower:
                 reached.add(p)
             else:
                 self._behind.add(p)  # more than one Fetch holds, or a batch it could not read stopped it
-        tally = self._tally
-        for applied, n in tally.items():
-            if n:
-                self._counted[applied].inc(n)
-                tally[applied] = 0
         if not complete:
             reached |= self._unlisted_at_end(asked, {part.partition for part in parts}, now)
         if read_one:
@@ -452,7 +447,7 @@ class LogFollower:
         caught_up_at.update(dict.fromkeys(at_end, now))
         return at_end
 
-    def _partition_failed(self, part: Fetched) -> bool:
+    def _partition_failed(self, part: LogPartition) -> bool:
         """A partition's error: whether it failed (an offset out of range does not: the log's start moved)."""
         p, code = part.partition, part.error_code
         if code == ErrorCode.offset_out_of_range:
@@ -497,19 +492,20 @@ class LogFollower:
         return (not self.denied and leader is not None and leader not in self._failing
                 and partition in self.caught_up_at and partition not in self._behind)
 
-    def _read(self, partition: int, data: memoryview) -> None:
-        if not data:
+    def _read(self, partition: int, found: list[Decoded], failure: DecodeFailed | None) -> None:
+        """A partition's records, decoded with the answer (`read_log_answer`), into the view; `failure`: what stopped
+        their reading."""
+        if not found and failure is None:
             return
         view = self.view
         position = view.positions.get(partition, 0)
-        found, failure = read_decoded(data)
-        apply, tally = view.apply_decoded, self._tally
+        apply, counted = view.apply_decoded, self._counted
         for record in found:
             offset = record[0]
             if offset < position:
                 continue  # read already (a sync and a long poll may both carry it)
             applied = apply(partition, record)
-            tally[applied] += 1  # the metric counted once per answer (`_apply`), not per record
+            counted[applied].value += 1
             position = offset + 1
             if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
                 self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
@@ -687,6 +683,6 @@ class LogFollower:
         m.log_follower_lag_seconds.set_function(
             lambda: self.lag_seconds() if self.caught_up_once else -1.0)
         m.log_follower_ids.set_function(lambda: float(len(self.view)))
+        # Plain counters, read when /metrics is: a round counts a Fetch and its records without a lock or a call.
         self._counted = {a: m.log_follower_records.labels(a.value) for a in Applied}
-        self._tally = dict.fromkeys(Applied, 0)  # records read since the metric was last told
-        self._fetches = m.log_follower_fetches
+        self._fetches = m.log_follower_fetches.labels()

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from txnguard.connection.traffic import Traffic
 from txnguard.policies.outcomes import Outcome
-from txnguard.proxy.traffic_metrics import PlainHistogram, TrafficCollector
+from txnguard.proxy.traffic_metrics import PlainCounter, PlainHistogram, TrafficCollector
 from txnguard.verification.access import known_rights
 
 CLIENT_TO_BROKER = "client_to_broker"
@@ -231,15 +231,14 @@ class ProxyMetrics:
             "(not Dead, a record within the last 24 h) that this proxy never saw in a request since it started: "
             "clients that reach the brokers another way. Meaningful for a single gateway only (sidecars and replicas "
             "each see a share of the clients: there the fleet report's table counts)", registry=r)
-        self.log_follower_records = Counter(
+        self.log_follower_records = PlainCounter(
             "txnguard_transaction_log_records", "Records of __transaction_state read, by what they did: state, "
-            "tombstone, unknown_version or malformed (the id is then asked of the coordinator)", ["outcome"],
-            registry=r)
+            "tombstone, unknown_version or malformed (the id is then asked of the coordinator)", ["outcome"], r)
         self.log_follower_records.labels("state")  # the rest appear with their first record
-        self.log_follower_fetches = Counter(
+        self.log_follower_fetches = PlainCounter(
             "txnguard_transaction_log_fetches", "Fetch requests the follower of __transaction_state sent: its long "
             "polls (one answer each, carrying every record appended meanwhile) and its reads to the end; its CPU "
-            "goes mostly per Fetch, so this rate, not the cluster's transaction rate, sizes it", registry=r)
+            "goes mostly per Fetch, so this rate, not the cluster's transaction rate, sizes it", [], r)
 
         # The proxy's own principal refused by Kafka (proxy/access_report.py): each names one missing ACL.
         self.authorization_failures = Counter(

@@ -92,6 +92,42 @@ class PlainHistogram(Collector):
         yield family
 
 
+class PlainCounter(Collector):
+    """A labelled counter of plain ints, exported when /metrics is read.
+
+    For counts made several times per transaction of the cluster (the follower of the coordinator's log counts
+    each round and each record): prometheus_client's `inc` takes a lock and makes two Python calls each time; here
+    the caller adds to a child's `value`. The exposition is prometheus_client's (`_total`), without `_created`.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, labelnames
+        self._children: dict[tuple[str, ...], PlainCounterChild] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> PlainCounterChild:
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {len(key)}")
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = PlainCounterChild()
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in list(self._children.items()):
+            family.add_metric(list(values), float(child.value))
+        yield family
+
+
+class PlainCounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 class PlainHistogramChild:
     __slots__ = ("bounds", "counts", "sum")
 
