@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest_plugins = ["txnguard.testing.fixtures"]
+
+_STARTED = time.time()
 
 # `make test` runs on two xdist workers a file at a time (`--dist loadfile --no-loadscope-reorder`): a worker
 # takes the next file in collection order once it has two tests left. Left to itself, xdist orders files by
@@ -42,3 +46,11 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The broker logs a worker kept because a test failed (testing/fixtures.py), named and quoted here."""
+    from txnguard.testing.fixtures import report_kept_logs  # here: imported first as the plugin it is
+
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        report_kept_logs(_STARTED, terminalreporter.write_line)

@@ -70,8 +70,61 @@ class ClusterPool:
             cluster.down()
 
 
+# The brokers' and ZooKeeper's own logs, kept when a test of the session failed (their data is not).
+BROKER_LOGS = ("server.log", "zookeeper.log")
+# Lines of each kept log that `keep_broker_logs` prints: the last errors and warnings, for a report that outlives the
+# run's folder (a CI's clean clone).
+PRINTED_LINES = 15
+
+
+def keep_broker_logs(root: Path, into: Path) -> list[Path]:
+    """Copy the broker and ZooKeeper logs under `root` (one folder per cluster, one per node) to `into`, keeping
+    their paths below `root`; the copies. A failure that happened once in many runs (a coordinator that answered
+    CONCURRENT_TRANSACTIONS for two minutes after a leader move) cannot be diagnosed once the session's temporary
+    folder is gone."""
+    kept = []
+    for log in sorted(p for name in BROKER_LOGS for p in root.rglob(name)):
+        target = into / log.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, target)
+        kept.append(target)
+    return kept
+
+
+def last_problems(log: Path, lines: int = PRINTED_LINES) -> list[str]:
+    """The last `lines` ERROR and WARN lines of a broker log."""
+    found: list[str] = []
+    with log.open(errors="replace") as f:
+        for line in f:
+            if " ERROR " in line or " WARN " in line:
+                found.append(line.rstrip()[:300])
+                del found[:-lines]
+    return found
+
+
+def failed_logs_root() -> Path:
+    return Path(os.environ.get("TXNGUARD_FAILED_LOGS", ".run/failed-test-logs"))
+
+
+def report_kept_logs(since: float, say: Callable[[str], None]) -> None:
+    """Name the broker logs kept since `since` (a time.time()) and print their last errors and warnings: from the
+    pytest session that runs the workers (xdist shows none of a worker's teardown output)."""
+    root = failed_logs_root()
+    if not root.is_dir():
+        return
+    for run in sorted(d for d in root.iterdir() if d.is_dir() and d.stat().st_mtime >= since):
+        logs = sorted(p for name in BROKER_LOGS for p in run.rglob(name))
+        say(f"broker logs of a session with failed tests, kept in {run.resolve()}: {len(logs)}")
+        for log in logs:
+            problems = last_problems(log)
+            if problems:
+                say(f"-- {log.relative_to(run)}: its last errors and warnings")
+                for line in problems:
+                    say(line)
+
+
 @pytest.fixture(scope="session")
-def kafka_pool() -> Iterator[ClusterPool]:
+def kafka_pool(request: pytest.FixtureRequest) -> Iterator[ClusterPool]:
     keep = os.environ.get("TXNGUARD_TEST_DIR")
     root = Path(keep or tempfile.mkdtemp(prefix="txnguard-kafka-"))
     pool = ClusterPool(root)
@@ -79,6 +132,9 @@ def kafka_pool() -> Iterator[ClusterPool]:
         yield pool
     finally:
         pool.close()
+        if request.session.testsfailed and not keep:
+            into = failed_logs_root() / root.name
+            keep_broker_logs(root, into)  # the controller's summary names them (`report_kept_logs`)
         if not keep:  # a named directory is kept for post-mortems; a temporary one is not
             shutil.rmtree(root, ignore_errors=True)
 
