@@ -1989,6 +1989,23 @@ def measure(b: Bench, s: Settings) -> dict[str, Any]:
     return out
 
 
+def verification_times(audit: Path) -> dict[str, dict[str, float]]:
+    """VerificationTimeMs by evidence, exact, from an audit file's decision records (as bench/verification_overhead.py
+    reads them): n, p50, p99, max. The audit-on arm measures each decision's thread CPU time too (a clock read that
+    is a system call, inside the timed span): an upper bound on the arm without audit."""
+    times: dict[str, list[float]] = {}
+    for line in audit.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("kind", "decision") == "decision":
+            times.setdefault(r["evidence"], []).append(float(r["latency_ms"]))
+    out = {}
+    for evidence, v in sorted(times.items()):
+        v.sort()
+        out[evidence] = {"n": len(v), "p50": round(v[len(v) // 2], 4),
+                         "p99": round(v[min(len(v) - 1, int(len(v) * 0.99))], 4), "max": round(v[-1], 4)}
+    return out
+
+
 def report(result: dict[str, Any], stamp: str, proxy_log: Path, arm_logs: dict[str, Path] | None = None) -> None:
     log = proxy_log_findings(proxy_log.read_text(errors="replace"))
     result["proxy_log"] = log
@@ -2003,6 +2020,9 @@ def report(result: dict[str, Any], stamp: str, proxy_log: Path, arm_logs: dict[s
     if result.get("peer_table"):
         say("\nSide by side (medians; ratios to direct; CPU of each relay's or proxy's own process):")
         say(result["peer_table"])
+    for evidence, t in result.get("audit_on_verification_time_ms", {}).items():
+        say(f"VerificationTimeMs, {evidence} evidence (the audit-on arm's records, every part it ran): p50 {t['p50']} "
+            f"p99 {t['p99']} max {t['max']} ms over {t['n']} decisions")
     for w in result["warnings"]:
         say(f"WARNING: {w}")
     say(f"\nproxy log levels {log['levels']}; warnings/errors {log['problem_events'] or 'none'}; "
@@ -2142,6 +2162,8 @@ def main() -> int:
         if audit is not None:
             with contextlib.suppress(OSError), open(audit, "rb") as f:
                 result["audit_on_records"] = sum(1 for _ in f)
+            with contextlib.suppress(OSError):
+                result["audit_on_verification_time_ms"] = verification_times(audit)
         result["elapsed_s"] = time.monotonic() - t0
         result["machine"]["loadavg_at_end"] = os.getloadavg()
         if proxy_log.exists():
