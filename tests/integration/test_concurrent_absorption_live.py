@@ -60,7 +60,10 @@ def test_a_short_transaction_loop_through_the_proxy_never_sees_concurrent_transa
             run_loop(family, f"{node.host}:{node.sidecar_port}", topic, unique_name("txn"), LOOP)
             loops += 1
         print(f"\n{family}: {absorbed(proxy, 'absorbed'):.0f} absorbed in {loops} loop(s) of {LOOP} transactions "
-              f"(at most {MAX_LOOPS})")
+              f"(at most {MAX_LOOPS}), asked again "
+              f"{proxy.metric('txnguard_concurrent_transactions_retries_total', {'api': 'add_partitions_to_txn'}):.0f}"
+              f" times, {proxy.metric('txnguard_concurrent_transactions_woken_total'):.0f} of them early on the "
+              "follower's word")
         assert absorbed(proxy, "absorbed") > 0, f"no CONCURRENT_TRANSACTIONS in {loops * LOOP} transactions"
         assert tap.count == 0
     assert absorbed(proxy, "budget_spent") == 0

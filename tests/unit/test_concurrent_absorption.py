@@ -56,7 +56,7 @@ def test_the_client_sees_one_success_where_the_coordinator_first_said_concurrent
     assert to_broker(pb.client_sends(request)) == request
     # broker -> proxy: CONCURRENT_TRANSACTIONS (markers of the previous transaction still being written)
     out = pb.broker_answers(add_partitions_response(2, [T0], error=BUSY))
-    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), StartTimer(1, 0.002)]
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), StartTimer(1, 0.002, "app")]
     [timer] = of_type(out, StartTimer)
     # the pause runs out: the same bytes go to the coordinator again
     pb.clock.seconds += timer.delay_s

@@ -101,7 +101,7 @@ def test_a_verification_and_an_absorption_hold_together_and_relay_resumes_after_
     assert steps(out) == [PauseReading(Side.CLIENT, "verification"), Like(Ask, check_id=1)]
     assert pb.conn.mode is H
     out = pb.broker_answers(add_partitions_response(1, [T0], error=ErrorCode.concurrent_transactions))
-    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), StartTimer(2, 0.002)]
+    assert steps(out) == [PauseReading(Side.CLIENT, "concurrent_transactions"), StartTimer(2, 0.002, "app")]
     out = pb.conn.answered(1, PartitionVerdicts({T1: passed(Evidence.COORDINATOR)}))
     assert steps(out) == [Like(Decided), ResumeReading(Side.CLIENT, "verification"), SendToBroker([produce(2, [T1])])]
     assert pb.conn.mode is H                          # heartbeat 3 still waits behind the absorption

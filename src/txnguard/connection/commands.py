@@ -48,10 +48,13 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class StartTimer:
-    """Call `Connection.timer_fired(token)` after `delay_s` (the core has no clock of its own)."""
+    """Call `Connection.timer_fired(token)` after `delay_s` (the core has no clock of its own). `transactional_id`:
+    the transaction whose end the retry waits for (an absorption of CONCURRENT_TRANSACTIONS); the shell may fire
+    the timer early once the coordinator's log shows that transaction ended (proxy/log_follower.py)."""
 
     token: int
     delay_s: float
+    transactional_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from bisect import bisect_left
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import addresses, api_versions, node_endpoints, schemas
+from txnguard.codecs.lifecycle_scan import AddOffsetsSeen, AddPartitionsSeen
 from txnguard.codecs.produce import merged_produce_response
 from txnguard.connection.apis import ApiKey, ResponseAction
 from txnguard.connection.base import ConnectionBase, ResponseOutOfOrder
@@ -181,7 +182,9 @@ class ResponseSide(ConnectionBase):
             absorbing = self._hold(Pause.CONCURRENT_TRANSACTIONS, entry, out)
         else:
             absorbing.id = self.holds.next_id()
-        out.append(StartTimer(absorbing.id, delay_ms / 1000))
+        observed = entry.observed
+        txn_id = observed.transactional_id if isinstance(observed, AddPartitionsSeen | AddOffsetsSeen) else None
+        out.append(StartTimer(absorbing.id, delay_ms / 1000, txn_id))
         return None
 
     def _end_absorbing(self, entry: InFlight, ending: str, out: list[Command]) -> None:

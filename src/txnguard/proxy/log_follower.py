@@ -68,6 +68,9 @@ from txnguard.verification.transaction_log_view import Applied, TransactionLogVi
 from txnguard.verification.verdicts import Verdict
 
 _STATE, _TOMBSTONE = Applied.STATE, Applied.TOMBSTONE
+# The states in which a transaction has ended: the coordinator accepts the id's next one (before them, in a Prepare
+# state, it refuses it with CONCURRENT_TRANSACTIONS). A removed id (a tombstone) has ended too.
+ENDED = frozenset({"CompleteCommit", "CompleteAbort", "Empty", "Dead"})
 # How a stretch of long polls ended (`_poll`), for `_follow`: go round again, or every partition answered an error.
 _AGAIN, _ALL_FAILED = "again", "all failed"
 
@@ -125,6 +128,8 @@ class LogFollower:
         self._loops: dict[HostPort, asyncio.Task[None]] = {}
         self._sessions: dict[HostPort, FetchSession] = {}  # the long poll's fetch session with each leader
         self._moved: set[int] = set()  # partitions whose position moved since their session's last request
+        # transactional id -> what to call once the log shows its transaction ended (`when_ended`)
+        self._ending: dict[str, list[Callable[[], None]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         # `log`: another logger (`txnguard hanging` reads the log once and says what went wrong in its own words).
@@ -499,13 +504,16 @@ class LogFollower:
             return
         view = self.view
         position = view.positions.get(partition, 0)
-        apply, counted = view.apply_decoded, self._counted
+        apply, counted, ending = view.apply_decoded, self._counted, self._ending
         for record in found:
             offset = record[0]
             if offset < position:
                 continue  # read already (a sync and a long poll may both carry it)
             applied = apply(partition, record)
             counted[applied].value += 1
+            if ending and record[2] in ending and (applied is _TOMBSTONE or (
+                    applied is _STATE and record[3] is not None and record[3].state in ENDED)):
+                self._ended(record[2])
             position = offset + 1
             if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
                 self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
@@ -517,6 +525,28 @@ class LogFollower:
             # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
             # the log's; so stop this partition here and say so (writes of its ids go to the next source).
             self._say_problem(f"{TOPIC}-{partition} at offset {position}: {failure}")
+
+    def when_ended(self, txn_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (soon, on this loop) once a record read says `txn_id`'s transaction ended (`ENDED`, or the
+        id removed): the coordinator accepts its next transaction then. An
+        absorption of CONCURRENT_TRANSACTIONS asks again at that moment instead of when its pause runs out
+        (proxy/session.py). Returns what forgets the callback (its pause ran out first)."""
+        callbacks = self._ending.setdefault(txn_id, [])
+        callbacks.append(callback)
+
+        def forget() -> None:
+            found = self._ending.get(txn_id)
+            if found is not None and callback in found:
+                found.remove(callback)
+                if not found:
+                    del self._ending[txn_id]
+
+        return forget
+
+    def _ended(self, txn_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        for callback in self._ending.pop(txn_id, ()):
+            loop.call_soon(callback)  # after this answer is applied, not inside the follower's round
 
     async def sync(self, partition: int, budget_s: float) -> bool:
         """Read `partition` up to the high watermark as of now; True once there, False past the budget.

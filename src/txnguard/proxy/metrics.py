@@ -113,6 +113,11 @@ class ProxyMetrics:
             "budget_spent (the client got CONCURRENT_TRANSACTIONS after all) or behind_another (passed to the "
             "client at once: another request of its connection was being asked again)", ["api", "ending"],
             registry=r)
+        self.concurrent_woken = PlainCounter(
+            "txnguard_concurrent_transactions_woken", "Requests asked again after CONCURRENT_TRANSACTIONS before their "
+            "pause ran out, because the coordinator's log (the follower) showed the previous transaction ended",
+            [], r)
+        self.concurrent_woken.labels()
         self.concurrent_retries = Counter(
             "txnguard_concurrent_transactions_retries", "Requests the proxy sent again after "
             "CONCURRENT_TRANSACTIONS, by API", ["api"], registry=r)

@@ -446,11 +446,25 @@ class Session:
     def _start_timer(self, command: c.StartTimer) -> None:
         def fire() -> None:
             self._timers.discard(handle)
+            if forget is not None:
+                forget()
             if not self.closed:
                 self._execute(self.core.timer_fired(command.token))
 
+        def early() -> None:
+            # The coordinator's log shows the transaction ended: it accepts the next one now, so the request
+            # is asked again now rather than after the rest of the pause (at most one refusal more if its cache
+            # lags the log; the core then pauses again as before).
+            if handle in self._timers:
+                handle.cancel()
+                self.metrics.concurrent_woken.labels().value += 1
+                fire()
+
         handle = asyncio.get_running_loop().call_later(command.delay_s, fire)
         self._timers.add(handle)
+        follower = self.guard.follower
+        forget = None if command.transactional_id is None or follower is None else \
+            follower.when_ended(command.transactional_id, early)
 
     def _concurrent_absorbed(self, command: c.ConcurrentAbsorbed) -> None:
         api = schemas.api_name(command.api_key)
