@@ -29,7 +29,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Files named with a dot that are not settings (`policy.py`, `audit.jsonl`).
 FILE_SUFFIX = re.compile(r"\.(py|rs|ya?ml|jsonl?|md|html|txt|toml|properties|service|sh|lock|so)$")
 # TXNGUARD_* variables that are not settings: the test harness's (src/txnguard/testing).
-HARNESS_VARIABLES = {"TXNGUARD_MAX_CLUSTERS"}
+HARNESS_VARIABLES = {"TXNGUARD_MAX_CLUSTERS", "TXNGUARD_FAILED_LOGS"}
 
 
 def _lines(pages: list[Path]) -> Iterator[tuple[str, int, str]]:
