@@ -94,6 +94,9 @@ from txnguard.testing.kroxylicious import KroxyliciousProcess
 from txnguard.testing.proxy import ProxyProcess
 from txnguard.testing.short_transactions import FAMILIES, run_loop
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # a script run from anywhere: its sibling scripts
+from verification_overhead import audit_decisions, pct
+
 KAFKA_VERSION = "3.5.2"
 JAVA_CLIENT = "3.5.2"
 RECORD_SIZE = 1024
@@ -1990,20 +1993,12 @@ def measure(b: Bench, s: Settings) -> dict[str, Any]:
 
 
 def verification_times(audit: Path) -> dict[str, dict[str, float]]:
-    """VerificationTimeMs by evidence, exact, from an audit file's decision records (as bench/verification_overhead.py
-    reads them): n, p50, p99, max. The audit-on arm measures each decision's thread CPU time too (a clock read that
-    is a system call, inside the timed span): an upper bound on the arm without audit."""
-    times: dict[str, list[float]] = {}
-    for line in audit.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("kind", "decision") == "decision":
-            times.setdefault(r["evidence"], []).append(float(r["latency_ms"]))
-    out = {}
-    for evidence, v in sorted(times.items()):
-        v.sort()
-        out[evidence] = {"n": len(v), "p50": round(v[len(v) // 2], 4),
-                         "p99": round(v[min(len(v) - 1, int(len(v) * 0.99))], 4), "max": round(v[-1], 4)}
-    return out
+    """VerificationTimeMs by evidence, exact, from an audit file's decision records, read and ranked as
+    bench/verification_overhead.py does: n, p50, p99, max. The audit-on arm measures each decision's thread CPU time
+    too (a clock read that is a system call, inside the timed span): an upper bound on the arm without audit."""
+    latencies, _, _ = audit_decisions(audit)
+    return {e: {"n": len(v), "p50": round(pct(v, 0.5), 4), "p99": round(pct(v, 0.99), 4), "max": round(max(v), 4)}
+            for e, v in sorted(latencies.items())}
 
 
 def report(result: dict[str, Any], stamp: str, proxy_log: Path, arm_logs: dict[str, Path] | None = None) -> None:

@@ -144,12 +144,12 @@ def run_load(side: Side, cluster: kafka.Cluster, records: int, rate: int) -> Any
     return result
 
 
-def verification_figures(side: Side) -> dict[str, Any]:
-    assert side.audit is not None and side.admin is not None
+def audit_decisions(audit: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
+    """An audit file's decision records: VerificationTimeMs and thread CPU time by evidence, and the outcomes."""
     latencies: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     outcomes: dict[str, int] = {}
-    for line in side.audit.read_text().splitlines():
+    for line in audit.read_text().splitlines():
         r = json.loads(line)
         if r.get("kind", "decision") != "decision":
             continue  # schema_version 2 also has a record per closed client connection
@@ -157,6 +157,12 @@ def verification_figures(side: Side) -> dict[str, Any]:
         if r.get("cpu_ms") is not None:
             cpu.setdefault(r["evidence"], []).append(r["cpu_ms"])
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+    return latencies, cpu, outcomes
+
+
+def verification_figures(side: Side) -> dict[str, Any]:
+    assert side.audit is not None and side.admin is not None
+    latencies, cpu, outcomes = audit_decisions(side.audit)
     m = scrape(side.admin)
     transactions = total(m, 'txnguard_frames_total{api="end_txn",direction="client_to_broker"')
     coordinator = total(m, "txnguard_coordinator_requests_total")

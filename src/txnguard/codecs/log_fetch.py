@@ -70,6 +70,9 @@ class LogPartition(NamedTuple):
     failure: DecodeFailed | None
 
 
+_NULL_RECORDS = (None, None)  # a partition's records and failure when its answer has no record set
+
+
 class LogAnswer(NamedTuple):
     error_code: int
     session_id: int
@@ -118,15 +121,13 @@ def read_log_answer(body: memoryview) -> LogAnswer:
         if found is not None:
             error, session_id, parts = found
             return LogAnswer(error, session_id, [
-                LogPartition(p, code, hw, log_start, None, None) if records is None
-                else LogPartition(p, code, hw, log_start, *from_native(records, failure))
+                LogPartition(p, code, hw, log_start,
+                             *(_NULL_RECORDS if records is None else from_native(records, failure)))
                 for p, code, hw, log_start, records, failure in parts])
     _, answer = schemas.decode_response(body, ApiKey.FETCH.value, VERSION)
     return LogAnswer(int(answer.error_code), int(answer.session_id), [
         LogPartition(int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
-                     None, None) if p.records is None
-        else LogPartition(int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
-                          *python_decoded(memoryview(p.records)))
+                     *(_NULL_RECORDS if p.records is None else python_decoded(memoryview(p.records))))
         for t in answer.responses for p in t.partitions])
 
 

@@ -171,7 +171,8 @@ class Session:
             c.RequestSeen: self._request_seen, c.RawMode: self._raw_mode, c.Authenticated: self._authenticated,
             c.StartTimer: self._start_timer, c.ConcurrentAbsorbed: self._concurrent_absorbed,
         }
-        self._timers: set[asyncio.TimerHandle] = set()
+        # The core's timers, each with what forgets its wake-up by the follower (`_start_timer`), if it has one.
+        self._timers: dict[asyncio.TimerHandle, Callable[[], None] | None] = {}
         self._software: tuple[str, str, str] | None = None  # its txnguard_client_connections labels
         self._mappings: list[mmap.mmap] = []  # large frames forwarded, until the Releaser unmaps them
 
@@ -264,8 +265,10 @@ class Session:
             self._upstream_task.cancel()
         for task in list(self._checks):
             task.cancel()
-        for timer in self._timers:
+        for timer, forget in self._timers.items():
             timer.cancel()
+            if forget is not None:
+                forget()  # a closed session is not kept alive by the follower until that transaction ends
         self._timers.clear()
         if self._mappings:  # whatever a closed transport still holds is freed when it lets go
             mappings, self._mappings = self._mappings, []
@@ -445,7 +448,7 @@ class Session:
 
     def _start_timer(self, command: c.StartTimer) -> None:
         def fire() -> None:
-            self._timers.discard(handle)
+            forget = self._timers.pop(handle, None)
             if forget is not None:
                 forget()
             if not self.closed:
@@ -461,9 +464,8 @@ class Session:
                 fire()
 
         handle = asyncio.get_running_loop().call_later(command.delay_s, fire)
-        self._timers.add(handle)
         follower = self.guard.follower
-        forget = None if command.transactional_id is None or follower is None else \
+        self._timers[handle] = None if command.transactional_id is None or follower is None else \
             follower.when_ended(command.transactional_id, early)
 
     def _concurrent_absorbed(self, command: c.ConcurrentAbsorbed) -> None:

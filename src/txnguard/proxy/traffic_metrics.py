@@ -4,7 +4,8 @@ built when /metrics is read."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -12,6 +13,8 @@ from prometheus_client.utils import floatToGoString
 
 from txnguard.codecs.schemas import api_name
 from txnguard.connection.traffic import KEYS, RTT_BUCKETS, Traffic
+
+C = TypeVar("C")  # a family's child: what `labels()` gives
 
 CLIENT_TO_BROKER = "client_to_broker"
 BROKER_TO_CLIENT = "broker_to_client"
@@ -55,7 +58,28 @@ def _name(key: int) -> str:
     return "other" if key == KEYS - 1 else api_name(key)
 
 
-class PlainHistogram(Collector):
+class _PlainFamily(Collector, Generic[C]):
+    """A labelled family counted in plain Python values: its children by label values, made by `labels()` as
+    prometheus_client's are, and registered so that /metrics reads them (`collect`, in each family)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry,
+                 make: Callable[[], C]) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, labelnames
+        self._make = make
+        self._children: dict[tuple[str, ...], C] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> C:
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {len(key)}")
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._make()
+        return child
+
+
+class PlainHistogram(_PlainFamily["PlainHistogramChild"]):
     """A labelled histogram counted in plain Python values, exported when /metrics is read.
 
     For the per-request path: a prometheus_client `observe` takes a lock per bucket and sum and walks
@@ -66,19 +90,8 @@ class PlainHistogram(Collector):
 
     def __init__(self, name: str, documentation: str, labelnames: list[str], buckets: tuple[float, ...],
                  registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, labelnames
         self.bounds = tuple(float(b) for b in buckets)
-        self._children: dict[tuple[str, ...], PlainHistogramChild] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> PlainHistogramChild:
-        key = tuple(str(v) for v in values)
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {len(key)}")
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = PlainHistogramChild(self.bounds)
-        return child
+        super().__init__(name, documentation, labelnames, registry, lambda: PlainHistogramChild(self.bounds))
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -92,7 +105,7 @@ class PlainHistogram(Collector):
         yield family
 
 
-class PlainCounter(Collector):
+class PlainCounter(_PlainFamily["PlainCounterChild"]):
     """A labelled counter of plain ints, exported when /metrics is read.
 
     For counts made several times per transaction of the cluster (the follower of the coordinator's log counts
@@ -101,18 +114,7 @@ class PlainCounter(Collector):
     """
 
     def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, labelnames
-        self._children: dict[tuple[str, ...], PlainCounterChild] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> PlainCounterChild:
-        key = tuple(str(v) for v in values)
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {len(key)}")
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = PlainCounterChild()
-        return child
+        super().__init__(name, documentation, labelnames, registry, PlainCounterChild)
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
