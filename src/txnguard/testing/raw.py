@@ -38,7 +38,12 @@ CONTROL_BIT = 0x20
 
 
 class RawProtocolError(RuntimeError):
-    """The peer closed the connection or answered something we could not decode."""
+    """The peer closed the connection, answered something we could not decode, or answered an error (its
+    `error_code`, when the answer named one)."""
+
+    def __init__(self, message: str, error_code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.error_code = error_code
 
 
 def build_batch(
@@ -346,7 +351,7 @@ class RawClient:
         )
         part = resp.topics[0].partitions[0]
         if part.error_code != ErrorCode.none:
-            raise RawProtocolError(f"ListOffsets {topic}-{partition}: {part.error_code.name}")
+            raise RawProtocolError(f"ListOffsets {topic}-{partition}: {part.error_code.name}", part.error_code)
         return int(part.offset)
 
     def create_topic(

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from kio.schema.errors import ErrorCode
+
 from txnguard.testing import raw
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -137,21 +139,34 @@ def stable_end_offsets(
     Asks each partition's leader, as ListOffsets must.
     """
     deadline = time.monotonic() + timeout_s
-    result: dict[int, int] = {}
-    for p in partitions_of(bootstrap_servers, topic, partitions):
+    return {p: _stable_end_offset(bootstrap_servers, topic, p, deadline, timeout_s)
+            for p in partitions_of(bootstrap_servers, topic, partitions)}
+
+
+# A partition whose leadership is moving (a broker just restarted, a preferred-leader election) answers these
+# until Metadata names the new leader: asked again of whichever broker leads it then.
+_LEADER_MOVING = frozenset({ErrorCode.leader_not_available, ErrorCode.not_leader_or_follower,
+                            ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch})
+
+
+def _stable_end_offset(bootstrap_servers: str, topic: str, p: int, deadline: float, timeout_s: float) -> int:
+    while True:
         _, host, port = raw.leader_of(bootstrap_servers, topic, p)
-        with raw.RawClient(host, port) as c:
-            while True:
-                lso = c.list_offsets(topic, p, read_committed=True)
-                hw = c.list_offsets(topic, p, read_committed=False)
-                if lso == hw:
-                    result[p] = hw
-                    break
-                if time.monotonic() > deadline:
-                    raise ClientError(f"{topic}-{p}: last stable offset {lso} still below high watermark {hw} "
-                                      f"after {timeout_s:.0f}s (an open or hanging transaction)")
-                time.sleep(0.05)
-    return result
+        try:
+            with raw.RawClient(host, port) as c:
+                while True:
+                    lso = c.list_offsets(topic, p, read_committed=True)
+                    hw = c.list_offsets(topic, p, read_committed=False)
+                    if lso == hw:
+                        return hw
+                    if time.monotonic() > deadline:
+                        raise ClientError(f"{topic}-{p}: last stable offset {lso} still below high watermark {hw} "
+                                          f"after {timeout_s:.0f}s (an open or hanging transaction)")
+                    time.sleep(0.05)
+        except raw.RawProtocolError as e:
+            if e.error_code not in _LEADER_MOVING or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 # -- the uniform interfaces ----------------------------------------------------------------------
