@@ -337,6 +337,7 @@ def run_roll(cluster: Cluster, front: Front, make_steps: Callable[[Cluster, Fron
     started = time.monotonic()
     job: ConfluentChild | None = None
     stopped = ""
+    trace = tmp / f"copier-{u}.trace"  # where the copier is, line by line (a stuck one sends no result)
     try:
         front.start()
         steps = [Step("start, then a quiet baseline", functools.partial(_baseline, cluster, baseline_s)),
@@ -350,7 +351,7 @@ def run_roll(cluster: Cluster, front: Front, make_steps: Callable[[Cluster, Fron
         job = ConfluentChild(front.bootstrap, source, sink, txn_id, group, records, commit_every=commit_every,
                              timeout_s=COPIER_TIMEOUT_S, deadline_s=math.inf,
                              progress=functools.partial(after_commit, committed, pace_s),
-                             watch_send_offsets_s=HUNG_AFTER_S)
+                             watch_send_offsets_s=HUNG_AFTER_S, trace=str(trace))
         for n, step in enumerate(steps):
             step.started = time.time()
             ran.append(step)
@@ -358,6 +359,8 @@ def run_roll(cluster: Cluster, front: Front, make_steps: Callable[[Cluster, Fron
                                                    values[n * per_step:(n + 1) * per_step], partition=0)
             step.detail = step.action() or ""
             stopped = _copied_up_to(job, committed, (n + 1) * per_step, stall_s) or ""
+            if stopped and trace.exists():
+                stopped += "; the copier's last steps: " + " | ".join(trace.read_text().splitlines()[-8:])
             step.ended = time.time()
             if stopped:
                 break

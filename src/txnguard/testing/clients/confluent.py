@@ -458,7 +458,7 @@ def confluent_exactly_once_copy(
     bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str, count: int, *,
     commit_every: int = 500, timeout_s: float = 240.0, progress: Callable[[int], None] | None = None,
     producer_config: dict[str, Any] | None = None, watch_send_offsets_s: float | None = None,
-    deadline_s: float | None = None,
+    deadline_s: float | None = None, trace: str | None = None,
 ) -> ExactlyOnceCopy:
     """A confluent-kafka consume-transform-produce loop written as an application would write it.
 
@@ -483,9 +483,12 @@ def confluent_exactly_once_copy(
     that timeout; if it has not returned `watch_send_offsets_s` later, the loop notes "hung", abandons the
     producer (kept referenced: destroying a stuck handle blocks too) and carries on with a new one, which fences
     it, as after a fatal error. None: the call blocks as an application's would.
+
+    `trace`: a file the loop appends a line to before each call that may block and at each timeline event, as
+    it happens, so that a caller can say where a loop that stopped moving is (its result never comes then).
     """
     loop = _ExactlyOnceLoop(bootstrap_servers, source, sink, transactional_id, group_id, timeout_s,
-                            producer_config or {}, watch_send_offsets_s)
+                            producer_config or {}, watch_send_offsets_s, trace)
     return loop.run(count, commit_every, time.monotonic() + (timeout_s if deadline_s is None else deadline_s),
                     progress or (lambda _n: None))
 
@@ -498,7 +501,7 @@ SEND_OFFSETS_TIMEOUT_S = 30.0  # the call's own timeout when watched (a coordina
 class _ExactlyOnceLoop:
     def __init__(self, bootstrap_servers: str, source: str, sink: str, transactional_id: str, group_id: str,
                  timeout_s: float, producer_config: dict[str, Any] | None = None,
-                 watch_send_offsets_s: float | None = None) -> None:
+                 watch_send_offsets_s: float | None = None, trace: str | None = None) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.source, self.sink, self.timeout_s = source, sink, timeout_s
@@ -519,6 +522,11 @@ class _ExactlyOnceLoop:
         self.in_txn = False
         self.pending = 0
         self.positions: dict[int, int] = {}
+        self.trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115 - the loop's lifetime
+
+    def _trace(self, kind: str, text: str) -> None:
+        if self.trace is not None:
+            self.trace.write(f"{time.strftime('%H:%M:%S')} {kind}: {text}\n")
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         if err is not None:
@@ -527,6 +535,7 @@ class _ExactlyOnceLoop:
     def run(self, count: int, commit_every: int, deadline: float, progress: Callable[[int], None]) -> ExactlyOnceCopy:
         copied = transactions = 0
         try:
+            self._trace("calling", "init_transactions")
             self.producer.init_transactions(self.timeout_s)
             self.consumer.subscribe([self.source], on_revoke=lambda _c, _ps: self.rebalanced.set(),
                                     on_assign=lambda _c, _ps: self.rebalanced.set())
@@ -549,14 +558,18 @@ class _ExactlyOnceLoop:
                         copied += done
                         transactions += 1
                         self.timeline.append((time.time(), "committed", str(copied)))
+                        self._trace("committed", str(copied))
                         progress(copied)
         finally:
             self.consumer.close()
+            if self.trace is not None:
+                self.trace.close()
         return ExactlyOnceCopy(copied, transactions, self.aborted, self.errors, self.producers, self.timeline)
 
     def _note(self, kind: str, text: str) -> None:
         self.errors.append(text)
         self.timeline.append((time.time(), kind, text))
+        self._trace(kind, text)
 
     def _transform(self, batch: list[ConsumedRecord]) -> None:
         if batch and not self.in_txn:
@@ -583,6 +596,7 @@ class _ExactlyOnceLoop:
             if not self._send_offsets(offsets, self.consumer.consumer_group_metadata()):
                 self._abandon_producer()
                 return 0
+            self._trace("calling", "commit_transaction")
             _confluent_commit(self.producer, self.timeout_s,
                               on_retry=lambda why: self._note("retriable", f"commit retried: {why}"))
         except KafkaException as e:
@@ -599,6 +613,7 @@ class _ExactlyOnceLoop:
     def _send_offsets(self, offsets: list[Any], group_metadata: Any) -> bool:
         """send_offsets_to_transaction; False if it is watched and did not return in time (librdkafka #5511).
         Its errors are raised here, as an unwatched call's."""
+        self._trace("calling", "send_offsets_to_transaction")
         if self.watch_send_offsets_s is None:
             self.producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout_s)
             return True
@@ -639,6 +654,7 @@ class _ExactlyOnceLoop:
         self._note("abortable", why)
         self.aborted += 1
         try:
+            self._trace("calling", "abort_transaction")
             self.producer.abort_transaction(self.timeout_s)
         except KafkaException as e:
             if not e.args[0].fatal():
@@ -662,6 +678,7 @@ class _ExactlyOnceLoop:
 
         self.producer = Producer(self.producer_config)
         self.producers += 1
+        self._trace("calling", f"init_transactions (producer {self.producers})")
         self.producer.init_transactions(self.timeout_s)
         self._rewind()
 
@@ -670,6 +687,7 @@ class _ExactlyOnceLoop:
 
         self.in_txn, self.pending, self.positions = False, 0, {}
         assigned = self.consumer.assignment()
+        self._trace("calling", "consumer.committed (rewind)")
         for tp in self.consumer.committed(assigned, self.timeout_s) if assigned else []:
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
