@@ -18,6 +18,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs.groups import coordinator_partition_for
+from txnguard.testing import clients
 from txnguard.testing.fixtures import ClusterPool, fresh_topic
 from txnguard.testing.proxy import ProxyThread, gateway_for
 from txnguard.testing.scenarios import TxnActor
@@ -112,3 +113,51 @@ def test_the_follower_reads_on_after_the_coordinator_is_killed_and_its_partition
     partitions = proxy.proxy.guard.follower.view.partition_count if proxy.proxy and proxy.proxy.guard.follower else 0
     print(f"\ncoordinator {coordinator} killed; {txn_id} in __transaction_state-"
           f"{coordinator_partition_for(txn_id, partitions or 1)} read on from the new leader")
+
+
+IDLE = {"transaction_log_idle_after_s": 1.0, "transaction_log_idle_read_s": 120.0}
+PASSED_ON_THE_LOG = {"evidence": "log", "outcome": "pass", "decision": "forwarded"}
+
+
+def test_an_idle_follower_reads_the_log_to_its_end_before_a_write_passes_on_it(
+        kafka_pool: ClusterPool, start_proxy: Any, unique_name: Any) -> None:
+    """    gateway: idle 1 s after the last write that asked the log, then a read to the end every 120 s
+           client ─Init, AddPartitions {p0}─▶ broker (directly): the gateway never sees them
+           the long poll reads Ongoing {p0}; no write asks the log: the follower idles (its view stops there)
+           client ─EndTxn(commit)─▶ broker (directly): the view still says Ongoing {p0}, for 120 s
+           client ─a late Produce to p0 (the committed transaction's producer)─▶ gateway
+                  refused: the log read to its end first (never passed at once on an idle view), nothing appended
+           client ─Init, AddPartitions {p0}─▶ broker; ─Produce p0─▶ gateway: passes on the log, and the write wakes
+                  the follower: it long-polls again"""
+    cluster = kafka_pool.get("3.5.2", 1)
+    topic = fresh_topic(cluster, unique_name("t"))
+    proxy = gateway_for(cluster, start_proxy, verification=IDLE)
+    proxy.wait_for(lambda: proxy.metric("txnguard_ready") == 1, 30, "ready")
+    direct = TxnActor(cluster.bootstrap_servers, unique_name("tid"))
+    through = TxnActor(proxy.bootstrap, direct.transactional_id)
+    direct.init()
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    wait_for_state(proxy, direct.transactional_id, "Ongoing")
+    proxy.wait_for(lambda: proxy.metric("txnguard_transaction_log_idle") == 1, 30, "the follower idle")
+    time.sleep(1.0)  # the long poll on its way when it idled answers (max wait 500 ms), then one read to the end
+    fetches = proxy.metric("txnguard_transaction_log_fetches_total")
+    time.sleep(1.0)  # idle: no Fetch sent (the next read in 120 s)
+    assert proxy.metric("txnguard_transaction_log_fetches_total") == fetches
+    assert direct.end(commit=True) == ErrorCode.none
+    assert logged_state(proxy, direct.transactional_id)().state == "Ongoing"  # what the view says: stale
+
+    through.producer = direct.producer  # the committed transaction's producer id and epoch: a late write
+    late = through.produce(topic, 0, [b"late"])
+    assert late.error_code != ErrorCode.none, "a late write passed on an idle follower's view"
+    assert logged_state(proxy, direct.transactional_id)().state in ("PrepareCommit", "CompleteCommit")  # read first
+    # The commit marker alone: a late batch that passed would sit after it, in a transaction left open (hanging).
+    assert clients.stable_end_offsets(cluster.bootstrap_servers, topic, [0], timeout_s=10) == {0: 1}
+
+    direct.init()
+    through.producer = direct.producer
+    assert direct.add_partitions(topic, 0) == {0: 0}
+    assert through.produce(topic, 0, [b"in time"]).error_code == ErrorCode.none
+    assert proxy.metric("txnguard_verifications_total", PASSED_ON_THE_LOG) == 1
+    proxy.wait_for(lambda: proxy.metric("txnguard_transaction_log_idle") == 0
+                   and proxy.metric("txnguard_transaction_log_fetches_total") > fetches + 1, 10, "long-polling again")
+    assert direct.end(commit=True) == ErrorCode.none

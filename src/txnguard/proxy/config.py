@@ -343,6 +343,15 @@ class Verification(_Section):
     transaction_log_wait_ms: PositiveInt = 500
     """A write the log does not pass at once waits at most this long for the follower to read the log up to its
     end as of the write's arrival; then the next source (the leader, the coordinator) decides."""
+    transaction_log_idle_after_s: PositiveFloat | None = 30.0
+    """The follower long-polls the log (a Fetch round or two per transaction of the cluster) while writes ask it;
+    this long after the last write that asked it (none yet: from the start), it reads the log every
+    `transaction_log_idle_read_s` instead, and a write that asks it then has it read to its end first (one Fetch),
+    which makes it long-poll again. Unset: always long-poll. A gateway whose clients' writes all pass on what it
+    saw itself then spends nothing per transaction on the log."""
+    transaction_log_idle_read_s: PositiveFloat = 5.0
+    """While the follower is idle, how often it reads the log to its end (readiness, the lag metrics, the ids
+    that bypass txnguard)."""
 
 
 class Audit(_Section):

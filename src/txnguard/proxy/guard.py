@@ -221,6 +221,7 @@ class TransactionGuard:
                 TransactionLogView(), metrics, lambda: verifier.bootstrap, verifier.address_of,
                 ssl_context=upstream_ssl, auth=config.upstream_auth, connect_timeout_s=config.limits.connect_timeout_s,
                 timeout_s=v.timeout_s, metadata_refresh_s=config.metadata_refresh_s,
+                idle_after_s=v.transaction_log_idle_after_s, idle_read_s=v.transaction_log_idle_read_s,
                 on_refused=verifier.access.refused, on_proved=verifier.access.proved)
             verifier.transaction_log = self.follower
             verifier.transaction_log_wait_s = v.transaction_log_wait_ms / 1000

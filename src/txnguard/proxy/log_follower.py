@@ -20,6 +20,16 @@ own connections, without a consumer group (plain Fetch at offsets it keeps itsel
   __transaction_state partition moved). A new leader's own watermark counts once ListOffsets
   answers it is past the start of its epoch (KIP-207): until then it may lag what the old leader acknowledged.
 
+Idle. A long poll costs a Fetch round or two per transaction of the cluster, whether or not any write needs the
+log: a gateway whose clients' writes all pass on what it saw itself (their AddPartitionsToTxn came through it)
+never asks it. `idle_after_s` after the last write that asked the log (`verdicts`), each leader's loop reads to
+the end every `idle_read_s` instead of long-polling; the next write that asks wakes the loops and is decided only
+once the log is read to its end as of its arrival (`sync`), as any write the log does not pass at once. A
+partition's writes pass at once on the view only while its leader's long poll is live (`_live`: it has answered and
+goes on), never on a view an idle read left behind. What an idle follower gives later: readiness and the lag
+metrics (as of the last read), the ids that bypass txnguard, and the end of a transaction that an absorbed
+CONCURRENT_TRANSACTIONS waits for (then only its own pauses end it).
+
 Health is per partition: the log decides for a transactional id only once the follower has read that id's
 partition to its high watermark, and while its leader answers. `caught_up_once` is readiness: every
 partition read once (a gateway), or every partition its own broker leads (a sidecar: the others are read
@@ -86,7 +96,8 @@ class LogFollower:
     def __init__(self, view: TransactionLogView, metrics: ProxyMetrics, bootstrap: Callable[[], tuple[HostPort, ...]],
                  address_of: Callable[[str, int], HostPort], *, ssl_context: Any = None, auth: Any = None,
                  connect_timeout_s: float = 5.0, timeout_s: float = 5.0, max_wait_ms: int = 500,
-                 metadata_refresh_s: float = 30.0, on_refused: Callable[[Any], None] | None = None,
+                 metadata_refresh_s: float = 30.0, idle_after_s: float | None = None, idle_read_s: float = 5.0,
+                 on_refused: Callable[[Any], None] | None = None,
                  on_proved: Callable[[tuple[str, str, str]], None] | None = None, log: Any = None) -> None:
         self.view = view
         self.metrics = metrics
@@ -96,6 +107,12 @@ class LogFollower:
         self.max_wait_ms = max_wait_ms
         self.metadata_refresh_s = metadata_refresh_s
         self.on_refused, self.on_proved = on_refused, on_proved
+        # Idle (see the module): `idle_after_s` after the last write that asked the log (the start counts as one),
+        # a read to the end every `idle_read_s` instead of the long poll. None: always the long poll.
+        self.idle_after_s, self.idle_read_s = idle_after_s, idle_read_s
+        self._asked_at = time.monotonic()
+        self._live: set[HostPort] = set()  # leaders whose long poll answered and goes on: their partitions pass at once
+        self._wakes: dict[HostPort, asyncio.Event] = {}  # an idle leader loop's rest ends early when a write asks
         self._polls = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
         self._syncs = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
         # What Metadata said, and what each round reads of it without walking every partition (`_plan`): the
@@ -280,9 +297,14 @@ class LogFollower:
                     # leads. A session set up with the new plan and the old partitions would never fetch a partition
                     # that moved here (a fault test's follower, at "lag 0", sat 169 records behind on one).
                     continue
-                wait_ms = self.max_wait_ms if started else min(self.max_wait_ms, 50)
+                idle = self._idle()
+                wait_ms = 0 if idle else self.max_wait_ms if started else min(self.max_wait_ms, 50)
                 session = self._sessions.setdefault(address, FetchSession())
-                if await self._poll(conn, address, plan, partitions, session, wait_ms) is _ALL_FAILED:
+                try:
+                    outcome = await self._poll(conn, address, plan, partitions, session, wait_ms)
+                finally:
+                    self._live.discard(address)  # until the next stretch's first answer
+                if outcome is _ALL_FAILED:
                     # Every partition answered an error, at once (no long poll): READ refused, or all moved away.
                     # Asked again after a backoff, as after a connection error, not in a loop of round trips (a
                     # principal with DESCRIBE and no READ sent some 5,000 Fetches a second to the broker).
@@ -290,6 +312,8 @@ class LogFollower:
                     backoff = min(backoff * 2, 5.0)
                 else:
                     backoff = 0.1
+                    if idle and self._behind.isdisjoint(partitions):
+                        await self._rest(address)  # read to the end: the next read after idle_read_s
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 self._failing.add(address)
                 self._polls.drop(address)
@@ -298,6 +322,31 @@ class LogFollower:
                 self._metadata_stale.set()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _idle(self) -> bool:
+        return self.idle_after_s is not None and time.monotonic() - self._asked_at > self.idle_after_s
+
+    def _asked(self) -> None:
+        """A write asked the log: long-poll again (the idle loops woken) for `idle_after_s` from now."""
+        idle = self._idle()
+        self._asked_at = time.monotonic()
+        if idle:
+            for wake in self._wakes.values():
+                wake.set()
+
+    async def _rest(self, address: HostPort) -> None:
+        """An idle loop's pause between two reads to the end: `idle_read_s`, or until a write asks the log."""
+        wake = self._wakes.setdefault(address, asyncio.Event())
+        wake.clear()
+        if not self._idle():
+            return  # asked since this round
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), self.idle_read_s)
+
+    def _passes_at_once(self, partition: int) -> bool:
+        """Whether the view may pass a write of `partition` before reading the log to its end: while its leader's
+        long poll is live (always, when the follower never idles)."""
+        return self.idle_after_s is None or self.leaders.get(partition) in self._live
 
     def _poll(self, conn: BrokerConnection, address: HostPort, plan: int, partitions: list[int],
               session: FetchSession, wait_ms: int) -> asyncio.Future[object]:
@@ -309,6 +358,7 @@ class LogFollower:
         answer that does not decode)."""
         stretch: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         timeout_s, full = self.timeout_s + wait_ms / 1000, True
+        live = self._live
 
         def send() -> None:
             nonlocal full
@@ -332,9 +382,10 @@ class LogFollower:
                 if failed.issuperset(partitions):
                     stretch.set_result(_ALL_FAILED)
                 elif (self._closed or plan != self._plan_version or wait_ms != self.max_wait_ms
-                      or not self._epochs_unchecked.isdisjoint(partitions)):
+                      or not self._epochs_unchecked.isdisjoint(partitions) or self._idle()):
                     stretch.set_result(_AGAIN)
                 else:
+                    live.add(address)  # this answer applied, the next long poll on its way
                     send()
             except Exception as e:  # noqa: BLE001 - to `_follow`, which handles or raises it as its own
                 if not stretch.done():
@@ -638,6 +689,7 @@ class LogFollower:
         """The log's verdicts on a write's partitions: passes at once; the rest once the follower has read the
         id's partition up to its end as of now (at most `wait_s`). A partition left out is not decided here."""
         view = self.view
+        self._asked()
         partition = view.partition_of(txn_id)
         if partition is None or not self.partition_usable(partition):
             if self.denied or not await self._partition_read(txn_id, wait_s):
@@ -646,10 +698,11 @@ class LogFollower:
             if partition is None or not self.partition_usable(partition):
                 return {}
         found: dict[TopicPartition, Verdict] = {}
-        for tp in tps:
-            v = view.verdict(txn_id, producer_id, epoch, tp, caught_up=False)
-            if v is not None:
-                found[tp] = v
+        if self._passes_at_once(partition):
+            for tp in tps:
+                v = view.verdict(txn_id, producer_id, epoch, tp, caught_up=False)
+                if v is not None:
+                    found[tp] = v
         rest = [tp for tp in tps if tp not in found]
         if not rest or not await self.sync(partition, wait_s):
             return found
@@ -713,6 +766,7 @@ class LogFollower:
         m.log_follower_lag_seconds.set_function(
             lambda: self.lag_seconds() if self.caught_up_once else -1.0)
         m.log_follower_ids.set_function(lambda: float(len(self.view)))
+        m.log_follower_idle.set_function(lambda: 1.0 if self._idle() else 0.0)
         # Plain counters, read when /metrics is: a round counts a Fetch and its records without a lock or a call.
         self._counted = {a: m.log_follower_records.labels(a.value) for a in Applied}
         self._fetches = m.log_follower_fetches.labels()

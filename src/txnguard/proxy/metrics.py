@@ -227,6 +227,10 @@ class ProxyMetrics:
         self.log_follower_lag_seconds = Gauge(
             "txnguard_transaction_log_lag_seconds", "Seconds since every partition of __transaction_state was last "
             "read up to its high watermark; -1 until the follower caught up once", registry=r)
+        self.log_follower_idle = Gauge(
+            "txnguard_transaction_log_idle", "1 while the follower of __transaction_state is idle (no write asked the "
+            "log for verification.transaction_log_idle_after_s: it reads the log every transaction_log_idle_read_s "
+            "instead of long-polling), else 0", registry=r)
         self.log_follower_ids = Gauge(
             "txnguard_transaction_log_transactional_ids", "Transactional ids the follower holds the latest state of",
             registry=r)
