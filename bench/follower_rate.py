@@ -11,6 +11,9 @@ over as long, and so its CPU per cluster transaction and its share of a core. A 
 appended while the previous one was on its way, so the cost per transaction falls as the rate rises; the
 sequential loop of `bench/proxy_overhead.py --only loops` is the follower's worst case.
 
+The gateway's follower long-polls throughout (`verification.transaction_log_idle_after_s` unset): no write asks
+it here, so by default it would idle 30 s after its start; `--idle` lets it, to measure the idle follower.
+
 `--compare-rev REV`: a second gateway, the proxy of git revision REV (its native module built), follows the same
 log beside it; both are measured in the same steps, under the same load (an A/B in one run).
 
@@ -81,6 +84,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--producers", default="1,4,16", help="concurrent transactional producers per step")
     parser.add_argument("--seconds", type=float, default=20.0, help="each step's length")
+    parser.add_argument("--idle", action="store_true",
+                        help="let this gateway's follower idle as configured by default (30 s after the last write "
+                             "that asked the log: here, 30 s after its start), instead of long-polling throughout")
     parser.add_argument("--compare-rev", help="a second gateway of this git revision, measured beside this one")
     parser.add_argument("--profile-cmd", help="a profiler attached to the gateway around each step, {pid} and {out} "
                         "filled in, e.g. 'py-spy record --pid {pid} --format raw -o {out}'; stopped with SIGINT")
@@ -97,9 +103,14 @@ def main() -> None:
             env = proxy_source(rev, tmp)[0] if rev else {}
             port, admin_port = free_port(), free_port()
             config = tmp / f"gateway-{len(gateways)}.yaml"
-            config.write_text(json.dumps({"mode": "gateway", "upstream": cluster.bootstrap_servers,
-                                          "listen": f"127.0.0.1:{port}", "admin": f"127.0.0.1:{admin_port}",
-                                          "log_level": "warning"}))
+            settings: dict[str, object] = {"mode": "gateway", "upstream": cluster.bootstrap_servers,
+                                           "listen": f"127.0.0.1:{port}", "admin": f"127.0.0.1:{admin_port}",
+                                           "log_level": "warning"}
+            if rev is None and not args.idle:
+                # No write asks this gateway's log (no client goes through it): it would idle after 30 s. This
+                # bench sizes the long poll, so it long-polls throughout (a revision before idling always does).
+                settings["verification"] = {"transaction_log_idle_after_s": None}
+            config.write_text(json.dumps(settings))
             proxy = ProxyProcess(["--config", str(config)], tmp / f"gateway-{len(gateways)}.log", env=env)
             proxy.start(wait_port=("127.0.0.1", port))
             assert proxy.proc is not None

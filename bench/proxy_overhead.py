@@ -25,11 +25,14 @@ and the broker), then measures, each side alternately so slow drift cancels:
 7. One-record transaction loops per client family (txnguard.testing.short_transactions: Java 3.5.2,
    confluent-kafka, kafka-python), as fast as each client goes, in every arm (`--only loops`).
 
-Two more txnguard arms, off by default, join the saturation, txn and loops parts, each a second `txnguard run`
+Three more txnguard arms, off by default, join the saturation, txn and loops parts, each a second `txnguard run`
 process beside the first (same flags, its own ports, its own CPU): `--general-path`, the proxy with its
 native module hidden (bench/general_path_proxy.py), so the general (kio) path reads every frame, checked at
-start by its txnguard_native_data_path gauge reading 0; and `--audit-on`, the proxy writing its audit records
-to a file (audit_path), since the txnguard arm itself runs with audit off (no audit_path: the default).
+start by its txnguard_native_data_path gauge reading 0; `--audit-on`, the proxy writing its audit records
+to a file (audit_path), since the txnguard arm itself runs with audit off (no audit_path: the default); and
+`--follower-live`, the proxy whose follower of the coordinator's log long-polls throughout, where the txnguard
+arm's idles 30 s after the last write that asked the log (every write here passes on what the proxy saw, so
+after its first 30 s the txnguard arm's follower only reads the log every 5 s).
 
 The cluster uses the harness's sidecar layout: the broker's PLAINTEXT listener advertises the
 bare relay's port (a byte pipe cannot rewrite Metadata), and its BROKER listener advertises
@@ -114,7 +117,9 @@ RELAY_SCRIPT = Path(__file__).resolve().parent / "bare_relay.py"
 # The extra txnguard arms (saturation, txn, loops), each a txnguard process of its own beside the "proxy" one:
 GENERAL = "general"                          # the native module hidden: the general (kio) path reads every frame
 AUDIT_ON = "audit-on"                        # audit records written to a file (the "proxy" arm writes none)
-EXTRA_ARMS = (GENERAL, AUDIT_ON)
+# The follower of the coordinator's log long-polls throughout (the "proxy" arm's idles once no write asks it)
+FOLLOWER_LIVE = "follower-live"
+EXTRA_ARMS = (GENERAL, AUDIT_ON, FOLLOWER_LIVE)
 TXNGUARD_SIDES = ("proxy", *EXTRA_ARMS)      # the arms a txnguard process carries (its counters tell the route)
 GENERAL_LAUNCHER = Path(__file__).resolve().parent / "general_path_proxy.py"
 
@@ -1279,7 +1284,7 @@ def _ratios_text(ratios: list[float]) -> str:
 
 def _arm_label(side: str) -> str:
     return {"direct": "direct", "relay": "bare relay", "proxy": "txnguard", GENERAL: "txnguard general path",
-            AUDIT_ON: "txnguard audit on", PEER: "Kroxylicious"}[side]
+            AUDIT_ON: "txnguard audit on", FOLLOWER_LIVE: "txnguard follower long-polling", PEER: "Kroxylicious"}[side]
 
 
 def _cpu_label(side: str) -> str:
@@ -1864,8 +1869,11 @@ def start_arm(side: str, b: Bench, tmp: Path, proxy_env: dict[str, str] | None) 
     if side == GENERAL:
         proxy = LaunchedProxyProcess(GENERAL_LAUNCHER, args, log, env=proxy_env)
     else:
-        # The environment, not a config file: the arm's flags stay the bench proxy's, only audit_path differs.
-        proxy = ProxyProcess(args, log, env={**(proxy_env or {}), "TXNGUARD_AUDIT_PATH": str(audit)})
+        # The environment, not a config file: the arm's flags stay the bench proxy's, only audit_path (or the
+        # follower's idling: never, in practice) differs.
+        differs = ({"TXNGUARD_VERIFICATION__TRANSACTION_LOG_IDLE_AFTER_S": "1e9"} if side == FOLLOWER_LIVE
+                   else {"TXNGUARD_AUDIT_PATH": str(audit)})
+        proxy = ProxyProcess(args, log, env={**(proxy_env or {}), **differs})
     try:
         proxy.start(wait_port=(HOST, listen))
         wait_ready(admin, listen + 2)
@@ -2079,6 +2087,10 @@ def main() -> int:
                         help="saturation, txn and loops with one more arm: txnguard with its native module hidden "
                              "(bench/general_path_proxy.py), every frame on the general (kio) path; refused at "
                              "start unless its txnguard_native_data_path reads 0")
+    parser.add_argument("--follower-live", action="store_true",
+                        help="an extra txnguard arm whose follower of the coordinator's log long-polls throughout "
+                             "(the txnguard arm's idles 30 s after the last write that asked the log: "
+                             "verification.transaction_log_idle_after_s)")
     parser.add_argument("--audit-on", action="store_true",
                         help="saturation, txn and loops with one more arm: txnguard writing its audit records to a "
                              "file (audit_path; the txnguard arm runs with audit off, the default)")
@@ -2112,7 +2124,8 @@ def main() -> int:
         rounds=args.rounds if args.rounds is not None else base.rounds,
         sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
         compare_rev=args.compare_rev, floor=not args.no_floor, peer=not args.no_peer,
-        arms=tuple(side for side, on in ((GENERAL, args.general_path), (AUDIT_ON, args.audit_on)) if on),
+        arms=tuple(side for side, on in ((GENERAL, args.general_path), (AUDIT_ON, args.audit_on),
+                                         (FOLLOWER_LIVE, args.follower_live)) if on),
         txn_records=args.txn_records if args.txn_records is not None else base.txn_records,
         loop_transactions=args.loop_transactions if args.loop_transactions is not None else base.loop_transactions,
         families=tuple(f.strip() for f in args.families.split(",") if f.strip()),

@@ -13,6 +13,7 @@ a blocked call stays blocked until the test releases it, after the watch has run
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +43,7 @@ def loop_with(producer: StandInProducer, watch_s: float | None) -> Any:
     loop = object.__new__(confluent._ExactlyOnceLoop)
     loop.producer, loop.timeout_s, loop.watch_send_offsets_s = producer, 0.05, watch_s
     loop.errors, loop.timeline, loop.abandoned = [], [], []
+    loop.trace = None
     return loop
 
 
@@ -67,6 +69,22 @@ def test_a_call_blocked_past_the_watch_is_noted_hung() -> None:
 
     [(_, kind, text)] = loop.timeline
     assert kind == "hung" and "#5511" in text
+
+
+def test_the_trace_says_where_a_stuck_loop_is_as_it_happens(tmp_path: Path) -> None:
+    producer = StandInProducer("blocks")
+    loop = loop_with(producer, watch_s=0.1)
+    loop.trace = (tmp_path / "copier.trace").open("a", buffering=1)
+    try:
+        loop._send_offsets([], None)
+        # Written while the loop runs (line-buffered), not when it ends: a stuck loop never sends its result.
+        lines = (tmp_path / "copier.trace").read_text().splitlines()
+    finally:
+        producer.release.set()
+        loop.trace.close()
+
+    assert [line.split(" ", 1)[1].split(":")[0] for line in lines] == ["calling", "hung"]
+    assert lines[0].endswith("calling: send_offsets_to_transaction")
 
 
 def test_the_calls_error_is_raised_on_the_loops_thread() -> None:
