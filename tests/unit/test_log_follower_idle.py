@@ -1,0 +1,118 @@
+"""An idle follower never passes a write at once on its view, and a write wakes its long poll
+(proxy/log_follower.py, "Idle").
+
+    the view: "app" Ongoing {orders-0}, producer 7 epoch 0 (what the last read left)
+    long poll live  ─▶ a write of "app" to orders-0: passed at once on the view, no Fetch
+    no live long poll (idle) ─▶ the same write: the log read to its end first (one Fetch), then the log's verdict
+    an idle loop resting for idle_read_s ─▶ a write asks the log: the rest ends at once
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from txnguard.codecs.topic_partition import TopicPartition
+from txnguard.codecs.transaction_log import STATE, TxnLogValue
+from txnguard.proxy.config import HostPort
+from txnguard.proxy.log_follower import LogFollower
+from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.testing.fetch_answers import FetchesAsBytes
+from txnguard.verification.transaction_log_view import TransactionLogView
+
+LEADER = HostPort("127.0.0.1", 9092)
+WRITE: TopicPartition = ("orders", 0)
+
+
+class Leader(FetchesAsBytes):
+    """A fake leader of every partition: each Fetch answers "no new records, high watermark 1" at once."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition, self.fetches = partition, 0
+
+    async def get(self, address: Any) -> Leader:
+        return self
+
+    def drop(self, address: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    async def request(self, payload: Any, timeout: float) -> Any:
+        self.fetches += 1
+        part = SimpleNamespace(partition_index=self.partition, error_code=ErrorCode.none, high_watermark=1,
+                               log_start_offset=0, records=None)
+        return SimpleNamespace(responses=[SimpleNamespace(partitions=[part])])
+
+
+def follower_holding_app_ongoing(idle_after_s: float | None) -> tuple[LogFollower, Leader]:
+    view = TransactionLogView()
+    view.partition_count = 4
+    partition = view.partition_of("app")
+    assert partition is not None
+    view.apply_decoded(partition, (0, STATE, "app", TxnLogValue(7, 0, 60_000, "Ongoing", frozenset({WRITE}), 1, 1)))
+    f = LogFollower(view, ProxyMetrics(), lambda: (LEADER,), lambda h, p: HostPort(h, p), idle_after_s=idle_after_s,
+                    idle_read_s=60.0)
+    leader = Leader(partition)
+    f._syncs = leader  # type: ignore[assignment]
+    f.leaders = {partition: LEADER}
+    f.caught_up_at = {partition: 0.0}
+    return f, leader
+
+
+def verdict(f: LogFollower) -> Any:
+    async def ask() -> Any:
+        found = await f.verdicts("app", 7, 0, [WRITE], 1.0)
+        await f.close()
+        return found.get(WRITE)
+    return asyncio.run(ask())
+
+
+def test_while_the_long_poll_is_live_the_view_passes_at_once() -> None:
+    f, leader = follower_holding_app_ongoing(idle_after_s=30.0)
+    f._live.add(LEADER)
+
+    v = verdict(f)
+
+    assert v is not None and v.passed and leader.fetches == 0
+
+
+def test_a_follower_that_never_idles_passes_at_once_as_before() -> None:
+    f, leader = follower_holding_app_ongoing(idle_after_s=None)
+
+    v = verdict(f)
+
+    assert v is not None and v.passed and leader.fetches == 0
+
+
+def test_without_a_live_long_poll_the_log_is_read_to_its_end_first() -> None:
+    f, leader = follower_holding_app_ongoing(idle_after_s=30.0)  # no long poll ran: nothing live
+
+    v = verdict(f)
+
+    assert leader.fetches == 1  # the read to the end, before the verdict
+    assert v is not None and v.passed
+
+
+def test_a_write_that_asks_the_log_ends_an_idle_loops_rest_and_the_idling() -> None:
+    async def scenario() -> tuple[float, bool, bool]:
+        f, _ = follower_holding_app_ongoing(idle_after_s=0.05)
+        await asyncio.sleep(0.1)
+        idle_before = f._idle()
+        started = time.monotonic()
+        rest = asyncio.ensure_future(f._rest(LEADER))
+        await asyncio.sleep(0.05)
+        f._asked()
+        await asyncio.wait_for(rest, 5.0)
+        waited = time.monotonic() - started
+        await f.close()
+        return waited, idle_before, f._idle()
+
+    waited, idle_before, idle_after = asyncio.run(scenario())
+    assert idle_before and not idle_after
+    assert waited < 1.0  # not idle_read_s (60 s)
