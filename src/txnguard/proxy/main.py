@@ -13,8 +13,6 @@ from txnguard.proxy.config import ProxyConfig
 from txnguard.proxy.server import Proxy
 from txnguard.proxy.tasks import cancel_and_wait
 
-YOUNG_COLLECTION = 20_000  # allocations between two collections of the youngest generation (CPython: 700)
-
 
 def _reload(proxy: Proxy, path: str | None) -> None:
     """SIGHUP: re-read the file's policy section; a broken file keeps the running policy."""
@@ -42,11 +40,6 @@ async def serve(cfg: ProxyConfig, ready: Any = None, config_path: str | None = N
         # as multi-millisecond VerificationTimeMs p99s. Frozen, the collector skips them.
         gc.collect()
         gc.freeze()
-        # The young generation collected every YOUNG_COLLECTION allocations, not CPython's 700: a verification
-        # allocates a few dozen objects, so at 700 several in a hundred had a collection run inside their span
-        # (VerificationTimeMs p99), and most of what a frame allocates is freed by its reference count before a
-        # collection would look at it.
-        gc.set_threshold(YOUNG_COLLECTION, *gc.get_threshold()[1:])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
