@@ -1,10 +1,13 @@
-"""An idle follower never passes a write at once on its view, and a write wakes its long poll
+"""An idle follower never passes a write at once on its view, a write wakes its long poll, and it reads the log once
+per idle read, never in a loop
 (proxy/log_follower.py, "Idle").
 
     the view: "app" Ongoing {orders-0}, producer 7 epoch 0 (what the last read left)
     long poll live  ─▶ a write of "app" to orders-0: passed at once on the view, no Fetch
     no live long poll (idle) ─▶ the same write: the log read to its end first (one Fetch), then the log's verdict
     an idle loop resting for idle_read_s ─▶ a write asks the log: the rest ends at once
+    an idle loop ─Fetch (max wait 0)─▶ leader, at the end ─▶ rests idle_read_s ─▶ Fetch ...
+    an idle loop ─Fetch─▶ leader: below the end, nothing read (a batch it cannot open) ─▶ rests all the same
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ WRITE: TopicPartition = ("orders", 0)
 
 
 class Leader(FetchesAsBytes):
-    """A fake leader of every partition: each Fetch answers "no new records, high watermark 1" at once."""
+    """A fake leader of every partition: each Fetch answers "no new records, high watermark `end`" at once."""
 
-    def __init__(self, partition: int) -> None:
-        self.partition, self.fetches = partition, 0
+    def __init__(self, partition: int, end: int = 1) -> None:
+        self.partition, self.end, self.fetches = partition, end, 0
 
     async def get(self, address: Any) -> Leader:
         return self
@@ -45,7 +48,7 @@ class Leader(FetchesAsBytes):
 
     async def request(self, payload: Any, timeout: float) -> Any:
         self.fetches += 1
-        part = SimpleNamespace(partition_index=self.partition, error_code=ErrorCode.none, high_watermark=1,
+        part = SimpleNamespace(partition_index=self.partition, error_code=ErrorCode.none, high_watermark=self.end,
                                log_start_offset=0, records=None)
         return SimpleNamespace(responses=[SimpleNamespace(partitions=[part])])
 
@@ -116,3 +119,32 @@ def test_a_write_that_asks_the_log_ends_an_idle_loops_rest_and_the_idling() -> N
     waited, idle_before, idle_after = asyncio.run(scenario())
     assert idle_before and not idle_after
     assert waited < 1.0  # not idle_read_s (60 s)
+
+
+def fetches_in(seconds: float, leader: Leader, idle_read_s: float) -> int:
+    async def scenario() -> int:
+        f = LogFollower(TransactionLogView(), ProxyMetrics(), lambda: (LEADER,), lambda h, p: HostPort(h, p),
+                        idle_after_s=0.01, idle_read_s=idle_read_s)
+        f._polls = leader  # type: ignore[assignment]
+        f.leaders = {leader.partition: LEADER}
+        await asyncio.sleep(0.02)  # idle from the first round
+        loop = asyncio.ensure_future(f._follow(LEADER))
+        await asyncio.sleep(seconds)
+        await f.close()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        return leader.fetches
+    return asyncio.run(scenario())
+
+
+def test_an_idle_loop_reads_once_per_idle_read() -> None:
+    fetches = fetches_in(0.55, Leader(3, end=0), idle_read_s=0.1)  # at the end each time
+
+    assert 4 <= fetches <= 7, fetches  # at 0, then every 0.1 s
+
+
+def test_an_idle_read_that_moves_nothing_rests_instead_of_fetching_again_at_once() -> None:
+    # "No records, high watermark 5": below the end, the position never moving (a batch this reader cannot open).
+    fetches = fetches_in(0.3, Leader(3, end=5), idle_read_s=60.0)
+
+    assert fetches == 1, fetches  # not a loop of Fetches that do not wait

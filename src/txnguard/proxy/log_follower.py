@@ -300,6 +300,8 @@ class LogFollower:
                 idle = self._idle()
                 wait_ms = 0 if idle else self.max_wait_ms if started else min(self.max_wait_ms, 50)
                 session = self._sessions.setdefault(address, FetchSession())
+                positions = self.view.positions
+                before = [positions.get(p, 0) for p in partitions] if idle else None
                 try:
                     outcome = await self._poll(conn, address, plan, partitions, session, wait_ms)
                 finally:
@@ -312,8 +314,12 @@ class LogFollower:
                     backoff = min(backoff * 2, 5.0)
                 else:
                     backoff = 0.1
-                    if idle and self._behind.isdisjoint(partitions):
-                        await self._rest(address)  # read to the end: the next read after idle_read_s
+                    # Idle: read to the end (more than a Fetch's bytes: at once again), then the next read after
+                    # idle_read_s; a read that moved nothing (a batch this reader cannot open) rests too, not a loop
+                    # of Fetches that do not wait.
+                    if idle and (self._behind.isdisjoint(partitions)
+                                 or before == [positions.get(p, 0) for p in partitions]):
+                        await self._rest(address)
             except (UpstreamError, OSError, CodecError, TimeoutError) as e:
                 self._failing.add(address)
                 self._polls.drop(address)
