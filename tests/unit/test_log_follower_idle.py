@@ -1,6 +1,5 @@
 """An idle follower never passes a write at once on its view, a write wakes its long poll, and it reads the log once
-per idle read, never in a loop
-(proxy/log_follower.py, "Idle").
+per idle read, never in a loop (proxy/log_follower.py, "Idle").
 
     the view: "app" Ongoing {orders-0}, producer 7 epoch 0 (what the last read left)
     long poll live  ─▶ a write of "app" to orders-0: passed at once on the view, no Fetch
