@@ -1350,7 +1350,8 @@ def txn_phase(b: Bench, s: Settings) -> dict[str, Any]:
         f"arms {', '.join(sides)} in rotation")
     warm = max(1000, s.txn_records // 4)
     for side in sides:  # untimed: the transaction coordinator's first producer ids, JIT, connections
-        say(_txn_line("warm-up", txn_run(b, side, warm)))
+        # The peer's JIT compiles for seconds of load: two runs' worth first (as the loops part gives it).
+        say(_txn_line("warm-up", txn_run(b, side, 2 * s.txn_records if side == PEER else warm)))
     if s.profile_cmd:  # an extra, untimed run: a profiler's cost never lands in the figures
         with profiled(b, s.profile_cmd, f"profile-txn-{b.stamp}"):
             say(_txn_line("profiled", txn_run(b, "proxy", s.txn_records)))
