@@ -116,6 +116,19 @@ def test_the_follower_reads_on_after_the_coordinator_is_killed_and_its_partition
 
 
 IDLE = {"transaction_log_idle_after_s": 1.0, "transaction_log_idle_read_s": 120.0}
+
+
+def settled(read: Callable[[], float], still_s: float, timeout_s: float) -> float:
+    """`read()` once it has not moved for `still_s`; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    while time.monotonic() < deadline:
+        time.sleep(still_s)
+        now = read()
+        if now == value:
+            return value
+        value = now
+    raise AssertionError(f"still moving after {timeout_s} s: {value}")
 PASSED_ON_THE_LOG = {"evidence": "log", "outcome": "pass", "decision": "forwarded"}
 
 
@@ -139,8 +152,9 @@ def test_an_idle_follower_reads_the_log_to_its_end_before_a_write_passes_on_it(
     assert direct.add_partitions(topic, 0) == {0: 0}
     wait_for_state(proxy, direct.transactional_id, "Ongoing")
     proxy.wait_for(lambda: proxy.metric("txnguard_transaction_log_idle") == 1, 30, "the follower idle")
-    time.sleep(1.0)  # the long poll on its way when it idled answers (max wait 500 ms), then one read to the end
-    fetches = proxy.metric("txnguard_transaction_log_fetches_total")
+    # The long poll on its way when it idled answers (max wait 500 ms), then one read to the end: the count then
+    # holds still for longer than a long poll waits, which a long-polling follower never does.
+    fetches = settled(lambda: proxy.metric("txnguard_transaction_log_fetches_total"), 0.7, 10)
     time.sleep(1.0)  # idle: no Fetch sent (the next read in 120 s)
     assert proxy.metric("txnguard_transaction_log_fetches_total") == fetches
     assert direct.end(commit=True) == ErrorCode.none

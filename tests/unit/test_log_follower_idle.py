@@ -36,15 +36,6 @@ class Leader(FetchesAsBytes):
     def __init__(self, partition: int, end: int = 1) -> None:
         self.partition, self.end, self.fetches = partition, end, 0
 
-    async def get(self, address: Any) -> Leader:
-        return self
-
-    def drop(self, address: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
     async def request(self, payload: Any, timeout: float) -> Any:
         self.fetches += 1
         part = SimpleNamespace(partition_index=self.partition, error_code=ErrorCode.none, high_watermark=self.end,

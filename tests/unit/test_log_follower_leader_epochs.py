@@ -33,15 +33,6 @@ class NewLeader(FetchesAsBytes):
         self.asked: list[str] = []
         self.fetched: list[Any] = []  # the Fetches as kio decodes the follower's bytes
 
-    async def get(self, address: Any) -> NewLeader:
-        return self
-
-    def drop(self, address: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
     async def request(self, payload: Any, timeout: float) -> Any:
         if type(payload).__name__ == "ListOffsetsRequest":
             self.asked.append("ListOffsets")

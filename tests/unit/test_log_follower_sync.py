@@ -29,15 +29,6 @@ class SlowLeader(FetchesAsBytes):
         self.fetches = 0
         self.release = asyncio.Event()
 
-    async def get(self, address: Any) -> SlowLeader:
-        return self
-
-    def drop(self, address: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
     async def request(self, payload: Any, timeout: float) -> Any:
         self.fetches += 1
         await self.release.wait()

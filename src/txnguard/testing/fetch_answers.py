@@ -60,6 +60,16 @@ class FetchesAsBytes:
         """As `BrokerConnections.ready`: these fakes are their own (always open) connection."""
         return self
 
+    async def get(self, address: Any) -> Any:
+        """As `BrokerConnections.get`: the fake itself, whatever the address."""
+        return self
+
+    def drop(self, address: Any) -> None:
+        """As `BrokerConnections.drop`: nothing to drop."""
+
+    def close(self) -> None:
+        """As `BrokerConnections.close`: nothing to close."""
+
     is_open = True
 
     async def request_encoded(self, api_key: int, version: int, encode: Callable[[int], bytes],
