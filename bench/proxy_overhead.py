@@ -1705,7 +1705,8 @@ def proxy_log_findings(log: str) -> dict[str, Any]:
 def interesting_metrics(metrics: dict[str, float]) -> dict[str, float]:
     keep = ("txnguard_connection_closes_total", "txnguard_frame_errors_total",
             "txnguard_upstream_connect_failures_total", "txnguard_local_responses_total",
-            "txnguard_connections_total", "txnguard_backpressure_paused_seconds_total")
+            "txnguard_connections_total", "txnguard_backpressure_paused_seconds_total",
+            "txnguard_concurrent_transactions_retries", "txnguard_concurrent_transactions_absorptions")
     return {k: v for k, v in metrics.items() if k.startswith(keep)}
 
 

@@ -5,7 +5,6 @@ split or merged across what the general path would do. The shell calls the fast 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import random
 from typing import Any
@@ -673,7 +672,7 @@ def test_a_txn_offset_commit_v5_is_transaction_version_2_and_not_taken(monkeypat
     read = decisions.read_txn_offset_commit
 
     def reads_v5(body: Any, head: Any, *bounds: int) -> Any:
-        return read(body, dataclasses.replace(head, api_version=min(head.api_version, 4)), *bounds)
+        return read(body, head._replace(api_version=min(head.api_version, 4)), *bounds)
 
     monkeypatch.setattr(decisions, "read_txn_offset_commit", reads_v5)
     v5_head = decisions.RequestHead(ApiKey.TXN_OFFSET_COMMIT, 5, 1)

@@ -1,22 +1,23 @@
 """The transaction life cycle read in place: what the registry learns from InitProducerId, AddPartitionsToTxn
 (v0-3), AddOffsetsToTxn and EndTxn requests, from the answers it reads, and from TxnOffsetCommit (v0-4).
 
-Every client transaction passes an AddPartitionsToTxn or AddOffsetsToTxn and an EndTxn, each a request and an
-answer the proxy reads; decoding them with kio (after the bounds check kio needs) was most of the proxy's CPU
-per short transaction. The native data path reads the few fields the rules use (native/src/lifecycle.rs), every
-length checked against the bytes as it goes; whatever it cannot read plainly (a size past the end, a tagged
-field, trailing bytes, a version it does not know) it leaves to kio (`from_kio_*`), which judges it: both give
-the same `TxnRequest` / `TxnResponse` (the property tests hold them to each other). A `TxnRequest` is one type
-per API (`InitProducerIdSeen`, `AddPartitionsSeen`, `AddOffsetsSeen`, `EndTxnSeen`), each with only the fields
-that request has: the rules match on the type. Without the native module every frame goes to kio. kio still
-decodes a request the proxy must answer itself (synthesis.py).
+Every client transaction passes an AddPartitionsToTxn or AddOffsetsToTxn and an EndTxn, each a request and an answer
+the proxy reads; decoding them with kio (after the bounds check kio needs) was most of the proxy's CPU per short
+transaction. The native data path reads the few fields the rules use (native/src/lifecycle.rs), every length checked
+against the bytes as it goes; whatever it cannot read plainly (a size past the end, a tagged field, trailing bytes,
+a version it does not know) it leaves to kio (`from_kio_*`), which judges it: both give the same `TxnRequest` /
+`TxnResponse` (the property tests hold them to each other). A `TxnRequest` is one type per API
+(`InitProducerIdSeen`, `AddPartitionsSeen`, `AddOffsetsSeen`, `EndTxnSeen`), each with only the fields that request
+has: the rules match on the type. They and `TxnResponse` are NamedTuples: one is built per life-cycle frame, and a
+frozen dataclass's __init__ costs four times a tuple's (the fields set one by one). Without the native module every
+frame goes to kio. kio still decodes a request the proxy must answer itself (synthesis.py).
 """
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from txnguard.codecs import native
 from txnguard.codecs.api_keys import ApiKey
@@ -28,8 +29,7 @@ CONCURRENT_TRANSACTIONS = 51
 _KNOWN_ERRORS = native.KNOWN_ERRORS  # kio refuses an answer with any other
 
 
-@dataclass(frozen=True, slots=True)
-class InitProducerIdSeen:
+class InitProducerIdSeen(NamedTuple):
     """What the rules read of an InitProducerId (v0-2 carry no producer id and epoch: -1)."""
 
     transactional_id: str | None                       # None: an idempotent producer's
@@ -38,8 +38,7 @@ class InitProducerIdSeen:
     transaction_timeout_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class AddPartitionsSeen:
+class AddPartitionsSeen(NamedTuple):
     """What the rules read of an AddPartitionsToTxn (v0-3: one transaction, the client's shape)."""
 
     transactional_id: str
@@ -48,8 +47,7 @@ class AddPartitionsSeen:
     partitions: tuple[tuple[str, int], ...]            # in request order
 
 
-@dataclass(frozen=True, slots=True)
-class AddOffsetsSeen:
+class AddOffsetsSeen(NamedTuple):
     """What the rules read of an AddOffsetsToTxn."""
 
     transactional_id: str
@@ -58,8 +56,7 @@ class AddOffsetsSeen:
     group_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class EndTxnSeen:
+class EndTxnSeen(NamedTuple):
     """What the rules read of an EndTxn."""
 
     transactional_id: str
@@ -71,8 +68,7 @@ class EndTxnSeen:
 TxnRequest = InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen | EndTxnSeen
 
 
-@dataclass(frozen=True, slots=True)
-class TxnResponse:
+class TxnResponse(NamedTuple):
     """What the rules read of a life-cycle answer."""
 
     error_code: int = 0                                # all but AddPartitionsToTxn
@@ -90,14 +86,19 @@ def read_txn_request(body: bytes | memoryview, head: RequestHead, start: int = 0
     found = _read_request(body, start, len(body) if stop is None else stop, key, head.api_version)
     if found is None:
         return None
-    txn_id, pid, epoch, rest = found
     if key == END_TXN:
-        return EndTxnSeen(txn_id, pid, epoch, rest)
+        return _new(EndTxnSeen, found)  # the reader's 4-tuple is the record's fields, in order
     if key == ADD_PARTITIONS:
-        return AddPartitionsSeen(txn_id, pid, epoch, tuple(rest))
+        txn_id, pid, epoch, rest = found
+        return _new(AddPartitionsSeen, (txn_id, pid, epoch, tuple(rest)))
     if key == ADD_OFFSETS:
-        return AddOffsetsSeen(txn_id, pid, epoch, rest)
-    return InitProducerIdSeen(txn_id, pid, epoch, rest)
+        return _new(AddOffsetsSeen, found)
+    return _new(InitProducerIdSeen, found)
+
+
+# A NamedTuple built without its generated __new__ (a Python call): the fields in their order.
+_new = tuple.__new__
+_NONE_ACCEPTED: frozenset[tuple[str, int]] = frozenset()
 
 
 def read_txn_response(body: bytes | memoryview, key: int, version: int, start: int = 0, stop: int | None = None,
@@ -108,9 +109,9 @@ def read_txn_response(body: bytes | memoryview, key: int, version: int, start: i
         return None
     error, pid, epoch, accepted, all_concurrent = found
     if key == ADD_PARTITIONS:
-        return TxnResponse(accepted=frozenset(accepted), all_concurrent=all_concurrent)
+        return _new(TxnResponse, (0, -1, -1, frozenset(accepted), all_concurrent))
     if key == INIT_PRODUCER_ID:
-        return TxnResponse(error, pid, epoch, all_concurrent=all_concurrent)
+        return _new(TxnResponse, (error, pid, epoch, _NONE_ACCEPTED, all_concurrent))
     return _ERROR_ANSWERS[error]  # an error code alone: built once (a frozen dataclass costs more than the read)
 
 

@@ -205,6 +205,8 @@ class TransactionGuard:
         self.in_doubt = EndTxnLedger(InDoubtLimits(enabled=v.end_txn_in_doubt_hold, max_ms=v.end_txn_in_doubt_max_ms,
                                                    hold_ms=v.end_txn_hold_ms), on_change=self._in_doubt_ended)
         self._in_doubt_waits: dict[str, asyncio.Event] = {}
+        # Counted once per EndTxn answered: the plain counter's children, looked up once (metrics.py).
+        self._in_doubt_endings = {e: metrics.end_txn_in_doubt_endings.labels(e.value) for e in Ending}
         self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence,
                                       holds=HoldLimits(share=v.hold_share, max_ms=v.hold_max_ms,
                                                        default_request_timeout_ms=v.client_request_timeout_ms),
@@ -402,7 +404,7 @@ class TransactionGuard:
 
     def _in_doubt_ended(self, txn_id: str, ending: Ending) -> None:
         """The ledger's callback (on this loop): one EndTxn of `txn_id` less in doubt; wake its holds."""
-        self.metrics.child(self.metrics.end_txn_in_doubt_endings, ending.value).inc()
+        self._in_doubt_endings[ending].value += 1
         event = self._in_doubt_waits.pop(txn_id, None)
         if event is not None:
             event.set()

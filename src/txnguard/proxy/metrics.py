@@ -130,11 +130,11 @@ class ProxyMetrics:
         self.end_txn_in_doubt = Gauge(
             "txnguard_end_txn_in_doubt", "EndTxn requests forwarded and not answered yet (they may still land)",
             registry=r)
-        self.end_txn_in_doubt_endings = Counter(
+        self.end_txn_in_doubt_endings = PlainCounter(  # one per transaction of the cluster: plain ints
             "txnguard_end_txn_in_doubt_endings", "EndTxn requests by how their doubt ended: answered, fenced (the "
             "producer moved on), closed (its connection closed and the coordinator answered a later request) or "
             "expired (unanswered past end_txn_in_doubt_max_ms: no longer held for)",
-            ["ending"], registry=r)
+            ["ending"], r)
         for ending in ("answered", "fenced", "closed", "expired"):
             self.end_txn_in_doubt_endings.labels(ending)
         self.end_txn_holds = Gauge(

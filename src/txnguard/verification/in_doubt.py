@@ -51,6 +51,8 @@ class Ending(enum.Enum):
     CLOSED = "closed"          # its connection closed, and the coordinator has answered a later request
     EXPIRED = "expired"        # unanswered past max_ms: no longer held for
 
+    __hash__ = object.__hash__  # identity, as equality is: Enum's own is a Python call, and these key hot dicts
+
 
 @dataclass(frozen=True, slots=True)
 class InDoubtLimits:
@@ -66,7 +68,7 @@ class InDoubtLimits:
     hold_ms: int = 1_000
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SentEndTxn:
     """One forwarded EndTxn (the token its connection keeps until the answer)."""
 

@@ -42,12 +42,16 @@ class Phase(enum.Enum):
     ENDED = "ended"        # EndTxn forwarded by this process: a write with no add since is late
     TIMED_OUT = "timed_out"  # past the timeout it observed: evidence gone, the coordinator decides
 
+    __hash__ = object.__hash__  # identity, as equality is: Enum's own is a Python call, and these key hot dicts
+
 
 class Event(enum.Enum):
     INIT = "init_producer_id"
     ADD = "added"
     END = "end_txn"
     TIMEOUT = "transaction_timeout"
+
+    __hash__ = object.__hash__  # identity, as equality is: Enum's own is a Python call, and these key hot dicts
 
 
 @dataclass(frozen=True)
