@@ -59,6 +59,7 @@ _RELAY, _HOLDING = Mode.RELAY, Mode.HOLDING
 _PanicException = native.PanicException
 _ADDRESSES_FROM: dict[int, int] = dict(addresses.ADDRESS_BEARING)  # api key -> first version with addresses
 _NO_ADDRESSES = 1 << 15  # above every version
+_new_head = tuple.__new__  # a NamedTuple from its fields, without its generated __new__ (a Python call)
 _PRODUCE_ADDRESSES_FROM = _ADDRESSES_FROM[_PRODUCE]
 
 
@@ -151,7 +152,7 @@ def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, versi
     leaves unchecked (forwarded as it is, as the general path does); its in-flight entry. None: the general
     path (no evidence, a verdict that fails, the offsets partition count not known yet, a shape the in-place
     reader does not read)."""
-    head = RequestHead(_TXN_OFFSET_COMMIT, version, correlation_id)
+    head = _new_head(RequestHead, (_TXN_OFFSET_COMMIT, version, correlation_id))
     ledger = conn.ledger
     passed = conn.rules.pass_offset_commit_locally(data, head, pos + 4, stop, conn.client_info(), conn.clock,
                                                    len(ledger.passed))
@@ -175,7 +176,7 @@ def _life_cycle(conn: ConnectionBase, data: Chunk, pos: int, stop: int, key: int
     in-place reader does not read)."""
     view = memoryview(data)
     body = view[pos + 4:stop]
-    head = RequestHead(key, version, correlation_id)
+    head = _new_head(RequestHead, (key, version, correlation_id))
     seen = conn.rules.observe_request_in_place(head, body, conn.clock, conn.settings.connection_id)
     if seen is None:
         return None

@@ -301,7 +301,8 @@ class TransactionRules:
         req = read_txn_request(body, head)
         if req is None:
             return None
-        if isinstance(req, AddPartitionsSeen | AddOffsetsSeen) and self.holds_for_end_txn(req, connection_id, now_ms):
+        if self.in_doubt is not None and isinstance(req, (AddPartitionsSeen, AddOffsetsSeen)) \
+                and self.holds_for_end_txn(req, connection_id, now_ms):
             return None
         observed = self._observed(req, now_ms, connection_id)
         return observed, self.absorbs(key, observed)
@@ -316,16 +317,14 @@ class TransactionRules:
         return self.concurrent.delay_ms(retries, waited_ms)
 
     def _observed(self, req: TxnRequest, now_ms: int, connection_id: int) -> Observed | None:
-        match req:
-            case EndTxnSeen(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, committed=committed):
-                self.registry.end_txn(txn_id, pid, epoch, now_ms)
-                if self.in_doubt is None:
-                    return None  # EndTxn takes effect when sent: its answer changes nothing in the registry
-                return self.in_doubt.sent(txn_id, pid, epoch, committed, connection_id, now_ms)
-            case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
-                return req
-            case _:
-                assert_never(req)
+        # By type, not by a class pattern: one per life-cycle request, and a pattern reads each field by name.
+        if isinstance(req, EndTxnSeen):
+            txn_id, pid, epoch, committed = req
+            self.registry.end_txn(txn_id, pid, epoch, now_ms)
+            if self.in_doubt is None:
+                return None  # EndTxn takes effect when sent: its answer changes nothing in the registry
+            return self.in_doubt.sent(txn_id, pid, epoch, committed, connection_id, now_ms)
+        return req  # InitProducerIdSeen, AddPartitionsSeen, AddOffsetsSeen: their answers teach the registry
 
     def observe_response(self, key: int, version: int, request: Observed | None, body: memoryview,
                          now_ms: int) -> bool:
@@ -350,8 +349,9 @@ class TransactionRules:
         """`observe_response` for the relay's fast path: False leaves the answer to the general path untouched
         (not readable in place, or a whole-request CONCURRENT_TRANSACTIONS the core may ask again: `absorbable`);
         True: learned, with the same effects, and the answer goes to the client as it is."""
-        if not isinstance(request, InitProducerIdSeen | AddPartitionsSeen | AddOffsetsSeen):
-            self.observe_response(key, version, request, body, now_ms)  # nothing to read: None, an EndTxn
+        if not isinstance(request, (InitProducerIdSeen, AddPartitionsSeen, AddOffsetsSeen)):  # a tuple: C-fast
+            if request is not None and self.in_doubt is not None:  # an EndTxn's answer: no longer in doubt
+                self.in_doubt.answered(request)
             return True
         resp = read_txn_response(body, key, version)
         if resp is None or (resp.all_concurrent and absorbable):
@@ -365,7 +365,7 @@ class TransactionRules:
         AddPartitionsToTxn and AddOffsetsToTxn are asked again: concurrent.ABSORBED_KEYS)."""
         match request:
             case InitProducerIdSeen(transactional_id=txn_id):
-                if resp.error_code == ErrorCode.none and txn_id:
+                if resp.error_code == 0 and txn_id:  # ErrorCode.none
                     self.registry.init_producer_id(txn_id, resp.producer_id, resp.producer_epoch,
                                                    request.transaction_timeout_ms, now_ms)
                     if self.in_doubt is not None:
@@ -379,7 +379,7 @@ class TransactionRules:
                                         now_ms, partitions=resp.accepted)
                 return resp.all_concurrent
             case AddOffsetsSeen():
-                if resp.error_code == ErrorCode.none:
+                if resp.error_code == 0:  # ErrorCode.none
                     self.registry.added(request.transactional_id, request.producer_id, request.producer_epoch,
                                         now_ms, group=request.group_id)
                 return resp.all_concurrent

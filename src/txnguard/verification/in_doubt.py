@@ -54,6 +54,9 @@ class Ending(enum.Enum):
     __hash__ = object.__hash__  # identity, as equality is: Enum's own is a Python call, and these key hot dicts
 
 
+_ANSWERED = Ending.ANSWERED  # a module global: an Enum member read through its class is a descriptor call
+
+
 @dataclass(frozen=True, slots=True)
 class InDoubtLimits:
     enabled: bool = True
@@ -109,7 +112,7 @@ class EndTxnLedger:
         return s
 
     def answered(self, s: SentEndTxn) -> None:
-        self._end(s, Ending.ANSWERED)
+        self._end(s, _ANSWERED)
         self.answered_after(s.transactional_id, s.producer_id, s.producer_epoch, s.sent_mark)
 
     def orphaned(self, s: SentEndTxn, now_ms: int) -> None:

@@ -78,6 +78,11 @@ TRANSITIONS: dict[tuple[Phase, Event], Step] = {
 }
 
 
+# Module globals for the hot paths: an Enum member read through its class is a descriptor call (160 ns on 3.11).
+_EMPTY, _ONGOING, _ENDED, _TIMED_OUT = Phase.EMPTY, Phase.ONGOING, Phase.ENDED, Phase.TIMED_OUT
+_INIT, _ADD, _END, _TIMEOUT = Event.INIT, Event.ADD, Event.END, Event.TIMEOUT
+
+
 @dataclass
 class TxnRecord:
     transactional_id: str
@@ -108,9 +113,9 @@ class TxnRecord:
         if step is None:  # not built beforehand: a found step is the common case
             step = Step(self.phase, False)
         self.timed_out = None
-        if step.phase is Phase.ENDED and self.phase is not Phase.ENDED:
+        if step.phase is _ENDED and self.phase is not _ENDED:
             self.ended_ms = now_ms
-        if event is Event.TIMEOUT and self.phase is Phase.ONGOING and self.started_ms is not None:
+        if event is _TIMEOUT and self.phase is _ONGOING and self.started_ms is not None:
             self.timed_out = Candidate(self.producer_id, self.producer_epoch, self.started_ms)
         if step.new_generation:
             self.generation += 1
@@ -120,11 +125,11 @@ class TxnRecord:
             self.started_ms = None
             self.coordinator_start_ms = None
             self.coordinator_seen_ms = None
-        if step.phase is Phase.ONGOING and self.started_ms is None:
+        if step.phase is _ONGOING and self.started_ms is None:
             self.started_ms = now_ms
         self.phase = step.phase
         self.last_seen_ms = now_ms
-        if event is not Event.TIMEOUT:
+        if event is not _TIMEOUT:
             self.observed_ms = now_ms
 
 
@@ -183,7 +188,7 @@ class Registry:
 
     def init_producer_id(self, txn_id: str, producer_id: int, epoch: int, timeout_ms: int, now_ms: int) -> None:
         rec = self._touch(txn_id, now_ms)
-        rec.apply(Event.INIT, now_ms)
+        rec.apply(_INIT, now_ms)
         rec.producer_id, rec.producer_epoch, rec.timeout_ms = producer_id, epoch, timeout_ms
 
     def added(self, txn_id: str, producer_id: int, epoch: int, now_ms: int, *,
@@ -193,9 +198,9 @@ class Registry:
         if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch):
             # A producer we did not see initialise (another proxy, or a proxy restart):
             # the coordinator accepted the add, so this is its current identity. Its timeout is not known.
-            rec.apply(Event.INIT, now_ms)
+            rec.apply(_INIT, now_ms)
             rec.producer_id, rec.producer_epoch, rec.timeout_ms = producer_id, epoch, None
-        rec.apply(Event.ADD, now_ms)
+        rec.apply(_ADD, now_ms)
         rec.partitions.update(partitions)
         if group is not None:
             rec.groups.add(group)
@@ -211,7 +216,7 @@ class Registry:
         rec = self._touch(txn_id, now_ms)
         if (rec.producer_id, rec.producer_epoch) == (producer_id, epoch) or rec.producer_id < 0:
             rec.producer_id, rec.producer_epoch = producer_id, epoch
-            rec.apply(Event.END, now_ms)
+            rec.apply(_END, now_ms)
 
     def coordinator_says_ongoing(self, txn_id: str, producer_id: int, epoch: int, start_ms: int,
                                  partitions: set[TopicPartition], groups_partitions: set[TopicPartition],
@@ -221,11 +226,11 @@ class Registry:
         rec = self._touch(txn_id, now_ms)
         observed_ms = rec.observed_ms  # an answer given is not observed evidence: its age stays
         if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch):
-            rec.apply(Event.INIT, now_ms)  # a different producer than the one we knew
+            rec.apply(_INIT, now_ms)  # a different producer than the one we knew
             rec.producer_id, rec.producer_epoch, rec.timeout_ms = producer_id, epoch, None
         elif rec.coordinator_start_ms is not None and rec.coordinator_start_ms != start_ms:
-            rec.apply(Event.INIT, now_ms)  # a different transaction than the one we knew
-        rec.apply(Event.ADD, now_ms)
+            rec.apply(_INIT, now_ms)  # a different transaction than the one we knew
+        rec.apply(_ADD, now_ms)
         rec.observed_ms = observed_ms
         rec.described = partitions | groups_partitions
         rec.coordinator_start_ms = start_ms
@@ -244,11 +249,11 @@ class Registry:
                 dropped += 1
                 if self.seen is not None:
                     self.seen.see(txn_id)  # seen until it went idle: its place in the seen order moves up
-            elif rec.phase is Phase.ONGOING and rec.started_ms is not None and rec.timeout_ms is not None \
+            elif rec.phase is _ONGOING and rec.started_ms is not None and rec.timeout_ms is not None \
                     and now_ms - rec.started_ms > rec.timeout_ms:
                 # The coordinator aborts it (or is about to): whatever we knew is no longer evidence. Our clock
                 # and our start differ from the coordinator's, so this ends nothing: the coordinator is asked next.
-                rec.apply(Event.TIMEOUT, now_ms)
+                rec.apply(_TIMEOUT, now_ms)
         return dropped
 
     def timeout_candidate(self, txn_id: str, producer_id: int, epoch: int, now_ms: int) -> Candidate | None:
@@ -261,7 +266,7 @@ class Registry:
         if rec.timed_out is not None:
             hit = rec.timed_out
             return hit if (hit.producer_id, hit.epoch) == (producer_id, epoch) else None
-        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or rec.phase is not Phase.ONGOING \
+        if (rec.producer_id, rec.producer_epoch) != (producer_id, epoch) or rec.phase is not _ONGOING \
                 or rec.started_ms is None or rec.timeout_ms is None:
             return None
         if now_ms - rec.started_ms < rec.timeout_ms - OVERDUE_SLACK_MS:
@@ -285,7 +290,7 @@ class Registry:
                            f"epoch {epoch} is older than {rec.producer_epoch} from InitProducerId")
         if epoch != rec.producer_epoch:
             return None
-        if rec.phase is Phase.ENDED:
+        if rec.phase is _ENDED:
             # A registry that sees only part of a client's traffic (a sidecar; evidence_ttl_ms set) may have
             # missed the next transaction's AddPartitionsToTxn (sent to a coordinator elsewhere, or after a
             # coordinator moved): "ended" is as stale there as "ongoing" is, and past the bound the coordinator
@@ -295,7 +300,7 @@ class Registry:
                 return None
             return Verdict(Outcome.LATE_WRITE, Evidence.LOCAL,
                            "EndTxn was sent and no AddPartitionsToTxn followed")
-        if rec.phase is not Phase.ONGOING:
+        if rec.phase is not _ONGOING:
             return None
         if (tp in rec.partitions or (group is not None and group in rec.groups)) \
                 and self._within_ttl(rec.observed_ms, now_ms):
@@ -316,7 +321,7 @@ class Registry:
         lookup per partition."""
         rec = self._records.get(txn_id)
         if rec is None or rec.producer_id != producer_id or rec.producer_epoch != epoch \
-                or rec.phase is not Phase.ONGOING or not self._within_ttl(rec.observed_ms, now_ms):
+                or rec.phase is not _ONGOING or not self._within_ttl(rec.observed_ms, now_ms):
             return None
         partitions = rec.partitions
         for tp in tps:
