@@ -1707,7 +1707,7 @@ def interesting_metrics(metrics: dict[str, float]) -> dict[str, float]:
             "txnguard_upstream_connect_failures_total", "txnguard_local_responses_total",
             "txnguard_connections_total", "txnguard_backpressure_paused_seconds_total",
             "txnguard_concurrent_transactions_retries", "txnguard_concurrent_transactions_absorptions")
-    return {k: v for k, v in metrics.items() if k.startswith(keep)}
+    return {k: v for k, v in metrics.items() if k.startswith(keep) and "_created{" not in k}
 
 
 # -- the summary --------------------------------------------------------------------------------------
