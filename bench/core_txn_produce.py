@@ -81,26 +81,6 @@ def txn_offset_commit_pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
     return req, resp
 
 
-def life_cycle_pairs(cid: int) -> list[tuple[bytes, bytes]]:
-    """A one-record transaction's life-cycle frames around its write: AddPartitionsToTxn v3 of TOPIC's partition 0 and
-    EndTxn v3 (commit), each with its answer (no error)."""
-    add, end = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.END_TXN
-    aq, ar = _mod(schemas.request_schema(add, 3)), _mod(schemas.response_schema(add, 3))
-    eq, er = _mod(schemas.request_schema(end, 3)), _mod(schemas.response_schema(end, 3))
-    add_req = schemas.encode_request(aq.AddPartitionsToTxnRequest(
-        v3_and_below_transactional_id=TXN, v3_and_below_producer_id=i64(PID), v3_and_below_producer_epoch=i16(EPOCH),
-        v3_and_below_topics=(aq.AddPartitionsToTxnTopic(name=TOPIC, partitions=(i32(0),)),)), cid, "bench")
-    add_resp = schemas.encode(schemas.response_header_for(add, 3, cid), ar.AddPartitionsToTxnResponse(
-        throttle_time=datetime.timedelta(0), results_by_topic_v3_and_below=(ar.AddPartitionsToTxnTopicResult(
-            name=TOPIC, results_by_partition=(ar.AddPartitionsToTxnPartitionResult(
-                partition_index=i32(0), partition_error_code=ErrorCode.none),)),)))
-    end_req = schemas.encode_request(eq.EndTxnRequest(
-        transactional_id=TXN, producer_id=i64(PID), producer_epoch=i16(EPOCH), committed=True), cid + 2, "bench")
-    end_resp = schemas.encode(schemas.response_header_for(end, 3, cid + 2),
-                              er.EndTxnResponse(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none))
-    return [(add_req, add_resp), pair(cid + 1, 1), (end_req, end_resp)]
-
-
 def pair(cid: int, partitions: int) -> tuple[bytes, bytes]:
     pm, pr = _mod(schemas.request_schema(ApiKey.PRODUCE, 9)), _mod(schemas.response_schema(ApiKey.PRODUCE, 9))
     batch = build_batch([b"v" * 512], producer_id=PID, producer_epoch=EPOCH, base_sequence=0, transactional=True,
@@ -208,57 +188,6 @@ async def run(n: int, partitions: int, recorded: bool, audit: bool, offsets: boo
     return requests_s / done_n, responses_s / done_n
 
 
-async def run_transactions(n: int, recorded: bool, write: bool) -> float:
-    """Seconds of thread CPU per one-record transaction, as a client without pipelining sends it (each request
-    answered before the next): AddPartitionsToTxn, then the write when `write`, then EndTxn, each with its answer.
-    Runs of 90 transactions are timed whole (the clock costs about a microsecond a call)."""
-    metrics = ProxyMetrics()
-    config = ProxyConfig(upstream=(HostPort("127.0.0.1", 9),))
-    guard = TransactionGuard(config, metrics, policy_from_config({}), None)
-    guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, int(time.time() * 1000))
-    conn = Connection(Settings(connection_id=1, listener="b", max_frame_bytes=1 << 20, pre_auth_max_frame_bytes=None,
-                               max_in_flight=100, partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
-                      guard.rules, DirectCluster(), SystemClock(), metrics.traffic, ConnectionInventory("c", 0))
-    shell = _Shell(guard, conn, recorded)
-    reads = []
-    for i in range(90):
-        add, produce, end = life_cycle_pairs(3 * i + 1)
-        for request, response in (add, produce, end) if write else (add, end):
-            reads += [(request, conn.relay_from_client, conn.receive_from_client),
-                      (response, conn.relay_from_broker, conn.receive_from_broker)]
-    took = 0.0
-    for _ in range(n // 90):
-        started = time.thread_time()
-        for data, relay, receive in reads:
-            done = relay(data)
-            shell.after([] if done == len(data) else receive(data, done))
-        if recorded:
-            shell.run_ends()
-        took += time.thread_time() - started
-        if not recorded:
-            shell.run_ends()
-        await asyncio.sleep(0)
-    assert not conn.closed and conn.in_flight == 0
-    return took / (n // 90 * 90)
-
-
-def main_transactions(rounds: int, n: int) -> None:
-    results: dict[tuple[bool, bool], list[float]] = {(r, w): [] for r in (False, True) for w in (False, True)}
-    loop = asyncio.new_event_loop()
-    for _ in range(rounds):
-        for key in results:  # alternated: a drift of the machine's speed falls on all alike
-            results[key].append(loop.run_until_complete(run_transactions(n, *key)))
-    loop.close()
-    print(f"{n} one-record transactions (AddPartitionsToTxn v3, Produce v9, EndTxn v3, each answered before the "
-          f"next) x {rounds} rounds, thread CPU per transaction, median (min-max) of rounds:")
-    for recorded, name in ((False, "core alone"), (True, "core + recording")):
-        line = f"  {name:18s}"
-        for write, what in ((False, "life cycle only (2 requests, 2 answers)"), (True, "with the write")):
-            r = [x * 1e6 for x in results[recorded, write]]
-            line += f"  {what} {statistics.median(r):6.2f} us ({min(r):.1f}-{max(r):.1f})"
-        print(line)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20_000)
@@ -268,12 +197,7 @@ def main() -> None:
     ap.add_argument("--txn-offset-commit", action="store_true",
                     help="TxnOffsetCommit v3 (one offset per partition) instead of Produce v9")
     ap.add_argument("--paths", default="fast", help="fast, general or fast,general (the relay's fast path on/off)")
-    ap.add_argument("--transaction", action="store_true",
-                    help="whole one-record transactions instead: the life-cycle frames' cost beside the write's")
     args = ap.parse_args()
-    if args.transaction:
-        main_transactions(args.rounds, args.requests)
-        return
     paths = [p == "fast" for p in args.paths.split(",")]
     results: dict[tuple[bool, bool], list[tuple[float, float]]] = {(r, f): [] for r in (False, True) for f in paths}
     loop = asyncio.new_event_loop()
