@@ -164,7 +164,7 @@ def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, versi
         ledger.offsets.append(passed)
         entry.evidence, entry.evidence_at = passed.verdict.evidence.value, passed.decided_at
     if conn.inventory is not None:
-        conn.inventory.request(head, memoryview(data)[pos + 4:stop])
+        conn.inventory.request(head, data, pos + 4, stop)
     return entry
 
 
@@ -174,18 +174,16 @@ def _life_cycle(conn: ConnectionBase, data: Chunk, pos: int, stop: int, key: int
     registry, the EndTxn in doubt); its in-flight entry. None: what the rules leave to the general path
     (`observe_request_in_place`: the coordinator-timeout check, the EndTxn defence's hold, a shape the
     in-place reader does not read)."""
-    view = memoryview(data)
-    body = view[pos + 4:stop]
     head = _new_head(RequestHead, (key, version, correlation_id))
-    seen = conn.rules.observe_request_in_place(head, body, conn.clock, conn.settings.connection_id)
+    seen = conn.rules.observe_request_in_place(head, data, pos + 4, stop, conn.clock, conn.settings.connection_id)
     if seen is None:
         return None
     if conn.inventory is not None:
-        conn.inventory.request(head, body)
+        conn.inventory.request(head, data, pos + 4, stop)
     entry = InFlight(correlation_id, key, version, _OBSERVE, now)
     entry.observed, keep = seen
     if keep:
-        entry.request = bytes(view[pos:stop])  # a few hundred bytes, kept to ask again
+        entry.request = bytes(memoryview(data)[pos:stop])  # a few hundred bytes, kept to ask again
     return entry
 
 
@@ -214,7 +212,6 @@ def relay_responses(conn: ConnectionBase, data: Chunk) -> int:
     order, forwarded = conn._order, conn._forwarded
     t = conn.traffic
     frames_out, bytes_out, rtt_buckets, rtt_sum = t.frames_out, t.bytes_out, t.rtt_buckets, t.rtt_sum
-    view: memoryview | None = None
     while end - pos >= 8 and forwarded:
         size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
         entry = forwarded[0]
@@ -224,8 +221,6 @@ def relay_responses(conn: ConnectionBase, data: Chunk) -> int:
             break
         action = entry.action
         if action is not _PASS:
-            if view is None:
-                view = memoryview(data)
             if action is _REWRITE_ADDRESSES:
                 # A Produce or Fetch answer that names no broker has nothing to rewrite: it passes as it is.
                 if not node_endpoints.endpoints_absent(data, entry.api_key, entry.api_version, pos + 4, stop):
@@ -233,7 +228,7 @@ def relay_responses(conn: ConnectionBase, data: Chunk) -> int:
             # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
             # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
             elif action is not _OBSERVE or entry.retries or not conn.rules.observe_response_in_place(
-                    entry.api_key, entry.api_version, entry.observed, view[pos + 4:stop], conn.clock.wall_ms(),
+                    entry.api_key, entry.api_version, entry.observed, data, pos + 4, stop, conn.clock.wall_ms(),
                     entry.request is not None):
                 break
         forwarded.popleft()

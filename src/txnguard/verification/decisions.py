@@ -285,9 +285,11 @@ class TransactionRules:
             req = from_kio_request(key, decoded)
         return self._observed(req, now_ms, connection_id)
 
-    def observe_request_in_place(self, head: RequestHead, body: memoryview, clock: Clock,
-                                 connection_id: int) -> tuple[Observed | None, bool] | None:
-        """`observe_request` for the relay's fast path, which neither decodes with kio nor holds nor checks: None
+    def observe_request_in_place(self, head: RequestHead, data: bytes | memoryview, start: int, stop: int,
+                                 clock: Clock, connection_id: int) -> tuple[Observed | None, bool] | None:
+        """`observe_request` for the relay's fast path, which neither decodes with kio nor holds nor checks, of the
+        request in `data[start:stop]` (the frame without its length prefix, read where it lies: a slice of a read
+        cost more than the native reader's whole read of it). None
         leaves the request to the general path untouched (the rules off, a request the coordinator-timeout check
         wants, a shape the in-place reader does not read, or an AddPartitionsToTxn/AddOffsetsToTxn the EndTxn
         defence holds); otherwise (what observe_request returns, with the same effects; whether the request's
@@ -298,7 +300,7 @@ class TransactionRules:
         now_ms = clock.wall_ms()
         if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
             return None, False
-        req = read_txn_request(body, head)
+        req = read_txn_request(data, head, start, stop)
         if req is None:
             return None
         if self.in_doubt is not None and isinstance(req, (AddPartitionsSeen, AddOffsetsSeen)) \
@@ -344,16 +346,17 @@ class TransactionRules:
             case _:
                 assert_never(request)
 
-    def observe_response_in_place(self, key: int, version: int, request: Observed | None, body: memoryview,
-                                  now_ms: int, absorbable: bool) -> bool:
-        """`observe_response` for the relay's fast path: False leaves the answer to the general path untouched
+    def observe_response_in_place(self, key: int, version: int, request: Observed | None, data: bytes | memoryview,
+                                  start: int, stop: int, now_ms: int, absorbable: bool) -> bool:
+        """`observe_response` for the relay's fast path, of the answer in `data[start:stop]` (from its correlation
+        id, read where it lies): False leaves the answer to the general path untouched
         (not readable in place, or a whole-request CONCURRENT_TRANSACTIONS the core may ask again: `absorbable`);
         True: learned, with the same effects, and the answer goes to the client as it is."""
         if not isinstance(request, (InitProducerIdSeen, AddPartitionsSeen, AddOffsetsSeen)):  # a tuple: C-fast
             if request is not None and self.in_doubt is not None:  # an EndTxn's answer: no longer in doubt
                 self.in_doubt.answered(request)
             return True
-        resp = read_txn_response(body, key, version)
+        resp = read_txn_response(data, key, version, start, stop)
         if resp is None or (resp.all_concurrent and absorbable):
             return False
         self._learn(request, resp, now_ms)

@@ -43,8 +43,9 @@ class ConnectionInventory:
             if self.first_transactional_id is None:
                 self.first_transactional_id = transactional_id(head, body)
 
-    def request(self, head: RequestHead, body: bytes | memoryview) -> None:
-        """Every request; only the transactional ones (not Produce) leave a trace."""
+    def request(self, head: RequestHead, body: bytes | memoryview, start: int = 0, stop: int | None = None) -> None:
+        """Every request (`body[start:stop]`: the frame without its length prefix); only the transactional ones
+        (not Produce) leave a trace."""
         key = head.api_key
         if key not in _TXN_ID_FIRST:
             return
@@ -52,8 +53,8 @@ class ConnectionInventory:
             self.txn_offset_commit_versions.add(head.api_version)
         if key != INIT_PRODUCER_ID:  # the others exist only in transactions; an idempotent producer
             self.used_transactions = True  # sends InitProducerId too, with a null transactional id
-        if self.first_transactional_id is None:
-            found = transactional_id(head, body)
+        if self.first_transactional_id is None:  # once per connection: the slice is taken only then
+            found = transactional_id(head, body if start == 0 and stop is None else memoryview(body)[start:stop])
             if found is not None:
                 self.first_transactional_id = found
                 self.used_transactions = True
