@@ -114,7 +114,8 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
                     if inventory.first_transactional_id is None:
                         inventory.first_transactional_id = passed.transactional_id
                 entry = InFlight(correlation_id, key, version, action, now)
-                entry.evidence, entry.evidence_at = passed.verdict.evidence.value, passed.decided_at
+                # `_value_`, the member's own attribute: `.value` is a descriptor call (a Python function on 3.11)
+                entry.evidence, entry.evidence_at = passed.verdict.evidence._value_, passed.decided_at
             else:
                 if inventory is not None:
                     inventory.produce_versions.add(version)
@@ -162,7 +163,7 @@ def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, versi
     if passed is not UNCHECKED:
         assert isinstance(passed, PassedOffsets)
         ledger.offsets.append(passed)
-        entry.evidence, entry.evidence_at = passed.verdict.evidence.value, passed.decided_at
+        entry.evidence, entry.evidence_at = passed.verdict.evidence._value_, passed.decided_at
     if conn.inventory is not None:
         conn.inventory.request(head, data, pos + 4, stop)
     return entry

@@ -295,7 +295,7 @@ class TransactionRules:
         defence holds); otherwise (what observe_request returns, with the same effects; whether the request's
         bytes are kept to ask again: `absorbs`)."""
         key, version = head.api_key, head.api_version
-        if not self.enabled or self.wants_lifecycle(key, version):
+        if not self.enabled or (self.policy.timeout_recovery and self.wants_lifecycle(key, version)):
             return None
         now_ms = clock.wall_ms()
         if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
