@@ -320,19 +320,14 @@ class Registry:
         The relay's fast path asks this once per transactional Produce: one record lookup, then one set
         lookup per partition."""
         rec = self._records.get(txn_id)
-        if rec is None or rec.producer_id != producer_id or rec.producer_epoch != epoch or rec.phase is not _ONGOING:
-            return None
-        # `_within_ttl` and `_seen`, inline: this is VerificationTimeMs's span, where a call costs microseconds
-        # on a cold cache (its p99).
-        ttl = self.limits.evidence_ttl_ms
-        if ttl is not None and now_ms - rec.observed_ms >= ttl:
+        if rec is None or rec.producer_id != producer_id or rec.producer_epoch != epoch \
+                or rec.phase is not _ONGOING or not self._within_ttl(rec.observed_ms, now_ms):
             return None
         partitions = rec.partitions
         for tp in tps:
             if tp not in partitions:
                 return None  # not observed here (maybe given by the coordinator): local_verdict decides
-        rec.last_seen_ms = now_ms
-        self._records.move_to_end(txn_id)
+        self._seen(rec, now_ms)
         return _PASSED_LOCALLY
 
     def _seen(self, rec: TxnRecord, now_ms: int) -> None:
