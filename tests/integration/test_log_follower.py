@@ -116,6 +116,7 @@ def test_the_follower_reads_on_after_the_coordinator_is_killed_and_its_partition
 
 
 IDLE = {"transaction_log_idle_after_s": 1.0, "transaction_log_idle_read_s": 120.0}
+PASSED_ON_THE_LOG = {"evidence": "log", "outcome": "pass", "decision": "forwarded"}
 
 
 def settled(read: Callable[[], float], still_s: float, timeout_s: float) -> float:
@@ -129,7 +130,6 @@ def settled(read: Callable[[], float], still_s: float, timeout_s: float) -> floa
             return value
         value = now
     raise AssertionError(f"still moving after {timeout_s} s: {value}")
-PASSED_ON_THE_LOG = {"evidence": "log", "outcome": "pass", "decision": "forwarded"}
 
 
 def test_an_idle_follower_reads_the_log_to_its_end_before_a_write_passes_on_it(

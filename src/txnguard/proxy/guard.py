@@ -205,7 +205,8 @@ class TransactionGuard:
         self.in_doubt = EndTxnLedger(InDoubtLimits(enabled=v.end_txn_in_doubt_hold, max_ms=v.end_txn_in_doubt_max_ms,
                                                    hold_ms=v.end_txn_hold_ms), on_change=self._in_doubt_ended)
         self._in_doubt_waits: dict[str, asyncio.Event] = {}
-        # Counted once per EndTxn answered: the plain counter's children, looked up once (metrics.py).
+        # The ledger counts how each doubt ended (`EndTxnLedger.endings`); the metric's children read those counts
+        # when /metrics is read (`_export_in_doubt_endings`), so an EndTxn answer counts nothing twice.
         self._in_doubt_endings = {e: metrics.end_txn_in_doubt_endings.labels(e.value) for e in Ending}
         self.rules = TransactionRules(self.registry, policy, enabled=v.enabled, ask_leader=v.leader_evidence,
                                       holds=HoldLimits(share=v.hold_share, max_ms=v.hold_max_ms,
@@ -242,6 +243,7 @@ class TransactionGuard:
         self._ledger_loop: asyncio.AbstractEventLoop | None = None
         self.audit.before_write = self.flush_ledger  # another record: those booked earlier go first
         metrics.before_collect.callbacks.append(self.settle_ledger)  # a scrape sees everything booked before it
+        metrics.before_collect.callbacks.append(self._export_in_doubt_endings)
         metrics.registry_size.set_function(lambda: len(self.registry))
         metrics.end_txn_in_doubt.set_function(lambda: len(self.in_doubt))
         self._unseen_last = 0.0
@@ -404,10 +406,14 @@ class TransactionGuard:
 
     def _in_doubt_ended(self, txn_id: str, ending: Ending) -> None:
         """The ledger's callback (on this loop): one EndTxn of `txn_id` less in doubt; wake its holds."""
-        self._in_doubt_endings[ending].value += 1
         event = self._in_doubt_waits.pop(txn_id, None)
         if event is not None:
             event.set()
+
+    def _export_in_doubt_endings(self) -> None:
+        """Before /metrics is read: `txnguard_end_txn_in_doubt_endings_total` is the ledger's own counts."""
+        for ending, n in self.in_doubt.endings.items():
+            self._in_doubt_endings[ending].value = n
 
     async def _await_end_txn(self, question: AwaitEndTxn) -> EndTxnSettled | EndTxnStillInDoubt:
         """Hold until no EndTxn in doubt can land in the transaction the held request opens, within its
