@@ -107,6 +107,18 @@ class PatientActor(TxnActor):
         return raw.RawClient(host, port, client_id=self.client_id, timeout=self.socket_timeout_s)
 
 
+def _init_directly(cluster: Cluster, txn_id: str, node: int) -> str:
+    """What node `node` answers to an InitProducerId for `txn_id` (a diagnostic, in a failure's message)."""
+    (n,) = (n for n in cluster.nodes if n.id == node)
+    started = time.monotonic()
+    try:
+        with raw.RawClient(n.host, n.port, timeout=30) as c:
+            r = c.init_producer_id(txn_id, 60000)
+        return f"node {node} answered {error_name(r.error_code)} in {time.monotonic() - started:.1f}s"
+    except (OSError, raw.RawProtocolError) as e:
+        return f"node {node} gave no answer ({e!r}) in {time.monotonic() - started:.1f}s"
+
+
 def _group_coordinated_by(cluster: Cluster, prefix: str, accept: Callable[[int], bool]) -> str:
     for i in range(300):
         group = f"{prefix}-{i}"
@@ -175,6 +187,10 @@ def s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], *, stay_fr
     Only the verification (the proxy's or the broker's own) needs the frozen node. With
     `stay_frozen_s` > 0 the client keeps retrying while the node stays frozen, up to that long.
     """
+    # From a healed cluster: the module's sequences share it, and the last one froze a node (its replicas may
+    # still be catching up, its coordinators moving back).
+    cluster.wait_ready()
+    cluster.wait_in_sync()
     u = uuid.uuid4().hex[:8]
     topic = fresh_topic(cluster, f"s4-{u}", replication_factor=3)
     leader = cluster.leader(topic, 0)
@@ -197,7 +213,11 @@ def s4_sequence(cluster: Cluster, bootstrap_of: Callable[[int], str], *, stay_fr
             run.first_commit_while_frozen = cluster.paused(coordinator)
         return code
 
-    actor.init()
+    try:
+        actor.init()
+    except OSError as e:  # in one gate run no answer came for 60 s: say whether the coordinator answers directly
+        raise AssertionError(f"InitProducerId through {bootstrap_of(third)}: {e!r}; asked directly, "
+                             f"{_init_directly(cluster, txn_id, coordinator)}") from e
     assert actor.add_partitions(topic, 0) == {0: ErrorCode.none}
     assert actor.produce(topic, 0, [b"before"]).error_code == ErrorCode.none
     assert actor.add_offsets(group) == ErrorCode.none

@@ -329,8 +329,12 @@ class GroupMember:
 
     It subscribes with the client's eager assignors, auto-commits every 500 ms
     and heartbeats every 500 ms (so a join by another member is noticed
-    quickly). The test thread reads what the member is assigned now, every
-    distinct assignment it has had, and every record it has read. Subclasses
+    quickly). Its rebalance timeout (max poll interval) is 30 s, not the
+    clients' 300 s: a member that does not rejoin a rebalance within it is
+    left out of that round by the coordinator, as Kafka does, and joins the
+    next, so one stuck client cannot hold the whole group for five minutes.
+    The test thread reads what the member is assigned now, every distinct
+    assignment it has had, and every record it has read. Subclasses
     implement `_consume` for one client family; it must call `_seen` after every
     poll and return once `_stopping` is set.
     """
@@ -340,6 +344,7 @@ class GroupMember:
     SESSION_TIMEOUT_MS = 10000
     HEARTBEAT_MS = 500
     AUTO_COMMIT_MS = 500
+    MAX_POLL_INTERVAL_MS = 30000  # the rebalance timeout of every client family here; it polls every 0.2 s
 
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str) -> None:
         self.bootstrap_servers = bootstrap_servers

@@ -325,7 +325,7 @@ class ConfluentGroupMember(GroupMember):
             "bootstrap.servers": self.bootstrap_servers, "group.id": self.group_id,
             "auto.offset.reset": "earliest", "enable.auto.commit": True,
             "auto.commit.interval.ms": self.AUTO_COMMIT_MS, "session.timeout.ms": self.SESSION_TIMEOUT_MS,
-            "heartbeat.interval.ms": self.HEARTBEAT_MS,
+            "heartbeat.interval.ms": self.HEARTBEAT_MS, "max.poll.interval.ms": self.MAX_POLL_INTERVAL_MS,
         })
         try:
             consumer.subscribe([self.topic])

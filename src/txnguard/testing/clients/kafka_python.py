@@ -261,6 +261,7 @@ class KafkaPythonGroupMember(GroupMember):
             bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
             auto_offset_reset="earliest", enable_auto_commit=True, auto_commit_interval_ms=self.AUTO_COMMIT_MS,
             session_timeout_ms=self.SESSION_TIMEOUT_MS, heartbeat_interval_ms=self.HEARTBEAT_MS,
+            max_poll_interval_ms=self.MAX_POLL_INTERVAL_MS,
         )
         try:
             # The topic's partitions known before joining: a kafka-python 3.0.12 leader whose own metadata does
