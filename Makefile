@@ -11,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-run setup-steps debs run demo dist test test-unit test-integration lint fmt bench clean kcat jars jars-run spark-jars \
+.PHONY: setup native-test setup-run setup-steps debs run demo dist test test-unit test-integration lint fmt bench clean kcat jars jars-run spark-jars \
 	chromium docs container-tools image prometheus helm kustomize kube-schemas sarama kroxylicious
 
 # The independent steps run in parallel (Maven, Debian's packages, Go builds, PyPI); each is cached, so a
@@ -113,7 +113,11 @@ test-unit: $(STAMP)
 test-integration: setup
 	$(BIN)/pytest tests/integration -q
 
-test: setup lint image
+# The native crate's own tests (its readers and loops on hand-built frames), linked against the venv's Python.
+native-test: $(STAMP)
+	PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo test --release --quiet --manifest-path native/Cargo.toml
+
+test: setup lint native-test image
 	$(BIN)/pytest tests -q -p no:cacheprovider --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning, a broken link or anchor

@@ -5,7 +5,7 @@ Run: `.venv/bin/python bench/cold_cache.py [--transactions 600] [--rounds 5] [--
 
 One connection core (the gateway's rules, local evidence) plays a one-record transaction loop as the shell
 calls it: per transaction an AddPartitionsToTxn and its answer, a transactional Produce v9 of one 512-byte
-record and its answer, an EndTxn and its answer, each through `relay_from_client` / `relay_from_broker` (all six
+record and its answer, an EndTxn and its answer, each through `relay_requests` / `relay_responses` (all six
 take the fast path). "warm" times the calls back to back; "cold" first writes one byte every 64 of an
 `--evict-mib` buffer before each call, which pushes the interpreter's code and objects out of the caches, as
 the brokers' and clients' JVMs sharing this machine's two cores do between a proxy's reads. Prints the median
@@ -33,6 +33,7 @@ from kio.static.primitive import i16, i32, i64
 from txnguard.codecs import schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection.core import Connection, Settings
+from txnguard.connection.relay import relay_requests, relay_responses
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
@@ -82,11 +83,11 @@ def run(transactions: int, evict: bytearray | None) -> list[float]:
     frames = [_lifecycle(3 + 3 * t) for t in range(transactions)]  # built first: kio's encoder is not timed
     for transaction in frames:
         for i, (request, response) in enumerate(transaction):
-            for j, (call, frame) in enumerate(((conn.relay_from_client, request), (conn.relay_from_broker, response))):
+            for j, (call, frame) in enumerate(((relay_requests, request), (relay_responses, response))):
                 if evict is not None:
                     evict[::64] = zeros
                 started = time.thread_time()
-                done = call(frame)
+                done = call(conn, frame)  # as the shell calls them (proxy/session.py)
                 sums[2 * i + j] += time.thread_time() - started
                 assert done == len(frame), f"call {2 * i + j} left the fast path"
         conn.ledger.take()  # the shell's recording is not timed here

@@ -46,6 +46,7 @@ from txnguard.codecs import schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.connection import commands as c
 from txnguard.connection.core import Connection, Settings
+from txnguard.connection.relay import relay_requests, relay_responses
 from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
@@ -144,7 +145,7 @@ def _timed(shell: _Shell, frames: list[bytes], relay: Any, receive: Any) -> floa
     """Thread CPU seconds of one run of reads through the core, and the shell's part when recorded."""
     started = time.thread_time()
     for data in frames:
-        done = relay(data)
+        done = relay(shell.conn, data)  # as the shell calls it (proxy/session.py)
         shell.after([] if done == len(data) else receive(data, done))
     if shell.recorded:
         shell.run_ends()
@@ -180,8 +181,8 @@ async def run(n: int, partitions: int, recorded: bool, audit: bool, offsets: boo
     requests, responses = [req for req, _ in pairs], [resp for _, resp in pairs]
     requests_s = responses_s = 0.0
     for _ in range(n // len(pairs)):
-        requests_s += _timed(shell, requests, conn.relay_from_client, conn.receive_from_client)
-        responses_s += _timed(shell, responses, conn.relay_from_broker, conn.receive_from_broker)
+        requests_s += _timed(shell, requests, relay_requests, conn.receive_from_client)
+        responses_s += _timed(shell, responses, relay_responses, conn.receive_from_broker)
         await asyncio.sleep(0)  # the loop runs the guard's timer when due (untimed)
     assert not conn.closed and conn.in_flight == 0
     done_n = n // len(pairs) * len(pairs)
