@@ -17,6 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 use pyo3::sync::PyOnceLock;
 use pyo3::panic::PanicException;
 use pyo3::types::{PyBytes, PyFloat, PyList, PySet, PyTuple};
@@ -57,6 +58,20 @@ impl InFlight {
     #[new]
     fn new(correlation_id: i32, api_key: i16, api_version: i16, action: Py<PyAny>, sent_at: f64) -> Self {
         InFlight::fresh(correlation_id, api_key, api_version, action, sent_at)
+    }
+
+    /// The objects it holds, for Python's cycle collector: an entry may end up in a cycle through what it
+    /// keeps (a decision, the EndTxn in doubt), and a class without this is never collected in one.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.action)?;
+        for held in [&self.response, &self.observed, &self.merge, &self.evidence, &self.request] {
+            visit.call(held)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        (self.response, self.observed, self.merge, self.evidence, self.request) = (None, None, None, None, None);
     }
 }
 

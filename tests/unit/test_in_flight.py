@@ -6,6 +6,9 @@ native module have the same fields, the same defaults, and take the same assignm
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from txnguard.codecs import native
@@ -47,3 +50,16 @@ def test_every_field_takes_what_the_core_assigns(cls: type) -> None:
                                                           "refused_at"))
     with pytest.raises(AttributeError):
         entry.context = 1  # no field beyond these
+
+
+@pytest.mark.parametrize("cls", [InFlight, PythonInFlight], ids=["native", "python"])
+def test_a_cycle_through_an_entry_is_collected(cls: type) -> None:
+    class Decision:
+        entry: object = None
+
+    decision, entry = Decision(), cls(7, 0, 9, ResponseAction.MERGE_PRODUCE, 1.5)
+    entry.merge, decision.entry = decision, entry  # entry ─▶ decision ─▶ entry
+    gone = weakref.ref(decision)
+    del decision, entry
+    gc.collect()
+    assert gone() is None  # the native class tells the cycle collector what it holds
