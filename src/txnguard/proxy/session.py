@@ -471,9 +471,9 @@ class Session:
 
     def _concurrent_absorbed(self, command: c.ConcurrentAbsorbed) -> None:
         api = schemas.api_name(command.api_key)
-        self.metrics.child(self.metrics.concurrent_absorptions, api, command.ending).inc()
+        self.metrics.concurrent_absorptions.labels(api, command.ending).value += 1
         if command.retries:
-            self.metrics.child(self.metrics.concurrent_retries, api).inc(command.retries)
+            self.metrics.concurrent_retries.labels(api).value += command.retries
         # Absorbed is the normal case of a short-transaction loop: debug. A spent budget means the client
         # backs off after all, which an operator may want to see.
         log = self.log.debug if command.ending == "absorbed" else self.log.info
