@@ -1835,14 +1835,16 @@ def build_native(git: list[str], commit: str, root: Path, repo: Path) -> str:
     """Build the revision's own native module (its native/ crate, if it has one) into the archive's package, as
     `pip install` would: without it that revision's proxy would run the general path for every frame, and the
     comparison would not be of the two revisions' data paths. The cargo build cache lives in the working tree's
-    native/target/bench-revisions (a rebuild of an unchanged crate takes seconds)."""
+    native/target/bench-revisions/<commit>, one per revision: the archive's files carry the commit's time, so
+    cargo, which compares times, took one revision's build for another's when they shared a target folder (a
+    module without the native relay loops ran as 16c5fa6's, every frame on the general path)."""
     listed = subprocess.run([*git, "ls-tree", "--name-only", commit, "native/Cargo.toml"], capture_output=True,
                             text=True, check=False).stdout.strip()
     if not listed:
         return "none (the revision has no native crate)"
     archive = subprocess.run([*git, "archive", commit, "native"], capture_output=True, check=True, timeout=60).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True, timeout=60)
-    target = repo / "native" / "target" / "bench-revisions"
+    target = repo / "native" / "target" / "bench-revisions" / commit
     say(f"building the native module of {commit[:12]} (cargo, release) ...")
     subprocess.run(["cargo", "build", "--release", "--offline", "--features", "extension-module",
                     "--manifest-path", str(root / "native" / "Cargo.toml")],
