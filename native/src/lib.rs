@@ -1,9 +1,8 @@
-//! txnguard's native data path (`txnguard._native`): the relay's fast paths (`relay.rs`: one call per socket read,
-//! each frame booked) and their readers.
+//! txnguard's native data path (`txnguard._native`): the readers of the relay's fast path.
 //!
 //! Everything here reads bytes a client or a broker sent, which may be hostile: every read is bounds-checked
 //! (`bytes.rs`), nothing here uses `unsafe`, and a panic (a bug, never an input's fault) reaches Python as
-//! `PanicException` (a reader's) or the connection's `_panicked` (a loop's), and the core closes only that connection.
+//! `PanicException`, which the connection core catches to close only that connection.
 //!
 //! Every reader takes the buffer the frame lies in and the frame's bounds in it (`start`, `stop`): the socket's
 //! read is read where it is, never copied or sliced. Each answers None for what the general path must read.
@@ -17,7 +16,6 @@ pub mod fetch;
 pub mod lifecycle;
 pub mod log_records;
 pub mod produce;
-pub mod relay;
 pub mod transaction_log;
 
 use pyo3::buffer::PyBuffer;
@@ -254,10 +252,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_log_answer, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_request, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
-    m.add_function(wrap_pyfunction!(relay::relay_setup, m)?)?;
-    m.add_function(wrap_pyfunction!(relay::relay_requests, m)?)?;
-    m.add_function(wrap_pyfunction!(relay::relay_responses, m)?)?;
-    m.add_class::<relay::InFlight>()?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

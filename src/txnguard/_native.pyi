@@ -37,24 +37,3 @@ def fetch_request(
 def read_batch_records(
     data: bytes | bytearray | memoryview, start: int, stop: int, /
 ) -> list[tuple[int, bytes | None, bytes | None]] | None: ...
-
-# The relay's fast paths (native/src/relay.rs, set up by connection/relay.py).
-class InFlight:
-    correlation_id: int
-    api_key: int
-    api_version: int
-    action: object
-    sent_at: float
-    response: object
-    observed: object
-    merge: object
-    evidence: str | None
-    evidence_at: float
-    request: bytes | None
-    retries: int
-    refused_at: float | None
-    def __init__(self, correlation_id: int, api_key: int, api_version: int, action: object, sent_at: float) -> None: ...
-
-def relay_setup(*args: object) -> None: ...
-def relay_requests(conn: object, data: object, /) -> int: ...
-def relay_responses(conn: object, data: object, /) -> int: ...

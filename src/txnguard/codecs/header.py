@@ -106,6 +106,30 @@ def produce_acks_and_txn_id_null(frame: bytes | memoryview, head: RequestHead) -
 FIRST_FLEXIBLE_PRODUCE = 9  # Produce v9+: a flexible header (tags) and a compact transactional id
 
 
+def read_produce_head(data: bytes | memoryview, start: int, stop: int, version: int) -> tuple[int, int | None] | None:
+    """The relay's one reader of a Produce (v3+) request's header, in place: the frame's header starts at
+    `data[start]` (after the length prefix), the frame ends at `stop`. (where the transactional id starts,
+    None) for a transactional write; (that place, acks) for any other; None when the general path must read
+    it (a header with tagged fields, or a frame too short for its header, transactional id and acks).
+
+    The v1/v2 request header: api key, version, correlation id, then the client id (int16 length, also in
+    flexible headers), then (v2) tagged fields."""
+    (n,) = _INT16.unpack_from(data, start + 8)
+    at = start + 10 + (n if n > 0 else 0)
+    if at + 4 > stop:
+        return None
+    if version >= FIRST_FLEXIBLE_PRODUCE:
+        if data[at]:  # header tags
+            return None
+        at += 1
+        if data[at]:  # a compact string's length + 1: 0 is null
+            return at, None
+        return at, _INT16.unpack_from(data, at + 1)[0]
+    if _INT16.unpack_from(data, at)[0] != -1:
+        return at, None
+    return at, _INT16.unpack_from(data, at + 2)[0]
+
+
 def produce_timeout_ms(frame: bytes | memoryview, head: RequestHead) -> int:
     """The Produce request's own TimeoutMs (right after Acks): how long the client lets the broker
     take. Clients send their request timeout here (Java and kafka-python `request.timeout.ms`,

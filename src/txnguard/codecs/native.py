@@ -78,10 +78,3 @@ read_log_answer: Any = getattr(_native, "read_log_answer", None)
 read_log_records: Any = getattr(_native, "read_log_records", None)
 read_batch_records: Any = getattr(_native, "read_batch_records", None)
 fetch_request: Any = getattr(_native, "fetch_request", None)
-# The relay's fast paths (native/src/relay.rs; connection/relay.py sets them up and says what they take):
-# relay_setup(...) once; relay_requests(conn, data) -> int and relay_responses(conn, data) -> int per read;
-# InFlight, the in-flight entry the general path uses too (connection/in_flight.py's Python class without it).
-relay_setup: Any = getattr(_native, "relay_setup", None)
-relay_requests: Any = getattr(_native, "relay_requests", None)
-relay_responses: Any = getattr(_native, "relay_responses", None)
-InFlight: Any = getattr(_native, "InFlight", None)

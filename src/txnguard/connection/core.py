@@ -79,7 +79,7 @@ class Connection(RequestSide):
                 return [SendToBroker([through])]
             out.append(SendToBroker([through]))
         to_broker: list[Chunk] = []
-        done = relayed or relay_requests(self, data)
+        done = relayed or self.relay_from_client(data)
         if self._panicked is not None:  # what was booked before it leaves; the frame that panicked does not
             if done:
                 out.append(SendToBroker([memoryview(data)[:done]]))
@@ -102,10 +102,7 @@ class Connection(RequestSide):
             self._cut_through(out)
         return out
 
-    def relay_from_client(self, data: Chunk) -> int:
-        """The fast path for requests (connection/relay.py): how many bytes at the start of `data` it booked.
-        The shell calls `relay_requests(core, data)` itself, without this method's frame."""
-        return relay_requests(self, data)
+    relay_from_client = relay_requests
 
     def receive_from_broker(self, data: Chunk, relayed: int = 0) -> list[Command]:
         """A read from the broker; `relayed` as in `receive_from_client`, from `relay_from_broker`."""
@@ -117,11 +114,7 @@ class Connection(RequestSide):
             return [SendToClient([data])]
         out: list[Command] = []
         to_client: list[Chunk] = []
-        done = relayed or relay_responses(self, data)
-        if self._panicked is not None:  # as receive_from_client: what was booked before it leaves
-            if done:
-                out.append(SendToClient([memoryview(data)[:done]]))
-            return [*out, self._close("native_panic", self._panicked, "error")]
+        done = relayed or self.relay_from_broker(data)
         if done:
             to_client.append(data if done == len(data) else memoryview(data)[:done])
             if done == len(data):
@@ -143,9 +136,7 @@ class Connection(RequestSide):
             self._release_held(out)
         return out
 
-    def relay_from_broker(self, data: Chunk) -> int:
-        """The fast path for responses (connection/relay.py), as `relay_from_client`."""
-        return relay_responses(self, data)
+    relay_from_broker = relay_responses
 
     def answered(self, check_id: int, answer: Answer) -> list[Command]:
         """The verifier's answer to an Ask."""

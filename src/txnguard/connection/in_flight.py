@@ -1,16 +1,11 @@
 """One request the connection has forwarded and not yet answered, and what it needs to answer it.
 
 Its own module so that the holds (connection/holds.py), which queue requests behind a pending one, and the
-core share the type without importing each other. With the native module the class is its `InFlight`
-(native/src/relay.rs: the fields below, made by the native relay loops without a Python call); the Python
-class here, of the same fields, stands in without it (tests/unit/test_in_flight.py holds the two alike).
+core share the type without importing each other.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from txnguard.codecs import native
 from txnguard.connection.apis import ResponseAction
 from txnguard.connection.commands import Chunk
 from txnguard.verification.decisions import Decision, Observed
@@ -37,8 +32,3 @@ class InFlight:
         self.request: bytes | None = None           # kept to ask again after CONCURRENT_TRANSACTIONS
         self.retries = 0                            # times sent again
         self.refused_at: float | None = None        # the first CONCURRENT_TRANSACTIONS answer
-
-
-PythonInFlight = InFlight
-if not TYPE_CHECKING and native.InFlight is not None:
-    InFlight = native.InFlight  # the native class of the same fields

@@ -22,7 +22,6 @@ from typing import Any, Protocol, cast
 from txnguard.codecs import schemas
 from txnguard.connection import commands as c
 from txnguard.connection.core import Cluster, Connection, Settings
-from txnguard.connection.relay import relay_requests, relay_responses
 from txnguard.proxy import logs
 from txnguard.proxy.config import ClientAuth, HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
@@ -323,7 +322,7 @@ class Session:
         # The relay's common case: every frame of the read needs no reading, and the read leaves as
         # one write, with no command objects in between.
         core = self.core
-        done = relay_requests(core, data)
+        done = core.relay_from_client(data)
         if done == len(data):
             upstream.write(data)
             ledger = core.ledger
@@ -336,7 +335,7 @@ class Session:
 
     def from_upstream(self, data: bytes) -> None:
         core = self.core
-        done = relay_responses(core, data)  # as from_client
+        done = core.relay_from_broker(data)  # as from_client
         if done == len(data):
             if self.client is not None:  # None only while lingering, when the core relays nothing
                 self.client.write(data)
