@@ -113,7 +113,7 @@ test-unit: $(STAMP)
 test-integration: setup
 	$(BIN)/pytest tests/integration -q
 
-# The native crate's own tests (its readers and loops on hand-built frames), linked against the venv's Python.
+# The native crate's own tests (its readers on hand-built frames), linked against the venv's Python.
 native-test: $(STAMP)
 	PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo test --release --quiet --manifest-path native/Cargo.toml
 

@@ -1836,8 +1836,8 @@ def build_native(git: list[str], commit: str, root: Path, repo: Path) -> str:
     `pip install` would: without it that revision's proxy would run the general path for every frame, and the
     comparison would not be of the two revisions' data paths. The cargo build cache lives in the working tree's
     native/target/bench-revisions/<commit>, one per revision: the archive's files carry the commit's time, so
-    cargo, which compares times, took one revision's build for another's when they shared a target folder (a
-    module without the native relay loops ran as 16c5fa6's, every frame on the general path)."""
+    cargo, which compares times, took one revision's build for another's when they shared a target folder (one
+    A/B ran a revision with the other's module)."""
     listed = subprocess.run([*git, "ls-tree", "--name-only", commit, "native/Cargo.toml"], capture_output=True,
                             text=True, check=False).stdout.strip()
     if not listed:
