@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -551,13 +552,50 @@ class Cluster:
 # -- creating a cluster ---------------------------------------------------------------------
 
 
+def _ephemeral_floor() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local ports)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+# A node's ports are picked below the ephemeral range. A port picked by binding port 0 was free when picked, but
+# an outgoing connection (a client, the other test worker's) could take it before the node bound it, or while a
+# stopped node was down: a gate run failed so. Each pytest-xdist worker picks from a share of its own.
+_PORTS_FROM = 20000
+_PICKED: set[int] = set()  # every port this process picked
+
+
+def _port_range() -> range:
+    low, high = _PORTS_FROM, _ephemeral_floor() - 1
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and workers > 1:
+        share = (high - low + 1) // workers
+        low += int(worker[2:]) % workers * share
+        high = low + share - 1
+    return range(low, high + 1)
+
+
 def _free_port(host: str, taken: set[int]) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
+    ports = _port_range()
+    for _ in range(200):
+        if len(ports) < 1000:  # an ephemeral range that starts low: the kernel's pick, as before
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+        else:
+            port = random.choice(ports)
+            if port in _PICKED:
+                continue
+            try:
+                _check_port_free(host, port)
+            except HarnessError:
+                continue
         if port not in taken:
             taken.add(port)
+            _PICKED.add(port)
             return port
     raise HarnessError("no free loopback port found")
 
