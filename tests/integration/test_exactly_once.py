@@ -201,10 +201,15 @@ def _assert_the_log_followed(proxy: ProxyThread, txn_ids: Sequence[str]) -> None
     as committed (written after the crash), and no write refused on the log."""
     assert proxy.proxy is not None and proxy.proxy.guard.follower is not None
     follower = proxy.proxy.guard.follower
+    def states() -> dict[str, str | None]:
+        return {t: getattr(follower.view.describe(t), "state", None) for t in txn_ids}
+
+    # The lag is as of the follower's last read, and an idle follower reads every few seconds: the last
+    # transactions' records may come with its next read, so the states are waited for too, not read once.
     proxy.wait_for(lambda: follower.problem is None and proxy.metric("txnguard_transaction_log_lag_records") == 0
-                   and all(follower.partition_usable(p) for p in follower.leaders), 30, "the follower at the log's end")
-    states = {t: getattr(follower.view.describe(t), "state", None) for t in txn_ids}
-    assert set(states.values()) == {"CompleteCommit"}, states
+                   and all(follower.partition_usable(p) for p in follower.leaders)
+                   and set(states().values()) == {"CompleteCommit"}, 60, "the follower at the log's end")
+    assert set(states().values()) == {"CompleteCommit"}, states()
     refused_on_the_log = sum(s.value for m in proxy.proxy.metrics.registry.collect() for s in m.samples
                              if s.name == "txnguard_verifications_total" and s.labels.get("evidence") == "log"
                              and s.labels.get("decision") == "rejected")

@@ -565,6 +565,7 @@ def _ephemeral_floor() -> int:
 # stopped node was down: a gate run failed so. Each pytest-xdist worker picks from a share of its own.
 _PORTS_FROM = 20000
 _PICKED: set[int] = set()  # every port this process picked
+_RNG = random.Random()  # its own: a test that seeds the module's generator is not disturbed
 
 
 def _port_range() -> range:
@@ -586,7 +587,7 @@ def _free_port(host: str, taken: set[int]) -> int:
                 s.bind((host, 0))
                 port = int(s.getsockname()[1])
         else:
-            port = random.choice(ports)
+            port = _RNG.choice(ports)
             if port in _PICKED:
                 continue
             try:
