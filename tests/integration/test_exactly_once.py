@@ -206,10 +206,13 @@ def _assert_the_log_followed(proxy: ProxyThread, txn_ids: Sequence[str]) -> None
 
     # The lag is as of the follower's last read, and an idle follower reads every few seconds: the last
     # transactions' records may come with its next read, so the states are waited for too, not read once.
-    proxy.wait_for(lambda: follower.problem is None and proxy.metric("txnguard_transaction_log_lag_records") == 0
-                   and all(follower.partition_usable(p) for p in follower.leaders)
-                   and set(states().values()) == {"CompleteCommit"}, 60, "the follower at the log's end")
-    assert set(states().values()) == {"CompleteCommit"}, states()
+    try:
+        proxy.wait_for(lambda: follower.problem is None and proxy.metric("txnguard_transaction_log_lag_records") == 0
+                       and all(follower.partition_usable(p) for p in follower.leaders)
+                       and set(states().values()) == {"CompleteCommit"}, 60,
+                       "the follower at the log's end, every copier's last transaction CompleteCommit")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {states()}") from None
     refused_on_the_log = sum(s.value for m in proxy.proxy.metrics.registry.collect() for s in m.samples
                              if s.name == "txnguard_verifications_total" and s.labels.get("evidence") == "log"
                              and s.labels.get("decision") == "rejected")

@@ -107,7 +107,7 @@ class ProxyMetrics:
         for ending in ("decided", "timeout"):
             self.verification_hold_endings.labels(ending)
         # CONCURRENT_TRANSACTIONS asked again by the proxy (verification/concurrent.py, the KIP-609 idea).
-        # About one absorption in three transactions of a short-transaction loop: plain ints, read at scrape time.
+        # Counted per absorption, on the connections' path: plain ints, read at scrape time.
         self.concurrent_absorptions = PlainCounter(
             "txnguard_concurrent_transactions_absorptions", "AddPartitionsToTxn/AddOffsetsToTxn answered "
             "CONCURRENT_TRANSACTIONS, by API and ending: absorbed (asked again, the client got another answer), "

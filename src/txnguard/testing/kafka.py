@@ -552,12 +552,12 @@ class Cluster:
 # -- creating a cluster ---------------------------------------------------------------------
 
 
-def _ephemeral_floor() -> int:
-    """The first port of the kernel's ephemeral range (outgoing connections' local ports)."""
+def _ephemeral_floor() -> int | None:
+    """The first port of the kernel's ephemeral range (outgoing connections' local ports); None: not readable."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
+        return None
 
 
 # A node's ports are picked below the ephemeral range. A port picked by binding port 0 was free when picked, but
@@ -569,7 +569,11 @@ _RNG = random.Random()  # its own: a test that seeds the module's generator is n
 
 
 def _port_range() -> range:
-    low, high = _PORTS_FROM, _ephemeral_floor() - 1
+    """This worker's share of the ports below the ephemeral range (empty when that range is not known)."""
+    floor = _ephemeral_floor()
+    if floor is None:
+        return range(0)
+    low, high = _PORTS_FROM, floor - 1
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     if worker.startswith("gw") and worker[2:].isdigit() and workers > 1:
@@ -582,7 +586,7 @@ def _port_range() -> range:
 def _free_port(host: str, taken: set[int]) -> int:
     ports = _port_range()
     for _ in range(200):
-        if len(ports) < 1000:  # an ephemeral range that starts low: the kernel's pick, as before
+        if len(ports) < 1000:  # an ephemeral range not known, or starting low: the kernel's pick, as before
             with socket.socket() as s:
                 s.bind((host, 0))
                 port = int(s.getsockname()[1])

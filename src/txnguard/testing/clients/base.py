@@ -344,7 +344,7 @@ class GroupMember:
     SESSION_TIMEOUT_MS = 10000
     HEARTBEAT_MS = 500
     AUTO_COMMIT_MS = 500
-    MAX_POLL_INTERVAL_MS = 30000  # the rebalance timeout of every client family here; it polls every 0.2 s
+    MAX_POLL_INTERVAL_MS = 30000  # the rebalance timeout of every client family here, far above POLL_S
 
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str) -> None:
         self.bootstrap_servers = bootstrap_servers

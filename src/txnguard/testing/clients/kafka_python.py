@@ -255,8 +255,8 @@ class KafkaPythonGroupMember(GroupMember):
     JOIN_METADATA_S = 30.0
     # Polls of 1 s, not 0.2: each poll bounds kafka-python's join_group, and a join that times out while its
     # JoinGroup/SyncGroup are in flight can leave the member stable but without heartbeats (kafka-python PR
-    # #2617's race), so the coordinator drops it and it never learns: in two gate runs under load the first
-    # member kept all four partitions while the second was given them too.
+    # #2617's race), so the coordinator drops it and it never learns: in a gate run under load the first member
+    # kept all four partitions while the second was given them too.
     POLL_S = 1.0
 
     def _consume(self) -> None:
