@@ -16,6 +16,8 @@ pub mod fetch;
 pub mod lifecycle;
 pub mod log_records;
 pub mod produce;
+pub mod py_registry;
+pub mod registry;
 pub mod transaction_log;
 
 use pyo3::buffer::PyBuffer;
@@ -252,6 +254,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_log_answer, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_request, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
+    m.add_class::<py_registry::RegistryCore>()?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -29,7 +29,9 @@ import enum
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from txnguard.codecs import native
 from txnguard.codecs.topic_partition import TopicPartition
 from txnguard.verification.bypass import SeenIds
 from txnguard.verification.timeouts import OVERDUE_SLACK_MS, Candidate
@@ -152,9 +154,17 @@ class RegistryLimits:
 # Verdicts are immutable: the hot path hands out these two instead of building one per partition.
 _PASSED_LOCALLY = passed(Evidence.LOCAL, "added to the ongoing transaction (observed)")
 _PASSED_FROM_CACHE = passed(Evidence.CACHE, "in the ongoing transaction (the coordinator said so)")
+_LATE_WRITE = Verdict(Outcome.LATE_WRITE, Evidence.LOCAL, "EndTxn was sent and no AddPartitionsToTxn followed")
 
 
-class Registry:
+def _fenced(epoch: int, known: int) -> Verdict:
+    return Verdict(Outcome.FENCED, Evidence.LOCAL, f"epoch {epoch} is older than {known} from InitProducerId")
+
+
+class PythonRegistry:
+    """The registry in Python: where the native module is missing (`Registry` is then this class), and the oracle
+    the native one (`NativeRegistry`) is tested against over generated histories."""
+
     def __init__(self, limits: RegistryLimits | None = None) -> None:
         self.limits = limits or RegistryLimits()
         self._records: OrderedDict[str, TxnRecord] = OrderedDict()
@@ -286,8 +296,7 @@ class Registry:
         if rec is None or rec.producer_id != producer_id:
             return None
         if epoch < rec.producer_epoch:
-            return Verdict(Outcome.FENCED, Evidence.LOCAL,
-                           f"epoch {epoch} is older than {rec.producer_epoch} from InitProducerId")
+            return _fenced(epoch, rec.producer_epoch)
         if epoch != rec.producer_epoch:
             return None
         if rec.phase is _ENDED:
@@ -298,8 +307,7 @@ class Registry:
             # client that did nothing wrong.
             if not self._within_ttl(rec.ended_ms, now_ms):  # without a TTL (a gateway), ENDED holds until an add
                 return None
-            return Verdict(Outcome.LATE_WRITE, Evidence.LOCAL,
-                           "EndTxn was sent and no AddPartitionsToTxn followed")
+            return _LATE_WRITE
         if rec.phase is not _ONGOING:
             return None
         if (tp in rec.partitions or (group is not None and group in rec.groups)) \
@@ -341,3 +349,55 @@ class Registry:
         if ttl is None:
             return True
         return seen_ms is not None and now_ms - seen_ms < ttl
+
+
+_PHASES = {phase.value: phase for phase in Phase}
+
+
+def _snapshot(txn_id: str, fields: tuple[Any, ...]) -> TxnRecord:
+    """A native record as a `TxnRecord` (a copy: changing it changes nothing in the registry)."""
+    (pid, epoch, timeout_ms, phase, generation, partitions, groups, started_ms, last_seen_ms, observed_ms,
+     described, coordinator_start_ms, coordinator_seen_ms, request_timeout_ms, timed_out, ended_ms) = fields
+    return TxnRecord(txn_id, pid, epoch, timeout_ms, _PHASES[phase], generation, partitions, groups, started_ms,
+                     last_seen_ms, observed_ms, described, coordinator_start_ms, coordinator_seen_ms,
+                     request_timeout_ms, None if timed_out is None else Candidate(*timed_out), ended_ms)
+
+
+if native.AVAILABLE:
+    from txnguard._native import RegistryCore
+
+    class NativeRegistry(RegistryCore):
+        """The registry in Rust (native/src/registry.rs), with `PythonRegistry`'s methods and answers: the relay's
+        questions per write cost one call that touches no Python object but the verdict it returns. `get` gives a
+        copy of the record."""
+
+        _limits: RegistryLimits
+
+        def __new__(cls, limits: RegistryLimits | None = None) -> NativeRegistry:
+            limits = limits or RegistryLimits()
+            self = super().__new__(cls, limits.max_entries, limits.idle_expiry_ms, limits.evidence_ttl_ms,
+                                   OVERDUE_SLACK_MS, _PASSED_LOCALLY, _PASSED_FROM_CACHE, _LATE_WRITE, _fenced,
+                                   Candidate)
+            self._limits = limits
+            return self
+
+        @property
+        def limits(self) -> RegistryLimits:
+            return self._limits
+
+        @limits.setter
+        def limits(self, limits: RegistryLimits) -> None:
+            self._limits = limits
+            self.set_limits(limits.max_entries, limits.idle_expiry_ms, limits.evidence_ttl_ms, OVERDUE_SLACK_MS)
+
+        def get(self, transactional_id: str) -> TxnRecord | None:
+            fields = self.record(transactional_id)
+            return None if fields is None else _snapshot(transactional_id, fields)
+
+
+# The registry this install runs: the native one where the module is there. mypy sees the Python one's interface,
+# which the native one keeps (tests/property/test_native_registry.py runs both over the same histories).
+if TYPE_CHECKING:
+    Registry = PythonRegistry
+else:
+    Registry = NativeRegistry if native.AVAILABLE else PythonRegistry
