@@ -39,6 +39,7 @@ from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.verification.inventory import ConnectionInventory
+from txnguard.verification.registry import PythonRegistry
 
 
 def _module(schema: type) -> Any:
@@ -65,10 +66,12 @@ def _lifecycle(cid: int) -> list[tuple[bytes, bytes]]:
     return [(add, added), pair(cid + 1, 1), (end, ended)]
 
 
-def run(transactions: int, evict: bytearray | None) -> list[float]:
+def run(transactions: int, evict: bytearray | None, python_registry: bool = False) -> list[float]:
     """Thread CPU seconds of each of the six calls of a transaction, summed over `transactions`."""
     metrics = ProxyMetrics()
     guard = TransactionGuard(ProxyConfig(upstream=(HostPort("127.0.0.1", 9),)), metrics, policy_from_config({}), None)
+    if python_registry:  # the registry where the native module is missing, in place of the native one
+        guard.registry = guard.rules.registry = PythonRegistry(guard.registry.limits)
     now = int(time.time() * 1000)
     guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, now)
     guard.registry.added(TXN, PID, EPOCH, now, partitions={(TOPIC, 0)})  # the first write passes locally too
@@ -103,13 +106,16 @@ def main() -> None:
     ap.add_argument("--transactions", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--evict-mib", type=int, default=16)
+    ap.add_argument("--python-registry", action="store_true",
+                    help="the Python registry (verification/registry.py's PythonRegistry) instead of the native one")
     args = ap.parse_args()
     evict = bytearray(args.evict_mib << 20)
     results: dict[str, list[list[float]]] = {"warm": [], "cold": []}
     for _ in range(args.rounds):  # the two kinds alternate, so drift on the machine hits both
-        results["warm"].append(run(args.transactions, None))
-        results["cold"].append(run(args.transactions, evict))
-    print(f"one-record transactions through the core's fast path, {args.transactions} x {args.rounds} rounds, "
+        results["warm"].append(run(args.transactions, None, args.python_registry))
+        results["cold"].append(run(args.transactions, evict, args.python_registry))
+    print(f"one-record transactions through the core's fast path ({'Python' if args.python_registry else 'native'} "
+          f"registry), {args.transactions} x {args.rounds} rounds, "
           f"thread CPU per call (us), median of rounds; cold: {args.evict_mib} MiB written before each call")
     per_txn = {}
     for kind, rounds in results.items():

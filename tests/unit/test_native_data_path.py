@@ -4,6 +4,7 @@ or panics, the proxy stays correct and says so.
     make test ─▶ pip install -e . (maturin builds native/) ─▶ txnguard._native importable
     a transactional write with local evidence ─▶ read in place by the native reader ─▶ passed, one write
     the native reader panics ─▶ what was booked before it leaves ─▶ Close("native_panic"), this connection only
+    (any native code: the Produce reader, the life-cycle readers on either side, the registry on the general path)
     no native module ─▶ every frame through the general path, a log line, a metric at 0, /readyz's detail
 """
 
@@ -13,9 +14,19 @@ import json
 import subprocess
 import sys
 
-from connection_playbook import T0, Playbook, heartbeat, heartbeat_response, produce, to_broker
+from connection_playbook import (
+    T0,
+    Playbook,
+    add_partitions,
+    add_partitions_response,
+    heartbeat,
+    heartbeat_response,
+    produce,
+    to_broker,
+    to_client,
+)
 
-from txnguard.codecs import native
+from txnguard.codecs import lifecycle_scan, native
 from txnguard.connection.commands import Close, SendToBroker
 from txnguard.verification import decisions
 
@@ -70,6 +81,59 @@ def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -
     assert close.reason == "native_panic" and "index out of bounds" in close.detail and close.level == "error"
     assert pb.conn.closed
     other.relays(heartbeat(1))  # another connection goes on
+
+
+def _panics(*_: object, **__: object) -> None:
+    raise native.PanicException("index out of bounds")
+
+
+def test_a_panic_reading_a_life_cycle_request_closes_only_that_connection(monkeypatch) -> None:
+    monkeypatch.setattr(lifecycle_scan, "_read_request", _panics)
+    pb, other = Playbook(), Playbook()
+    _identified(pb)
+    _identified(other)
+    before = heartbeat(1)
+    # client ─▶ Heartbeat, AddPartitionsToTxn ─▶ the Heartbeat booked ─▶ the reader panics on the add ─▶ the
+    # Heartbeat leaves, the add does not, the connection closes with its reason
+    out = pb.client_sends(before, add_partitions(2, [T0]))
+    assert to_broker(out) == before
+    [close] = out.see(Close)
+    assert close.reason == "native_panic" and "on a request: index out of bounds" in close.detail
+    assert pb.conn.closed
+    other.relays(heartbeat(2))
+
+
+def test_a_panic_reading_a_life_cycle_answer_closes_only_that_connection(monkeypatch) -> None:
+    pb, other = Playbook(), Playbook()
+    _identified(pb)
+    _identified(other)
+    pb.relays(heartbeat(1), add_partitions(2, [T0]))
+    monkeypatch.setattr(lifecycle_scan, "_read_response", _panics)
+    # broker ─▶ Heartbeat's answer, AddPartitionsToTxn's answer ─▶ the first passes ─▶ the reader panics on the
+    # second ─▶ it does not reach the client, the connection closes
+    out = pb.broker_answers(heartbeat_response(1), add_partitions_response(2, [T0]))
+    assert to_client(out) == heartbeat_response(1)
+    [close] = out.see(Close)
+    assert close.reason == "native_panic" and "on a response: index out of bounds" in close.detail
+    assert pb.conn.closed
+    other.relays(heartbeat(2))
+
+
+def test_a_panic_in_the_registry_on_the_general_path_closes_only_that_connection(monkeypatch) -> None:
+    pb, other = Playbook(), Playbook()
+    _identified(pb)
+    _identified(other)
+    pb.relays(add_partitions(1, [T0]))
+    monkeypatch.setattr(pb.registry, "added", _panics)
+    answer = add_partitions_response(1, [T0])
+    # broker ─▶ half the answer (read in part: the general path) ─▶ the rest ─▶ the registry panics learning
+    # from it ─▶ the connection closes with its reason
+    assert pb.broker_answers(answer[:7]) == []
+    out = pb.broker_answers(answer[7:])
+    [close] = out.see(Close)
+    assert close.reason == "native_panic" and "on a response: index out of bounds" in close.detail
+    assert pb.conn.closed
+    other.relays(heartbeat(2))
 
 
 def test_without_the_native_module_every_frame_takes_the_general_path() -> None:

@@ -26,6 +26,7 @@ client's order.
 
 from __future__ import annotations
 
+from txnguard.codecs import native
 from txnguard.codecs.addresses import AddressUnavailable
 from txnguard.codecs.errors import CodecError
 from txnguard.connection.apis import ApiKey
@@ -46,6 +47,7 @@ from txnguard.verification.checks import Answer
 from txnguard.verification.decisions import PendingCheck
 
 _END_TXN = ApiKey.END_TXN.value
+_PanicException = native.PanicException
 
 __all__ = ["CUT_THROUGH_REQUESTS_ABOVE", "FAST_PRODUCE_VERSIONS", "SLOW_KEYS", "Cluster", "Connection",
            "ConnectionBase", "ResponseOutOfOrder", "Settings"]
@@ -80,10 +82,8 @@ class Connection(RequestSide):
             out.append(SendToBroker([through]))
         to_broker: list[Chunk] = []
         done = relayed or self.relay_from_client(data)
-        if self._panicked is not None:  # what was booked before it leaves; the frame that panicked does not
-            if done:
-                out.append(SendToBroker([memoryview(data)[:done]]))
-            return [*out, self._close("native_panic", self._panicked, "error")]
+        if self._panicked is not None:
+            return self._closed_on_panic(out, SendToBroker([memoryview(data)[:done]]) if done else None)
         if done:
             if done == len(data):
                 out.append(SendToBroker([data]))  # one write of the read as it came
@@ -96,13 +96,22 @@ class Connection(RequestSide):
             return [*out, self._close_on(e, Direction.CLIENT_TO_BROKER)]
         self.partial_since = (self.partial_since or self._now) if self.requests.buffered else None
         if frames or to_broker:
-            self._requests(frames, out, to_broker)
+            try:
+                self._requests(frames, out, to_broker)
+            except _PanicException as e:  # a bug in native code (a reader, the registry), never the input's fault
+                return [*out, self._close("native_panic", f"native code panicked on a request: {e}", "error")]
             self._after_requests(out, to_broker)
         if self.requests.buffered >= CUT_THROUGH_REQUESTS_ABOVE and self.mode is not _CLOSED:
             self._cut_through(out)
         return out
 
     relay_from_client = relay_requests
+
+    def _closed_on_panic(self, out: list[Command], booked: Command | None) -> list[Command]:
+        """Native code panicked in the relay (`_panicked` says where): what it booked before leaves (`booked`), the
+        frame it panicked on does not, and this connection closes; every other goes on."""
+        assert self._panicked is not None
+        return [*out, *([booked] if booked is not None else []), self._close("native_panic", self._panicked, "error")]
 
     def receive_from_broker(self, data: Chunk, relayed: int = 0) -> list[Command]:
         """A read from the broker; `relayed` as in `receive_from_client`, from `relay_from_broker`."""
@@ -115,6 +124,8 @@ class Connection(RequestSide):
         out: list[Command] = []
         to_client: list[Chunk] = []
         done = relayed or self.relay_from_broker(data)
+        if self._panicked is not None:
+            return self._closed_on_panic(out, SendToClient([memoryview(data)[:done]]) if done else None)
         if done:
             to_client.append(data if done == len(data) else memoryview(data)[:done])
             if done == len(data):
@@ -125,6 +136,9 @@ class Connection(RequestSide):
             to_client += self.responses.read(data, self, out)
         except AddressUnavailable as e:  # not a broken frame: the proxy has no address of its own to give
             out.append(self._close(e.reason, f"broker response: {e}", "error"))
+            return out
+        except _PanicException as e:  # as for requests
+            out.append(self._close("native_panic", f"native code panicked on a response: {e}", "error"))
             return out
         except CodecError as e:
             out.append(self._close_on(e, Direction.BROKER_TO_CLIENT, "broker response: "))

@@ -70,80 +70,92 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
     requests = conn.requests
     if conn.mode is not _RELAY or not conn._fast or conn.client_id is None or requests.through or requests.buffered:
         return 0
-    clock, rules, inventory = conn.clock, conn.rules, conn.inventory
-    conn._now = conn.last_activity = now = clock.perf()
+    inventory = conn.inventory
+    conn._now = conn.last_activity = now = conn.clock.perf()
     end, pos, limit = len(data), 0, requests.max_frame
     frames_in, bytes_in = conn.traffic.frames_in, conn.traffic.bytes_in
     order, forwarded = conn._order, conn._forwarded
     room = conn.settings.max_in_flight - 1 - len(order)  # queue places before the limit
     entry: InFlight | None
-    while end - pos >= 14:
-        size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data, pos)
-        stop = pos + 4 + size
-        if size < 10 or size > limit or stop > end:
-            break
-        if key == _PRODUCE:
-            if version not in FAST_PRODUCE_VERSIONS:
+    try:
+        while end - pos >= 14:
+            size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data, pos)
+            stop = pos + 4 + size
+            if size < 10 or size > limit or stop > end:
                 break
-            found = read_produce_head(data, pos + 4, stop, version)
-            if found is None:
-                break
-            at, acks = found
-            if acks == 0:  # acks=0: no response, never in the queue
-                if inventory is not None:
-                    inventory.produce_versions.add(version)
-                frames_in[key] += 1
-                bytes_in[key] += 4 + size
-                pos = stop
-                continue
-            if room <= 0:
-                break
-            action = _REWRITE_ADDRESSES if version >= _PRODUCE_ADDRESSES_FROM else _PASS
-            if acks is None:  # a transactional write: the rules pass it at once on local evidence, or not here
-                try:
-                    passed = rules.pass_produce_locally(data, at, stop, version, conn.client_info(), clock)
-                except _PanicException as e:  # a bug in the native reader, never the input's fault
-                    conn._panicked = f"the native Produce reader panicked: {e}"
+            if key == _PRODUCE:
+                if version not in FAST_PRODUCE_VERSIONS:
                     break
-                if passed is None:
+                found = read_produce_head(data, pos + 4, stop, version)
+                if found is None:
                     break
-                conn.ledger.passed.append(passed)  # what its `Decided` would have recorded
-                if inventory is not None:  # as `ConnectionInventory.produce` notes a transactional write
-                    inventory.produce_versions.add(version)
-                    inventory.used_transactions = True
-                    if inventory.first_transactional_id is None:
-                        inventory.first_transactional_id = passed.transactional_id
-                entry = InFlight(correlation_id, key, version, action, now)
-                # `_value_`, the member's own attribute: `.value` is a descriptor call (a Python function on 3.11)
-                entry.evidence, entry.evidence_at = passed.verdict.evidence._value_, passed.decided_at
-            else:
-                if inventory is not None:
-                    inventory.produce_versions.add(version)
-                entry = InFlight(correlation_id, key, version, action, now)
-        elif room <= 0:
-            break
-        elif key in SLOW_KEYS:  # read in place by a helper of its kind, or the general path's
-            if key == _TXN_OFFSET_COMMIT:
-                entry = _offset_commit(conn, data, pos, stop, version, correlation_id, now)
-            elif key in _OBSERVED_FAST:
-                entry = _life_cycle(conn, data, pos, stop, key, version, correlation_id, now)
-            else:
+                at, acks = found
+                if acks == 0:  # acks=0: no response, never in the queue
+                    if inventory is not None:
+                        inventory.produce_versions.add(version)
+                    frames_in[key] += 1
+                    bytes_in[key] += 4 + size
+                    pos = stop
+                    continue
+                if room <= 0:
+                    break
+                action = _REWRITE_ADDRESSES if version >= _PRODUCE_ADDRESSES_FROM else _PASS
+                if acks is None:  # a transactional write: the rules pass it at once on local evidence, or not here
+                    entry = _transactional_produce(conn, data, at, stop, version, correlation_id, action, now)
+                    if entry is None:
+                        break
+                else:
+                    if inventory is not None:
+                        inventory.produce_versions.add(version)
+                    entry = InFlight(correlation_id, key, version, action, now)
+            elif room <= 0:
                 break
-            if entry is None:
-                break
-        else:
-            entry = InFlight(correlation_id, key, version,
-                             _REWRITE_ADDRESSES if version >= _ADDRESSES_FROM.get(key, _NO_ADDRESSES) else _PASS, now)
-        room -= 1
-        slot = key if 0 <= key < 127 else 127
-        frames_in[slot] += 1
-        bytes_in[slot] += 4 + size
-        order.append(entry)
-        forwarded.append(entry)
-        pos = stop
+            elif key in SLOW_KEYS:  # read in place by a helper of its kind, or the general path's
+                if key == _TXN_OFFSET_COMMIT:
+                    entry = _offset_commit(conn, data, pos, stop, version, correlation_id, now)
+                elif key in _OBSERVED_FAST:
+                    entry = _life_cycle(conn, data, pos, stop, key, version, correlation_id, now)
+                else:
+                    break
+                if entry is None:
+                    break
+            else:
+                rewrites = version >= _ADDRESSES_FROM.get(key, _NO_ADDRESSES)
+                entry = InFlight(correlation_id, key, version, _REWRITE_ADDRESSES if rewrites else _PASS, now)
+            room -= 1
+            slot = key if 0 <= key < 127 else 127
+            frames_in[slot] += 1
+            bytes_in[slot] += 4 + size
+            order.append(entry)
+            forwarded.append(entry)
+            pos = stop
+    except _PanicException as e:  # a bug in native code (a reader, the registry), never the input's fault
+        conn._panicked = f"native code panicked on a request: {e}"  # this connection closes
     if pos == end:
         conn.partial_since = None
     return pos
+
+
+def _transactional_produce(conn: ConnectionBase, data: Chunk, at: int, stop: int, version: int, correlation_id: int,
+                           action: ResponseAction, now: float) -> InFlight | None:
+    """A transactional Produce (read in place from its transactional id at `at`) the rules pass at once on local
+    evidence (`pass_produce_locally`: what its `Decided` would have recorded goes to the ledger); its in-flight
+    entry. None: the general path (no local evidence for a partition, the policy's mode off, a shape the in-place
+    reader does not read)."""
+    passed = conn.rules.pass_produce_locally(data, at, stop, version, conn.client_info(), conn.clock)
+    if passed is None:
+        return None
+    conn.ledger.passed.append(passed)
+    inventory = conn.inventory
+    if inventory is not None:  # as `ConnectionInventory.produce` notes a transactional write
+        inventory.produce_versions.add(version)
+        inventory.used_transactions = True
+        if inventory.first_transactional_id is None:
+            inventory.first_transactional_id = passed.transactional_id
+    entry = InFlight(correlation_id, _PRODUCE, version, action, now)
+    # `_value_`, the member's own attribute: `.value` is a descriptor call (a Python function on 3.11)
+    entry.evidence, entry.evidence_at = passed.verdict.evidence._value_, passed.decided_at
+    return entry
 
 
 def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, version: int, correlation_id: int,
@@ -213,38 +225,41 @@ def relay_responses(conn: ConnectionBase, data: Chunk) -> int:
     order, forwarded = conn._order, conn._forwarded
     t = conn.traffic
     frames_out, bytes_out, rtt_buckets, rtt_sum = t.frames_out, t.bytes_out, t.rtt_buckets, t.rtt_sum
-    while end - pos >= 8 and forwarded:
-        size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
-        entry = forwarded[0]
-        stop = pos + 4 + size
-        if (size < 4 or stop > end or entry.correlation_id != correlation_id
-                or order[0] is not entry or (len(order) > 1 and order[1].response is not None)):
-            break
-        action = entry.action
-        if action is not _PASS:
-            if action is _REWRITE_ADDRESSES:
-                # A Produce or Fetch answer that names no broker has nothing to rewrite: it passes as it is.
-                if not node_endpoints.endpoints_absent(data, entry.api_key, entry.api_version, pos + 4, stop):
-                    break
-            # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
-            # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
-            elif action is not _OBSERVE or entry.retries or not conn.rules.observe_response_in_place(
-                    entry.api_key, entry.api_version, entry.observed, data, pos + 4, stop, conn.clock.wall_ms(),
-                    entry.request is not None):
+    try:
+        while end - pos >= 8 and forwarded:
+            size, correlation_id = _RESPONSE_HEAD.unpack_from(data, pos)
+            entry = forwarded[0]
+            stop = pos + 4 + size
+            if (size < 4 or stop > end or entry.correlation_id != correlation_id
+                    or order[0] is not entry or (len(order) > 1 and order[1].response is not None)):
                 break
-        forwarded.popleft()
-        order.popleft()
-        if entry.evidence is not None:
-            conn.ledger.windows.append((entry.evidence, (now - entry.evidence_at) * 1000))
-        key = entry.api_key
-        slot = key if 0 <= key < 127 else 127
-        frames_out[slot] += 1
-        bytes_out[slot] += 4 + size
-        seconds = now - entry.sent_at
-        buckets = rtt_buckets[slot]
-        if buckets is None:
-            buckets = rtt_buckets[slot] = [0] * (len(RTT_BUCKETS) + 1)
-        buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
-        rtt_sum[slot] += seconds
-        pos = stop
+            action = entry.action
+            if action is not _PASS:
+                if action is _REWRITE_ADDRESSES:
+                    # A Produce or Fetch answer that names no broker has nothing to rewrite: it passes as it is.
+                    if not node_endpoints.endpoints_absent(data, entry.api_key, entry.api_version, pos + 4, stop):
+                        break
+                # A life-cycle answer the registry learns from, read in place, passes as it is; one being asked
+                # again (CONCURRENT_TRANSACTIONS absorbed) or not readable in place: the general path.
+                elif action is not _OBSERVE or entry.retries or not conn.rules.observe_response_in_place(
+                        entry.api_key, entry.api_version, entry.observed, data, pos + 4, stop, conn.clock.wall_ms(),
+                        entry.request is not None):
+                    break
+            forwarded.popleft()
+            order.popleft()
+            if entry.evidence is not None:
+                conn.ledger.windows.append((entry.evidence, (now - entry.evidence_at) * 1000))
+            key = entry.api_key
+            slot = key if 0 <= key < 127 else 127
+            frames_out[slot] += 1
+            bytes_out[slot] += 4 + size
+            seconds = now - entry.sent_at
+            buckets = rtt_buckets[slot]
+            if buckets is None:
+                buckets = rtt_buckets[slot] = [0] * (len(RTT_BUCKETS) + 1)
+            buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
+            rtt_sum[slot] += seconds
+            pos = stop
+    except _PanicException as e:  # as in relay_requests
+        conn._panicked = f"native code panicked on a response: {e}"  # this connection closes
     return pos
