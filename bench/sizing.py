@@ -7,8 +7,9 @@ Run: `.venv/bin/python bench/sizing.py [--connections 2000,9000] [--ids 100000]`
   then left idle; the proxy's resident memory (VmRSS) before and after, per connection. Each client connection
   costs the proxy two sockets (client and broker): with a limit of 20,000 open files a process, about 9,900
   connections are the most one process here can hold (`limits.max_connections` defaults to 10,000);
-* ids: the registry (what a gateway saw: InitProducerId, AddPartitionsToTxn of two partitions) and the
-  follower's view of the coordinator's log, each filled with `--ids` transactional ids (tracemalloc).
+* ids: the registry (what a gateway saw: InitProducerId, AddPartitionsToTxn of two partitions), native and
+  Python, each in a process of its own (resident memory: tracemalloc does not see Rust's allocations), and the
+  follower's view of the coordinator's log (tracemalloc), each filled with `--ids` transactional ids.
 
 Figures only; nothing is asserted.
 """
@@ -19,6 +20,8 @@ import argparse
 import contextlib
 import gc
 import json
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -30,7 +33,6 @@ from txnguard.testing.bounce import free_port
 from txnguard.testing.proxy import ProxyProcess
 from txnguard.testing.raw import RawClient
 from txnguard.testing.transaction_log_writer import key, value
-from txnguard.verification.registry import Registry, RegistryLimits
 from txnguard.verification.transaction_log_view import TransactionLogView
 
 
@@ -75,18 +77,33 @@ def connections(steps: list[int]) -> None:
         cluster.down()
 
 
+_FILL_REGISTRY = """
+import gc, sys
+from pathlib import Path
+from txnguard.verification.registry import NativeRegistry, PythonRegistry, RegistryLimits
+def rss():
+    return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:"))
+kind, count = sys.argv[1], int(sys.argv[2])
+registry = (NativeRegistry if kind == "native" else PythonRegistry)(RegistryLimits(max_entries=count * 2))
+gc.collect()
+before = rss()
+for i in range(count):
+    registry.init_producer_id(f"app-{i:08d}", 1000 + i, 0, 60_000, i)
+    registry.added(f"app-{i:08d}", 1000 + i, 0, i, partitions={("orders", i % 12), ("payments", i % 7)})
+gc.collect()
+print(len(registry), (rss() - before) * 1024)
+"""
+
+
 def ids(count: int) -> None:
-    gc.collect()
-    tracemalloc.start()
-    registry = Registry(RegistryLimits(max_entries=count * 2))
-    for i in range(count):
-        registry.init_producer_id(f"app-{i:08d}", 1000 + i, 0, 60_000, i)
-        registry.added(f"app-{i:08d}", 1000 + i, 0, i, partitions={("orders", i % 12), ("payments", i % 7)})
-    gc.collect()
-    used, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    print(f"ids: the registry with {len(registry)} ids: {used / 2**20:.1f} MiB ({used / count:.0f} bytes an id)")
-    del registry
+    # The registry each way, each in a process of its own, by resident memory: tracemalloc does not see the
+    # native registry's memory (Rust's allocator is not Python's).
+    for kind in ("native", "Python"):
+        done = subprocess.run([sys.executable, "-c", _FILL_REGISTRY, kind, str(count)], capture_output=True,
+                              text=True, check=True)
+        held, used = map(int, done.stdout.split())
+        print(f"ids: the {kind} registry with {held} ids: {used / 2**20:.1f} MiB resident "
+              f"({used / count:.0f} bytes an id)")
     gc.collect()
     tracemalloc.start()
     view = TransactionLogView()

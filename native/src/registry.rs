@@ -260,6 +260,7 @@ impl Registry {
     }
 
     /// A successful AddPartitionsToTxn (the partitions that succeeded) or AddOffsetsToTxn (the group).
+    #[allow(clippy::too_many_arguments)] // the Python registry's arguments, one for one
     pub fn added<'a>(&mut self, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64,
                      partitions: impl IntoIterator<Item = (&'a str, i32)>, group: Option<&str>,
                      seen: &mut Vec<String>) {
@@ -295,7 +296,7 @@ impl Registry {
     }
 
     /// A coordinator's answer "Ongoing, these partitions": evidence of one generation, and its timeout.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the Python registry's arguments, one for one
     pub fn coordinator_says_ongoing(&mut self, txn_id: &str, producer_id: i64, epoch: i64, start_ms: i64,
                                     described: Partitions, now_ms: i64, timeout_ms: Option<i64>,
                                     seen: &mut Vec<String>) {
@@ -376,6 +377,7 @@ impl Registry {
 
     /// A verdict from observed traffic, or None when someone must be asked. `topic`/`partition` is the partition
     /// written to; for TxnOffsetCommit the group's __consumer_offsets partition and `group` the group id.
+    #[allow(clippy::too_many_arguments)] // the Python registry's arguments, one for one
     pub fn local_verdict(&mut self, txn_id: &str, producer_id: i64, epoch: i64, topic: &str, partition: i32,
                          now_ms: i64, group: Option<&str>) -> Option<Local> {
         let rec = self.records.get(txn_id)?;
