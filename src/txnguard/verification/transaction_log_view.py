@@ -56,6 +56,10 @@ class Logged(NamedTuple):
     offset: int
 
 
+# A NamedTuple built without its generated __new__ (a Python call, once per record the follower applies).
+_new_logged = tuple.__new__
+
+
 @dataclass(frozen=True)
 class LogViewLimits:
     # Transactional ids kept at most (the least recently changed go first). A cluster's live ids are
@@ -104,7 +108,7 @@ class TransactionLogView:
         if value is None:
             ids.pop(txn_id, None)
             return applied
-        ids[txn_id] = Logged(value, partition, offset)
+        ids[txn_id] = _new_logged(Logged, (value, partition, offset))
         ids.move_to_end(txn_id)
         while len(ids) > self.limits.max_entries:
             ids.popitem(last=False)
