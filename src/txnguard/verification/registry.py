@@ -21,6 +21,10 @@ only from an InitProducerId or a coordinator's answer, and the end of a transact
 inferred from that timeout on this clock only drops evidence (the coordinator is asked
 next); it never refuses a write. A refusal on local evidence alone (a late write)
 needs an EndTxn this process forwarded.
+
+Two implementations of one table: `NativeRegistry` (the state in Rust, native/src/registry.rs) where the native
+module is built, `PythonRegistry` where it is not; the property test that runs both over generated histories
+keeps them one (tests/property/test_native_registry.py). `Registry` is the one this install runs.
 """
 
 from __future__ import annotations
@@ -367,8 +371,8 @@ if native.AVAILABLE:
     from txnguard._native import RegistryCore
 
     class NativeRegistry(RegistryCore):
-        """The registry in Rust (native/src/registry.rs), with `PythonRegistry`'s methods and answers: the relay's
-        questions per write cost one call that touches no Python object but the verdict it returns. `get` gives a
+        """The registry in Rust (native/src/registry.rs), with `PythonRegistry`'s methods and answers: a question
+        per write is one call that reads its arguments where they lie and returns a shared verdict. `get` gives a
         copy of the record."""
 
         _limits: RegistryLimits
