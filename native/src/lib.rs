@@ -49,16 +49,31 @@ macro_rules! in_place {
 }
 
 /// (transactional id, producer id, producer epoch, [(topic, partition)], acks)
-type Write = (String, i64, i16, Vec<(String, i32)>, i16);
+type Write<'py> = (String, i64, i16, Bound<'py, PyList>, i16);
 
 /// `scan_transactional(data, start, stop, flexible)`: the transactional Produce whose body runs from its
 /// transactional id at `start` to the frame's end at `stop` in `data`, or None when the fast path must leave
-/// it to the general path (produce.rs).
+/// it to the general path (produce.rs). A topic's partitions share one string object (the registry looks a
+/// topic up once for them: py_registry.rs).
 #[pyfunction]
-fn scan_transactional(data: &Bound<'_, PyAny>, start: usize, stop: usize, flexible: bool)
-    -> PyResult<Option<Write>> {
+fn scan_transactional<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize, flexible: bool)
+    -> PyResult<Option<Write<'py>>> {
     let found = in_place!(data, |b| produce::scan_transactional(b, start, stop, flexible));
-    Ok(found.map(|w| (w.transactional_id, w.producer_id, w.producer_epoch, w.partitions, w.acks)))
+    let Some(w) = found else { return Ok(None) };
+    let mut current: Option<(String, Bound<'py, PyString>)> = None;
+    let mut items = Vec::with_capacity(w.partitions.len());
+    for (topic, partition) in w.partitions {
+        let name = match &current {
+            Some((text, name)) if *text == topic => name.clone(),
+            _ => {
+                let name = PyString::new(py, &topic);
+                current = Some((topic, name.clone()));
+                name
+            }
+        };
+        items.push((name, partition).into_pyobject(py)?);
+    }
+    Ok(Some((w.transactional_id, w.producer_id, w.producer_epoch, PyList::new(py, items)?, w.acks)))
 }
 
 /// `read_txn_request(data, start, stop, key, version)`: a life-cycle request (the frame without its length

@@ -2,6 +2,8 @@
 //! `Registry` methods and arguments. verification/registry.py's `NativeRegistry` subclasses it (its limits, the
 //! record snapshot); the verdicts and candidates it answers are the Python objects that module hands in.
 
+use std::collections::HashSet;
+
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PySet, PyString, PyTuple};
@@ -188,9 +190,22 @@ impl RegistryCore {
     fn passes_locally(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, tps: &Bound<'_, PyAny>,
                       now_ms: i64) -> PyResult<Option<Py<PyAny>>> {
         let Some(rec) = self.inner.passing(txn_id, producer_id, epoch, now_ms) else { return Ok(None) };
+        // A write's partitions come topic by topic: the same topic object is looked up once, not per partition.
+        let mut current: Option<(Bound<'_, PyAny>, Option<&HashSet<i32>>)> = None;
         for item in tps.try_iter()? {
-            let (topic, partition) = topic_partition(&item?)?;
-            if !rec.partitions.contains(&topic, partition) {
+            let item = item?;
+            let tuple = item.cast::<PyTuple>()?;
+            let topic = tuple.get_item(0)?;
+            let partition = tuple.get_borrowed_item(1)?.extract::<i32>()?;
+            let set = match &current {
+                Some((seen, set)) if seen.is(&topic) => *set,
+                _ => {
+                    let set = rec.partitions.of_topic(&topic.extract::<PyBackedStr>()?);
+                    current = Some((topic, set));
+                    set
+                }
+            };
+            if !set.is_some_and(|s| s.contains(&partition)) {
                 return Ok(None); // not observed here (maybe given by the coordinator): local_verdict decides
             }
         }

@@ -58,24 +58,28 @@ fn step(phase: Phase, event: Event) -> (Phase, bool) {
     TRANSITIONS.iter().find(|t| t.0 == phase && t.1 == event).map_or((phase, false), |t| (t.2, t.3))
 }
 
-/// Partitions by topic: a partition is looked up by the topic's `&str`, without building a key.
+/// Partitions by topic: a partition is looked up by the topic's `&str`, without building a key (a set per topic: a
+/// transaction may hold hundreds of one topic's partitions).
 #[derive(Default, Clone, Debug)]
-pub struct Partitions(HashMap<String, Vec<i32>>);
+pub struct Partitions(HashMap<String, HashSet<i32>>);
 
 impl Partitions {
     pub fn contains(&self, topic: &str, partition: i32) -> bool {
         self.0.get(topic).is_some_and(|p| p.contains(&partition))
     }
 
+    /// One topic's partitions (to look several of them up with one hash of its name).
+    pub fn of_topic(&self, topic: &str) -> Option<&HashSet<i32>> {
+        self.0.get(topic)
+    }
+
     pub fn insert(&mut self, topic: &str, partition: i32) {
         match self.0.get_mut(topic) {
             Some(p) => {
-                if !p.contains(&partition) {
-                    p.push(partition);
-                }
+                p.insert(partition);
             }
             None => {
-                self.0.insert(topic.to_owned(), vec![partition]);
+                self.0.insert(topic.to_owned(), HashSet::from([partition]));
             }
         }
     }
