@@ -29,6 +29,9 @@ fn topic_partition(item: &Bound<'_, PyAny>) -> PyResult<(PyBackedStr, i32)> {
     Ok((tuple.get_borrowed_item(0)?.extract::<PyBackedStr>()?, tuple.get_borrowed_item(1)?.extract::<i32>()?))
 }
 
+/// The topic last looked up in a write's partitions: its object, its text, and its partitions in the record.
+type TopicLooked<'py, 'r> = (Bound<'py, PyAny>, PyBackedStr, Option<&'r HashSet<i32>>);
+
 fn partitions_of(items: Option<&Bound<'_, PyAny>>, into: &mut Partitions) -> PyResult<()> {
     if let Some(items) = items {
         for item in items.try_iter()? {
@@ -190,18 +193,23 @@ impl RegistryCore {
     fn passes_locally(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, tps: &Bound<'_, PyAny>,
                       now_ms: i64) -> PyResult<Option<Py<PyAny>>> {
         let Some(rec) = self.inner.passing(txn_id, producer_id, epoch, now_ms) else { return Ok(None) };
-        // A write's partitions come topic by topic: the same topic object is looked up once, not per partition.
-        let mut current: Option<(Bound<'_, PyAny>, Option<&HashSet<i32>>)> = None;
+        // A write's partitions come topic by topic: a topic is looked up once for its partitions (the same object,
+        // as the Produce reader gives it, or the same text), not hashed per partition.
+        let mut current: Option<TopicLooked<'_, '_>> = None;
         for item in tps.try_iter()? {
             let item = item?;
             let tuple = item.cast::<PyTuple>()?;
             let topic = tuple.get_item(0)?;
             let partition = tuple.get_borrowed_item(1)?.extract::<i32>()?;
             let set = match &current {
-                Some((seen, set)) if seen.is(&topic) => *set,
+                Some((seen, _, set)) if seen.is(&topic) => *set,
                 _ => {
-                    let set = rec.partitions.of_topic(&topic.extract::<PyBackedStr>()?);
-                    current = Some((topic, set));
+                    let text = topic.extract::<PyBackedStr>()?;
+                    let set = match &current {
+                        Some((_, seen, set)) if *seen == text => *set,
+                        _ => rec.partitions.of_topic(&text),
+                    };
+                    current = Some((topic, text, set));
                     set
                 }
             };
