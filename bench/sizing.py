@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -77,30 +78,26 @@ def connections(steps: list[int]) -> None:
         cluster.down()
 
 
-_FILL_REGISTRY = """
-import gc, sys
-from pathlib import Path
-from txnguard.verification.registry import NativeRegistry, PythonRegistry, RegistryLimits
-def rss():
-    return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:"))
-kind, count = sys.argv[1], int(sys.argv[2])
-registry = (NativeRegistry if kind == "native" else PythonRegistry)(RegistryLimits(max_entries=count * 2))
-gc.collect()
-before = rss()
-for i in range(count):
-    registry.init_producer_id(f"app-{i:08d}", 1000 + i, 0, 60_000, i)
-    registry.added(f"app-{i:08d}", 1000 + i, 0, i, partitions={("orders", i % 12), ("payments", i % 7)})
-gc.collect()
-print(len(registry), (rss() - before) * 1024)
-"""
+def fill_registry(kind: str, count: int) -> None:
+    """`--fill-registry`: run in a process of its own by `ids`; prints the ids held and the resident bytes they took."""
+    from txnguard.verification.registry import NativeRegistry, PythonRegistry, RegistryLimits
+
+    registry = (NativeRegistry if kind == "native" else PythonRegistry)(RegistryLimits(max_entries=count * 2))
+    gc.collect()
+    before = rss_kib(os.getpid())
+    for i in range(count):
+        registry.init_producer_id(f"app-{i:08d}", 1000 + i, 0, 60_000, i)
+        registry.added(f"app-{i:08d}", 1000 + i, 0, i, partitions={("orders", i % 12), ("payments", i % 7)})
+    gc.collect()
+    print(len(registry), (rss_kib(os.getpid()) - before) * 1024)
 
 
 def ids(count: int) -> None:
     # The registry each way, each in a process of its own, by resident memory: tracemalloc does not see the
     # native registry's memory (Rust's allocator is not Python's).
     for kind in ("native", "Python"):
-        done = subprocess.run([sys.executable, "-c", _FILL_REGISTRY, kind, str(count)], capture_output=True,
-                              text=True, check=True)
+        done = subprocess.run([sys.executable, __file__, "--fill-registry", kind, "--ids", str(count)],
+                              capture_output=True, text=True, check=True)
         held, used = map(int, done.stdout.split())
         print(f"ids: the {kind} registry with {held} ids: {used / 2**20:.1f} MiB resident "
               f"({used / count:.0f} bytes an id)")
@@ -121,7 +118,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--connections", default="2000,9000")
     parser.add_argument("--ids", type=int, default=100_000)
+    parser.add_argument("--fill-registry", choices=("native", "Python"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.fill_registry:
+        fill_registry(args.fill_registry, args.ids)
+        return
     ids(args.ids)
     if args.connections:
         connections([int(x) for x in args.connections.split(",")])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 from connection_playbook import (
     T0,
@@ -63,77 +64,70 @@ def test_a_transactional_write_with_local_evidence_is_read_by_the_native_reader(
     assert pb.conn.ledger.passed  # booked as the general path's Decided would have
 
 
-def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -> None:
-    def panics(data, start, stop, flexible):  # type: ignore[no-untyped-def]
-        raise native.PanicException("index out of bounds")
+def _panics(*_: object, **__: object) -> None:
+    raise native.PanicException("index out of bounds")
 
-    monkeypatch.setattr(decisions, "scan_transactional", panics)
+
+def _two_connections() -> tuple[Playbook, Playbook]:
+    """Two connections of one proxy, each past its first request (the client named)."""
     pb, other = Playbook(), Playbook()
     _identified(pb)
     _identified(other)
+    return pb, other
+
+
+def _closed_alone(pb: Playbook, other: Playbook, out: Any, side: str) -> None:
+    """`out` closed `pb` for a native panic on `side` ("request" or "response"), and `other` goes on."""
+    [close] = out.see(Close)
+    assert close.reason == "native_panic" and close.level == "error"
+    assert f"on a {side}: index out of bounds" in close.detail
+    assert pb.conn.closed
+    other.relays(heartbeat(2))
+
+
+def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -> None:
+    monkeypatch.setattr(decisions, "scan_transactional", _panics)
+    pb, other = _two_connections()
     pb.transaction_with(T0)
     before = heartbeat(1)
     # client ─▶ Heartbeat, Produce ─▶ the Heartbeat booked ─▶ the reader panics on the Produce ─▶ the Heartbeat
     # leaves, the Produce does not, the connection closes with its reason
     out = pb.client_sends(before, produce(2, [T0]))
     assert to_broker(out) == before
-    [close] = out.see(Close)
-    assert close.reason == "native_panic" and "index out of bounds" in close.detail and close.level == "error"
-    assert pb.conn.closed
-    other.relays(heartbeat(1))  # another connection goes on
-
-
-def _panics(*_: object, **__: object) -> None:
-    raise native.PanicException("index out of bounds")
+    _closed_alone(pb, other, out, "request")
 
 
 def test_a_panic_reading_a_life_cycle_request_closes_only_that_connection(monkeypatch) -> None:
     monkeypatch.setattr(lifecycle_scan, "_read_request", _panics)
-    pb, other = Playbook(), Playbook()
-    _identified(pb)
-    _identified(other)
+    pb, other = _two_connections()
     before = heartbeat(1)
     # client ─▶ Heartbeat, AddPartitionsToTxn ─▶ the Heartbeat booked ─▶ the reader panics on the add ─▶ the
     # Heartbeat leaves, the add does not, the connection closes with its reason
     out = pb.client_sends(before, add_partitions(2, [T0]))
     assert to_broker(out) == before
-    [close] = out.see(Close)
-    assert close.reason == "native_panic" and "on a request: index out of bounds" in close.detail
-    assert pb.conn.closed
-    other.relays(heartbeat(2))
+    _closed_alone(pb, other, out, "request")
 
 
 def test_a_panic_reading_a_life_cycle_answer_closes_only_that_connection(monkeypatch) -> None:
-    pb, other = Playbook(), Playbook()
-    _identified(pb)
-    _identified(other)
+    pb, other = _two_connections()
     pb.relays(heartbeat(1), add_partitions(2, [T0]))
     monkeypatch.setattr(lifecycle_scan, "_read_response", _panics)
     # broker ─▶ Heartbeat's answer, AddPartitionsToTxn's answer ─▶ the first passes ─▶ the reader panics on the
     # second ─▶ it does not reach the client, the connection closes
     out = pb.broker_answers(heartbeat_response(1), add_partitions_response(2, [T0]))
     assert to_client(out) == heartbeat_response(1)
-    [close] = out.see(Close)
-    assert close.reason == "native_panic" and "on a response: index out of bounds" in close.detail
-    assert pb.conn.closed
-    other.relays(heartbeat(2))
+    _closed_alone(pb, other, out, "response")
 
 
 def test_a_panic_in_the_registry_on_the_general_path_closes_only_that_connection(monkeypatch) -> None:
-    pb, other = Playbook(), Playbook()
-    _identified(pb)
-    _identified(other)
+    pb, other = _two_connections()
     pb.relays(add_partitions(1, [T0]))
     monkeypatch.setattr(pb.registry, "added", _panics)
     answer = add_partitions_response(1, [T0])
     # broker ─▶ half the answer (read in part: the general path) ─▶ the rest ─▶ the registry panics learning
     # from it ─▶ the connection closes with its reason
     assert pb.broker_answers(answer[:7]) == []
-    out = pb.broker_answers(answer[7:])
-    [close] = out.see(Close)
-    assert close.reason == "native_panic" and "on a response: index out of bounds" in close.detail
-    assert pb.conn.closed
-    other.relays(heartbeat(2))
+    _closed_alone(pb, other, pb.broker_answers(answer[7:]), "response")
 
 
 def test_without_the_native_module_every_frame_takes_the_general_path() -> None:

@@ -146,12 +146,8 @@ def _transactional_produce(conn: ConnectionBase, data: Chunk, at: int, stop: int
     if passed is None:
         return None
     conn.ledger.passed.append(passed)
-    inventory = conn.inventory
-    if inventory is not None:  # as `ConnectionInventory.produce` notes a transactional write
-        inventory.produce_versions.add(version)
-        inventory.used_transactions = True
-        if inventory.first_transactional_id is None:
-            inventory.first_transactional_id = passed.transactional_id
+    if conn.inventory is not None:
+        conn.inventory.transactional_write(version, passed.transactional_id)
     entry = InFlight(correlation_id, _PRODUCE, version, action, now)
     # `_value_`, the member's own attribute: `.value` is a descriptor call (a Python function on 3.11)
     entry.evidence, entry.evidence_at = passed.verdict.evidence._value_, passed.decided_at

@@ -43,6 +43,13 @@ class ConnectionInventory:
             if self.first_transactional_id is None:
                 self.first_transactional_id = transactional_id(head, body)
 
+    def transactional_write(self, version: int, txn_id: str) -> None:
+        """A transactional Produce whose id the relay's fast path has read already, noted as `produce` notes one."""
+        self.produce_versions.add(version)
+        self.used_transactions = True
+        if self.first_transactional_id is None:
+            self.first_transactional_id = txn_id
+
     def request(self, head: RequestHead, body: bytes | memoryview, start: int = 0, stop: int | None = None) -> None:
         """Every request (`body[start:stop]`: the frame without its length prefix); only the transactional ones
         (not Produce) leave a trace."""
