@@ -23,7 +23,7 @@ pub mod transaction_log;
 use pyo3::buffer::PyBuffer;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PyString, PyTuple};
 
 use lifecycle::TxnRequest;
 
@@ -181,11 +181,15 @@ fn decoded_set<'py, B: bytes::Bytes + ?Sized>(py: Python<'py>, b: &B, start: usi
     -> PyResult<DecodedSet<'py>> {
     let (records, failure) = log_records::read_record_set(b, start, stop, transaction_log::decode);
     let items = records.into_iter().map(|(offset, d)| decoded_item(py, offset, d)).collect::<PyResult<Vec<_>>>()?;
-    let failure = failure.map(|f| match f {
+    Ok((PyList::new(py, items)?, set_failure(failure, start)))
+}
+
+/// What stopped a record set's reading as Python gets it: (unknown, where relative to the set's `start`).
+fn set_failure(failure: Option<log_records::SetFailure>, start: usize) -> Option<(bool, usize)> {
+    failure.map(|f| match f {
         log_records::SetFailure::Unknown(at) => (true, at - start),
         log_records::SetFailure::Malformed(at) => (false, at - start),
-    });
-    Ok((PyList::new(py, items)?, failure))
+    })
 }
 
 /// `read_log_records(data, start, stop)`: a Fetch answer's record set of `__transaction_state` in
@@ -206,30 +210,45 @@ fn read_log_records<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize
     }
 }
 
-/// One partition of a follower's answer as Python gets it: (partition, error code, high watermark, log start
-/// offset, records as `read_log_records` gives them or None for null records, failure).
-type LogPartition<'py> = (i32, i16, i64, i64, Option<Bound<'py, PyList>>, Option<(bool, usize)>);
+/// One partition's read as Python gets it: (each id's last record and every unreadable one, as `read_log_records`
+/// gives records; how many of each kind were read; the offset after the last, or None; the ids whose transaction
+/// a record ended).
+type LogRead<'py> = (Bound<'py, PyList>, (u32, u32, u32, u32), Option<i64>, Vec<String>);
 
-/// `read_log_answer(data, start, stop)`: the follower's round in one call: a Fetch v12 answer (from its
-/// correlation id in `data[start:stop]`, fetch.rs) with each partition's record set decoded as
-/// `read_log_records` does, as (error code, session id, [LogPartition]) over every topic; None for kio to
-/// decode (codecs/log_fetch.py's `read_log_answer` says the same in Python).
+/// One partition of a follower's answer as Python gets it: (partition, error code, high watermark, log start
+/// offset, its read or None for null records, failure).
+type LogPartition<'py> = (i32, i16, i64, i64, Option<LogRead<'py>>, Option<(bool, usize)>);
+
+/// `read_log_answer(data, start, stop, positions)`: the follower's round in one call: a Fetch v12 answer (from its
+/// correlation id in `data[start:stop]`, fetch.rs) with each partition's record set decoded as `read_log_records`
+/// does, then reduced to what the view applies from the partition's next offset in `positions` on (0 when not
+/// there; transaction_log.rs's `latest`), as (error code, session id, [LogPartition]) over every topic; None for
+/// kio to decode (codecs/log_fetch.py's `read_log_answer` says the same in Python).
 #[pyfunction]
-fn read_log_answer<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize)
-    -> PyResult<Option<(i16, i32, Vec<LogPartition<'py>>)>> {
+fn read_log_answer<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, start: usize, stop: usize,
+                        positions: &Bound<'py, PyDict>) -> PyResult<Option<(i16, i32, Vec<LogPartition<'py>>)>> {
     let found = in_place!(data, |b| {
         fetch::read_fetch_answer(b, start, stop).map(|a| -> PyResult<_> {
             let mut parts = Vec::new();
             for (_, topic_parts) in a.topics {
                 for p in topic_parts {
-                    let (records, failure) = match p.records {
+                    let (read, failure) = match p.records {
                         None => (None, None),
                         Some((s, e)) => {
-                            let (list, failure) = decoded_set(py, b, s, e)?;
-                            (Some(list), failure)
+                            let from = match positions.get_item(p.partition)? {
+                                Some(offset) => offset.extract::<i64>()?,
+                                None => 0,
+                            };
+                            let (records, failure) = log_records::read_record_set(b, s, e, transaction_log::decode);
+                            let read = transaction_log::latest(records, from);
+                            let kept = read.kept.into_iter().map(|(offset, d)| decoded_item(py, offset, d))
+                                .collect::<PyResult<Vec<_>>>()?;
+                            let [state, tombstone, unknown, malformed] = read.counts;
+                            (Some((PyList::new(py, kept)?, (state, tombstone, unknown, malformed), read.next_offset,
+                                   read.ended)), set_failure(failure, s))
                         }
                     };
-                    parts.push((p.partition, p.error_code, p.high_watermark, p.log_start_offset, records, failure));
+                    parts.push((p.partition, p.error_code, p.high_watermark, p.log_start_offset, read, failure));
                 }
             }
             Ok((a.error_code, a.session_id, parts))

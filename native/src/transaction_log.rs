@@ -109,6 +109,57 @@ pub fn decode<B: Bytes + ?Sized>(buf: &B, key: Option<(usize, usize)>, value: Op
     }
 }
 
+/// Statuses after which the coordinator accepts the id's next transaction: Empty, CompleteCommit, CompleteAbort,
+/// Dead (proxy/log_follower.py's ENDED; a tombstone ends it too).
+const ENDED: [u8; 4] = [0, 4, 5, 6];
+
+/// One partition's records of a read as the view applies them (codecs/transaction_log.py's `latest`, its oracle).
+#[derive(Debug, Default)]
+pub struct Latest {
+    /// Each id's last record, and every record that could not be read (each is warned of), in offset order.
+    pub kept: Vec<(i64, Decoded)>,
+    /// How many records of each kind were read (by `Applied`).
+    pub counts: [u32; 4],
+    /// The offset after the last record read; None when nothing at or after `from` was read.
+    pub next_offset: Option<i64>,
+    /// The ids whose transaction one of the records ended, each once, in order of that record.
+    pub ended: Vec<String>,
+}
+
+/// The records at or after offset `from` (those before it were read already) reduced to what the view keeps: an
+/// id's earlier states are superseded by its last within the same read, so they are counted and not kept. An
+/// idle follower's read carries every change of a busy cluster (three or more records per transaction, most of
+/// them of the same ids): the view then applies one record per id, not one per change.
+pub fn latest(records: Vec<(i64, Decoded)>, from: i64) -> Latest {
+    let records: Vec<(i64, Decoded)> = records.into_iter().filter(|(offset, _)| *offset >= from).collect();
+    let mut out = Latest { next_offset: records.last().map(|(offset, _)| offset + 1), ..Latest::default() };
+    let keep: Vec<bool> = {
+        let mut last: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let mut said: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        for (i, (_, d)) in records.iter().enumerate() {
+            out.counts[d.applied as usize] += 1;
+            let Some(id) = d.transactional_id.as_deref() else { continue };
+            last.insert(id, i);
+            let ends = match d.applied {
+                Applied::Tombstone => true,
+                Applied::State => d.value.as_ref().is_some_and(|v| ENDED.contains(&v.status)),
+                Applied::Unknown | Applied::Malformed => false,
+            };
+            if ends && said.insert(id) {
+                out.ended.push(id.to_owned());
+            }
+        }
+        records.iter().enumerate().map(|(i, (_, d))| match d.applied {
+            Applied::Unknown | Applied::Malformed => true,
+            Applied::State | Applied::Tombstone => {
+                d.transactional_id.as_deref().is_some_and(|id| last.get(id) == Some(&i))
+            }
+        }).collect()
+    };
+    out.kept = records.into_iter().zip(keep).filter_map(|(record, kept)| kept.then_some(record)).collect();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +236,37 @@ mod tests {
         for stop in 0..k.len() {
             assert_eq!(decoded(&k[..stop], None).applied, Applied::Malformed);
         }
+    }
+
+    fn state(id: &str, status: u8) -> Decoded {
+        Decoded { applied: Applied::State, transactional_id: Some(id.into()),
+                  value: Some(TxnValue { producer_id: 7, producer_epoch: 0, timeout_ms: 60_000, status,
+                                         partitions: vec![], last_update_ms: 1, start_ms: 1 }) }
+    }
+
+    fn other(applied: Applied, id: Option<&str>) -> Decoded {
+        Decoded { applied, transactional_id: id.map(Into::into), value: None }
+    }
+
+    #[test]
+    fn a_read_keeps_each_ids_last_record_and_every_unreadable_one() {
+        let records = vec![
+            (10, state("a", 1)), (11, state("b", 1)), (12, state("a", 2)), (13, other(Applied::Malformed, None)),
+            (14, state("a", 4)), (15, other(Applied::Unknown, Some("b"))), (16, state("b", 1)),
+            (17, other(Applied::Tombstone, Some("c"))), (18, state("a", 1)),
+        ];
+        let read = latest(records, 11);
+        let kept: Vec<i64> = read.kept.iter().map(|(offset, _)| *offset).collect();
+        assert_eq!(kept, vec![13, 15, 16, 17, 18]);
+        assert_eq!(read.counts, [5, 1, 1, 1]);
+        assert_eq!(read.next_offset, Some(19));
+        assert_eq!(read.ended, vec!["a".to_string(), "c".to_string()]);
+    }
+
+    #[test]
+    fn a_read_of_records_read_already_changes_nothing() {
+        let read = latest(vec![(3, state("a", 1)), (4, state("a", 4))], 5);
+        assert!(read.kept.is_empty() && read.ended.is_empty());
+        assert_eq!((read.counts, read.next_offset), ([0; 4], None));
     }
 }

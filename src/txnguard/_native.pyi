@@ -30,9 +30,11 @@ _Records = list[tuple[int, int, str | None, _Value | None]]
 def read_log_records(
     data: bytes | bytearray | memoryview, start: int, stop: int, /
 ) -> tuple[_Records, tuple[bool, int] | None]: ...
+_Read = tuple[_Records, tuple[int, int, int, int], int | None, list[str]]
+
 def read_log_answer(
-    data: bytes | bytearray | memoryview, start: int, stop: int, /
-) -> tuple[int, int, list[tuple[int, int, int, int, _Records | None, tuple[bool, int] | None]]] | None: ...
+    data: bytes | bytearray | memoryview, start: int, stop: int, positions: dict[int, int], /
+) -> tuple[int, int, list[tuple[int, int, int, int, _Read | None, tuple[bool, int] | None]]] | None: ...
 def fetch_request(
     correlation_id: int, client_id: str, topic: str, partitions: list[tuple[int, int, int, int]], max_wait_ms: int,
     min_bytes: int, max_bytes: int, session_id: int, session_epoch: int, /

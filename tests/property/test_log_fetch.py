@@ -6,7 +6,7 @@ the same from it; the native Fetch request is kio's encoding, byte for byte, as 
 from __future__ import annotations
 
 import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +20,15 @@ from txnguard.codecs import native, schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.log_fetch import Wanted, fetch_request, packed, read_log_answer
-from txnguard.codecs.transaction_log import STATE, TOMBSTONE, TxnLogValue, from_native, python_decoded
+from txnguard.codecs.transaction_log import (
+    STATE,
+    TOMBSTONE,
+    PartitionRead,
+    TxnLogValue,
+    from_native,
+    latest,
+    python_decoded,
+)
 from txnguard.testing.fetch_answers import fetch_answer
 from txnguard.testing.raw import build_batch
 from txnguard.testing.transaction_log_writer import key, value
@@ -38,26 +46,37 @@ def _frame(body: FetchResponse) -> bytes:
     return bytes(memoryview(schemas.encode(schemas.response_header_for(FETCH, 12, 42), body))[4:])
 
 
-def _kio(frame: bytes) -> tuple[int, int, list[tuple[int, int, int, int, object]]]:
-    """What kio decodes, each partition's records read by the Python record reader (None: null records)."""
+def _kio(frame: bytes, positions: dict[int, int] | None = None) -> tuple[int, int, list[tuple[int, int, int, int,
+                                                                                            object]]]:
+    """What kio decodes, each partition's records read by the Python record reader and reduced by the Python
+    `latest` from its position on (None: null records)."""
     _, body = schemas.decode_response(frame, FETCH, 12)
     return int(body.error_code), int(body.session_id), [
         (int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
-         None if p.records is None else _comparable(*python_decoded(memoryview(p.records))))
+         None if p.records is None else _python_read(int(p.partition_index), p.records, positions or {}))
         for t in body.responses for p in t.partitions]
 
 
-def _comparable(records: list[object], failure: DecodeFailed | None) -> tuple[list[object], object]:
-    return records, None if failure is None else type(failure)
+def _python_read(partition: int, records: bytes, positions: dict[int, int]) -> tuple[object, object]:
+    found, failure = python_decoded(memoryview(records))
+    return latest(found, positions.get(partition, 0)), None if failure is None else type(failure)
 
 
-def _native(frame: bytes, start: int = 0, stop: int | None = None) -> object:
-    found = native.read_log_answer(frame, start, len(frame) if stop is None else stop)
+def _native(frame: bytes, start: int = 0, stop: int | None = None,
+            positions: dict[int, int] | None = None) -> object:
+    found = native.read_log_answer(frame, start, len(frame) if stop is None else stop, positions or {})
     if found is None:
         return None
     error, session_id, parts = found
-    return error, session_id, [(p, code, hw, log_start, None if records is None else _comparable(
-        *from_native(records, failure))) for p, code, hw, log_start, records, failure in parts]
+    return error, session_id, [(p, code, hw, log_start, None if read is None else _native_read(read, failure))
+                               for p, code, hw, log_start, read, failure in parts]
+
+
+def _native_read(read: tuple[list[Any], tuple[int, int, int, int], int | None, list[str]],
+                 failure: tuple[bool, int] | None) -> tuple[object, object]:
+    kept, counts, next_offset, ended = read
+    records, error = from_native(kept, failure)
+    return PartitionRead(records, counts, next_offset, ended), None if error is None else type(error)
 
 
 @SETTINGS
@@ -66,9 +85,9 @@ def test_an_answer_reads_as_kio_decodes_it(body):
     frame = _frame(body)
     assert _native(frame) == _kio(frame)
     # The wrapper the follower calls gives the same.
-    error, session_id, parts = read_log_answer(memoryview(frame))
+    error, session_id, parts = read_log_answer(memoryview(frame), {})
     assert (error, session_id, [(p.partition, p.error_code, p.high_watermark, p.log_start_offset,
-                                 None if p.records is None else _comparable(p.records, p.failure))
+                                 None if p.read is None else (p.read, None if p.failure is None else type(p.failure)))
                                 for p in parts]) == _kio(frame)
 
 
@@ -79,17 +98,31 @@ _STATES = st.builds(TxnLogValue, st.integers(0, 2 ** 40), st.integers(0, 9), st.
 
 
 @SETTINGS
-@given(entries=st.lists(st.tuples(st.text(min_size=1, max_size=8), st.none() | _STATES), min_size=1, max_size=6),
-       hw=st.integers(0, 2 ** 40))
-def test_an_answer_with_transaction_log_records_reads_them_as_the_python_reader_does(entries, hw):
+@given(entries=st.lists(st.tuples(st.sampled_from(["app", "ü-app", "other"]), st.none() | _STATES), min_size=1,
+                        max_size=8),
+       hw=st.integers(0, 2 ** 40), data=st.data())
+def test_an_answer_with_transaction_log_records_reads_them_as_the_python_reader_does(entries, hw, data):
     batch = bytes(build_batch([None if v is None else value(v) for _, v in entries],
                               keys=[key(txn_id) for txn_id, _ in entries]))
     frame = fetch_answer(7, [_Part(3, 0, hw, 0, batch), _Part(4, 0, hw, 0, None), _Part(5, 0, hw, 0, b"")])
-    assert _native(frame) == _kio(frame)
-    [third, fourth, fifth] = read_log_answer(memoryview(frame)).partitions
-    assert [(r[1], r[2], r[3]) for r in third.records] == [
-        (TOMBSTONE, txn_id, None) if v is None else (STATE, txn_id, v) for txn_id, v in entries]
-    assert (third.failure, fourth.records, fifth.records) == (None, None, [])
+    # From the view's position in the partition on: the records before it were read already.
+    position = data.draw(st.integers(0, len(entries) + 1))
+    positions = {3: position, 5: 9}
+    assert _native(frame, positions=positions) == _kio(frame, positions)
+    [third, fourth, fifth] = read_log_answer(memoryview(frame), positions).partitions
+    fresh = list(enumerate(entries))[position:]
+    last = {txn_id: offset for offset, (txn_id, _) in fresh}
+    assert third.read is not None
+    assert [(r[0], r[1], r[2], r[3]) for r in third.read.kept] == [
+        (offset, TOMBSTONE, txn_id, None) if v is None else (offset, STATE, txn_id, v)
+        for offset, (txn_id, v) in fresh if last[txn_id] == offset]
+    assert third.read.counts == (sum(v is not None for _, (_, v) in fresh), sum(v is None for _, (_, v) in fresh),
+                                 0, 0)
+    assert third.read.next_offset == (len(entries) if fresh else None)
+    assert third.read.ended == list(dict.fromkeys(
+        txn_id for _, (txn_id, v) in fresh if v is None or v.state in ("CompleteCommit", "CompleteAbort")))
+    assert third.failure is None and fourth.read is None
+    assert fifth.read == PartitionRead([], (0, 0, 0, 0), None, [])
 
 
 class _Part(NamedTuple):

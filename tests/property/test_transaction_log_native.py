@@ -5,19 +5,24 @@ same decoded records and the same failure from the same record sets, generated t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from txnguard.codecs import native, transaction_log
 from txnguard.codecs.errors import DecodeFailed
+from txnguard.codecs.log_fetch import read_log_answer
 from txnguard.codecs.transaction_log import (
     LogRecord,
     TxnLogValue,
     UnknownVersion,
+    latest,
     python_decoded,
     read_decoded,
     records,
 )
+from txnguard.testing.fetch_answers import fetch_answer
 from txnguard.testing.raw import build_batch
 from txnguard.testing.transaction_log_writer import STATUS, key, value
 from txnguard.verification.transaction_log_view import Applied, TransactionLogView
@@ -50,6 +55,14 @@ def _same(data: bytes) -> list[transaction_log.Decoded]:
     # Where the set lies in a longer buffer (a view into the Fetch answer), the same.
     found_in, failure_in = read_decoded(memoryview(b"\xff" + data + b"\xff")[1:-1])
     assert (found_in, type(failure_in)) == (found, type(failure))
+    # Reduced to what the view applies, from each position on, in the answer the follower reads: the native
+    # reduction (read_log_answer) is the Python one's (`latest`).
+    frame = fetch_answer(1, [SimpleNamespace(partition_index=3, error_code=0, high_watermark=0, log_start_offset=0,
+                                             records=data)])
+    for position in {0, 1, *(r[0] for r in expected), *(r[0] + 1 for r in expected)}:
+        [part] = read_log_answer(memoryview(frame), {3: position}).partitions
+        assert part.read == latest(expected, position)
+        assert type(part.failure) is type(expected_failure)
     return found
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from txnguard.codecs import native, schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import DecodeFailed
-from txnguard.codecs.transaction_log import Decoded, from_native, python_decoded
+from txnguard.codecs.transaction_log import PartitionRead, from_native, latest, python_decoded
 
 VERSION = 12
 _HEAD = struct.Struct(">hhih")  # api key, version, correlation id, client id length (then tags)
@@ -59,18 +59,18 @@ def _uvarint(n: int) -> bytes:
 
 
 class LogPartition(NamedTuple):
-    """One partition of the follower's answer, its records decoded as the view applies them
-    (codecs/transaction_log.py's `Decoded`; None: null records) and what stopped their reading, if anything."""
+    """One partition of the follower's answer: its records read as the view applies them (codecs/transaction_log.py's
+    `PartitionRead`, from the view's position on; None: null records) and what stopped their reading, if anything."""
 
     partition: int
     error_code: int
     high_watermark: int
     log_start_offset: int
-    records: list[Decoded] | None
+    read: PartitionRead | None
     failure: DecodeFailed | None
 
 
-_NULL_RECORDS = (None, None)  # a partition's records and failure when its answer has no record set
+_NULL_RECORDS = (None, None)  # a partition's read and failure when its answer has no record set
 
 
 class LogAnswer(NamedTuple):
@@ -110,25 +110,39 @@ def packed(correlation_id: int, client_id: str, topic: str, partitions: Sequence
     return struct.pack(">i", len(body)) + body
 
 
-def read_log_answer(body: memoryview) -> LogAnswer:
-    """A Fetch v12 answer of the coordinator's log, its record sets decoded: `body` is the frame after its length
-    prefix. Read in one native call (the answer in place, then each partition's batches: native/src/fetch.rs,
-    transaction_log.rs); without the native module, or for an answer it does not read whole, kio decodes the
-    answer and the Python reader its records (`python_decoded`). Raises `DecodeFailed` (kio's verdict) for an
-    answer that cannot be read."""
+def read_log_answer(body: memoryview, positions: Mapping[int, int]) -> LogAnswer:
+    """A Fetch v12 answer of the coordinator's log, its record sets decoded and reduced to what the view applies
+    from each partition's next offset in `positions` on (codecs/transaction_log.py's `latest`): `body` is the frame
+    after its length prefix. Read in one native call (the answer in place, then each partition's batches:
+    native/src/fetch.rs, transaction_log.rs); without the native module, or for an answer it does not read whole,
+    kio decodes the answer and the Python reader its records (`python_decoded`, `latest`). Raises `DecodeFailed`
+    (kio's verdict) for an answer that cannot be read."""
     if native.AVAILABLE:
-        found = native.read_log_answer(body, 0, len(body))
+        found = native.read_log_answer(body, 0, len(body), positions)
         if found is not None:
             error, session_id, parts = found
             return LogAnswer(error, session_id, [
-                LogPartition(p, code, hw, log_start,
-                             *(_NULL_RECORDS if records is None else from_native(records, failure)))
-                for p, code, hw, log_start, records, failure in parts])
+                LogPartition(p, code, hw, log_start, *(_NULL_RECORDS if read is None else _native_read(read, failure)))
+                for p, code, hw, log_start, read, failure in parts])
     _, answer = schemas.decode_response(body, ApiKey.FETCH.value, VERSION)
     return LogAnswer(int(answer.error_code), int(answer.session_id), [
         LogPartition(int(p.partition_index), int(p.error_code), int(p.high_watermark), int(p.log_start_offset),
-                     *(_NULL_RECORDS if p.records is None else python_decoded(memoryview(p.records))))
+                     *(_NULL_RECORDS if p.records is None
+                       else _python_read(int(p.partition_index), memoryview(p.records), positions)))
         for t in answer.responses for p in t.partitions])
+
+
+def _native_read(read: tuple[list[Any], tuple[int, int, int, int], int | None, list[str]],
+                 failure: tuple[bool, int] | None) -> tuple[PartitionRead, DecodeFailed | None]:
+    kept, counts, next_offset, ended = read
+    records, error = from_native(kept, failure)
+    return PartitionRead(records, counts, next_offset, ended), error
+
+
+def _python_read(partition: int, records: memoryview,
+                 positions: Mapping[int, int]) -> tuple[PartitionRead, DecodeFailed | None]:
+    found, error = python_decoded(records)
+    return latest(found, positions.get(partition, 0)), error
 
 
 class FetchSession:

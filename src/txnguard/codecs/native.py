@@ -64,9 +64,10 @@ read_txn_offset_commit: Any = getattr(_native, "read_txn_offset_commit", None)
 # endpoints_absent(data, start, stop, key, version) -> bool (native/src/endpoints.rs)
 endpoints_absent: Any = getattr(_native, "endpoints_absent", None)
 # The transaction log follower's readers and writer, only called where AVAILABLE (kio and Python without the module):
-# read_log_answer(data, start, stop) -> (error, session id, [(partition, error, high watermark, log start offset,
-# records as read_log_records gives them | None, failure)]) | None: a Fetch v12 answer and its record sets in one
-# call (native/src/fetch.rs, transaction_log.rs; codecs/log_fetch.py's read_log_answer);
+# read_log_answer(data, start, stop, positions) -> (error, session id, [(partition, error, high watermark, log start
+# offset, (each id's last record and every unreadable one as read_log_records gives records, counts by kind, next
+# offset | None, ended ids) | None, failure)]) | None: a Fetch v12 answer and its record sets in one call, reduced
+# from each partition's position on (native/src/fetch.rs, transaction_log.rs; codecs/log_fetch.py's read_log_answer);
 # read_log_records(data, start, stop) -> ([(offset, applied, transactional id | None, value fields | None)], failure):
 # a record set of __transaction_state, each record decoded as the follower's view applies it, in one call
 # (codecs/transaction_log.py's read_decoded);

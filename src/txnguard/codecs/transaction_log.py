@@ -81,6 +81,43 @@ STATE, TOMBSTONE, UNKNOWN, MALFORMED = range(4)
 Decoded = tuple[int, int, str | None, TxnLogValue | None]
 
 
+# The states in which a transaction has ended: the coordinator accepts the id's next one (before them, in a Prepare
+# state, it refuses it with CONCURRENT_TRANSACTIONS). A removed id (a tombstone) has ended too.
+ENDED = frozenset({"CompleteCommit", "CompleteAbort", "Empty", "Dead"})
+
+
+class PartitionRead(NamedTuple):
+    """One partition's records of a read, as the view applies them (`latest`)."""
+
+    kept: list[Decoded]             # each id's last record, and every record that could not be read, by offset
+    counts: tuple[int, int, int, int]  # how many records of each kind were read (by STATE ... MALFORMED)
+    next_offset: int | None         # the offset after the last record read; None: nothing new was read
+    ended: list[str]                # the ids whose transaction a record ended, each once, in that record's order
+
+
+def latest(records: list[Decoded], from_offset: int) -> PartitionRead:
+    """`records` at or after `from_offset` (those before it were read already) reduced to what the view keeps: an
+    id's earlier states are superseded by its last within the same read, so they are counted, not kept. An idle
+    follower's read carries every change of a busy cluster, three or more records per transaction and mostly of
+    the same ids: the view applies one record per id instead. In Python: the fallback without the native module
+    (which does this in `read_log_answer`: native/src/transaction_log.rs), and its oracle."""
+    fresh = [r for r in records if r[0] >= from_offset]
+    counts = [0, 0, 0, 0]
+    last: dict[str, int] = {}
+    ended: dict[str, None] = {}
+    for i, (_, kind, txn_id, value) in enumerate(fresh):
+        counts[kind] += 1
+        if txn_id is None:
+            continue
+        last[txn_id] = i
+        if kind == TOMBSTONE or (kind == STATE and value is not None and value.state in ENDED):
+            ended.setdefault(txn_id)
+    kept = [r for i, r in enumerate(fresh)
+            if r[1] == UNKNOWN or r[1] == MALFORMED or (r[2] is not None and last[r[2]] == i)]
+    return PartitionRead(kept, (counts[0], counts[1], counts[2], counts[3]),
+                         fresh[-1][0] + 1 if fresh else None, list(ended))
+
+
 def read_decoded(data: bytes | memoryview) -> tuple[list[Decoded], DecodeFailed | None]:
     """The records of a Fetch answer's record set (as `records`), each decoded as the view applies it, and what
     stopped the reading at a batch (`UnknownVersion`, `DecodeFailed`: the records before it are kept), or None.

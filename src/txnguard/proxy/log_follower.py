@@ -67,7 +67,7 @@ from txnguard.codecs.log_fetch import (
     Wanted,
 )
 from txnguard.codecs.topic_partition import TopicPartition
-from txnguard.codecs.transaction_log import TOPIC, Decoded
+from txnguard.codecs.transaction_log import TOPIC, PartitionRead
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import CLIENT_ID, BrokerConnection, BrokerConnections, UpstreamError
@@ -78,9 +78,7 @@ from txnguard.verification.transaction_log_view import Applied, TransactionLogVi
 from txnguard.verification.verdicts import Verdict
 
 _STATE, _TOMBSTONE = Applied.STATE, Applied.TOMBSTONE
-# The states in which a transaction has ended: the coordinator accepts the id's next one (before them, in a Prepare
-# state, it refuses it with CONCURRENT_TRANSACTIONS). A removed id (a tombstone) has ended too.
-ENDED = frozenset({"CompleteCommit", "CompleteAbort", "Empty", "Dead"})
+_APPLIED = tuple(Applied)  # by codecs/transaction_log.py's index of each kind
 # How a stretch of long polls ended (`_poll`), for `_follow`: go round again, or every partition answered an error.
 _AGAIN, _ALL_FAILED = "again", "all failed"
 
@@ -378,7 +376,7 @@ class LogFollower:
                 if error is not None:
                     raise error
                 assert body is not None
-                answer = log_fetch.read_log_answer(body)
+                answer = log_fetch.read_log_answer(body, self.view.positions)
                 session.answered(answer.error_code, answer.session_id)
                 self._failing.discard(address)
                 if answer.error_code in SESSION_ERRORS:
@@ -423,7 +421,7 @@ class LogFollower:
         """One sessionless Fetch of `partitions` from the view's positions (a read to the end), read in place."""
         encode, _ = self._fetch_request(partitions, max_wait_ms, None)
         body = await conn.request_encoded(ApiKey.FETCH.value, log_fetch.VERSION, encode, timeout_s)
-        return log_fetch.read_log_answer(body)
+        return log_fetch.read_log_answer(body, self.view.positions)
 
     def _epoch_started(self, partition: int) -> bool:
         return partition not in self._epochs_unchecked
@@ -473,8 +471,8 @@ class LogFollower:
                     failed.add(p)
                 continue
             read_one = True
-            if part.records is not None:
-                self._read(p, part.records, part.failure)
+            if part.read is not None:
+                self._read(p, part.read, part.failure)
             hw = part.high_watermark
             self.high_watermarks[p] = hw
             if self.view.positions.get(p, 0) >= hw and self._epoch_started(p):
@@ -554,29 +552,26 @@ class LogFollower:
         return (not self.denied and leader is not None and leader not in self._failing
                 and partition in self.caught_up_at and partition not in self._behind)
 
-    def _read(self, partition: int, found: list[Decoded], failure: DecodeFailed | None) -> None:
-        """A partition's records, decoded with the answer (`read_log_answer`), into the view; `failure`: what stopped
-        their reading."""
-        if not found and failure is None:
-            return
-        view = self.view
-        position = view.positions.get(partition, 0)
-        apply, counted, ending = view.apply_decoded, self._counted, self._ending
-        for record in found:
-            offset = record[0]
-            if offset < position:
-                continue  # read already (a sync and a long poll may both carry it)
-            applied = apply(partition, record)
-            counted[applied].value += 1
-            if ending and record[2] in ending and (applied is _TOMBSTONE or (
-                    applied is _STATE and record[3] is not None and record[3].state in ENDED)):
-                self._ended(record[2])
-            position = offset + 1
+    def _read(self, partition: int, read: PartitionRead, failure: DecodeFailed | None) -> None:
+        """A partition's records, decoded and reduced with the answer (`read_log_answer`: each id's last record, every
+        unreadable one), into the view; `failure`: what stopped their reading."""
+        position = self.view.positions.get(partition, 0)
+        self.view.apply_read(partition, read)
+        for applied, n in zip(Applied, read.counts, strict=True):
+            if n:
+                self._counted[applied].value += n
+        if self._ending:
+            for txn_id in read.ended:
+                if txn_id in self._ending:
+                    self._ended(txn_id)
+        for offset, kind, _, _ in read.kept:
+            applied = _APPLIED[kind]
             if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
                 self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
                 self.log.warning("transaction_log_record_unreadable", partition=partition, offset=offset,
                                  outcome=applied.value, detail="its id is asked of the coordinator instead")
-        if found:
+        if read.next_offset is not None:
+            position = read.next_offset
             self._moved.add(partition)  # its offset in the fetch session moves (`FetchSession.next`)
         if failure is not None:
             # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
@@ -584,9 +579,9 @@ class LogFollower:
             self._say_problem(f"{TOPIC}-{partition} at offset {position}: {failure}")
 
     def when_ended(self, txn_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback` (soon, on this loop) once a record read says `txn_id`'s transaction ended (`ENDED`, or the
-        id removed): the coordinator accepts its next transaction then. An
-        absorption of CONCURRENT_TRANSACTIONS asks again at that moment instead of when its pause runs out
+        """Call `callback` (soon, on this loop) once a record read says `txn_id`'s transaction ended
+        (codecs/transaction_log.py's `ENDED`, or the id removed): the coordinator accepts its next transaction then.
+        An absorption of CONCURRENT_TRANSACTIONS asks again at that moment instead of when its pause runs out
         (proxy/session.py). Returns what forgets the callback (its pause ran out first)."""
         callbacks = self._ending.setdefault(txn_id, [])
         callbacks.append(callback)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from txnguard.codecs.describe_transactions import DescribedTransaction
 from txnguard.codecs.groups import coordinator_partition_for
 from txnguard.codecs.topic_partition import TopicPartition
-from txnguard.codecs.transaction_log import Decoded, LogRecord, TxnLogValue, decode
+from txnguard.codecs.transaction_log import Decoded, LogRecord, PartitionRead, TxnLogValue, decode
 from txnguard.verification.judge import judge_description
 from txnguard.verification.verdicts import Evidence, Verdict
 
@@ -102,18 +102,39 @@ class TransactionLogView:
         self.positions[partition] = offset + 1
         applied = _APPLIED[kind]
         self.counts[applied] += 1
-        if txn_id is None:
-            return applied
+        if txn_id is not None:
+            self._keep(txn_id, value, partition, offset)
+        return applied
+
+    def apply_read(self, partition: int, read: PartitionRead) -> None:
+        """One partition's records of a read (codecs/transaction_log.py's `latest`: each id's last record, every
+        record that could not be read), as `apply_decoded` applies each record: below the bound, the view then
+        holds what applying every record one by one leaves (an id is kept by its last record), in the same order
+        of change. At the bound it holds at least those ids (an id set and removed within one read pushes no other
+        out on its way), each with its latest state; the eviction count may differ
+        (tests/property/test_log_reads.py)."""
+        if read.next_offset is None:
+            return
+        self.positions[partition] = read.next_offset
+        counts = self.counts
+        for applied, n in zip(_APPLIED, read.counts, strict=True):
+            counts[applied] += n
+        keep = self._keep
+        for offset, _, txn_id, value in read.kept:
+            if txn_id is not None:
+                keep(txn_id, value, partition, offset)
+
+    def _keep(self, txn_id: str, value: TxnLogValue | None, partition: int, offset: int) -> None:
+        """The id's latest record: its state (None: removed, a tombstone or a value not read)."""
         ids = self._ids
         if value is None:
             ids.pop(txn_id, None)
-            return applied
+            return
         ids[txn_id] = _new_logged(Logged, (value, partition, offset))
         ids.move_to_end(txn_id)
         while len(ids) > self.limits.max_entries:
             ids.popitem(last=False)
             self.evicted += 1
-        return applied
 
     def describe(self, txn_id: str) -> DescribedTransaction | None:
         """The log's latest state of the id, as DescribeTransactions would give it; None when not held."""
