@@ -80,6 +80,13 @@ def read_so_far(admin: str) -> tuple[float, float]:
     return metric_sum(metrics, "txnguard_transaction_log_records_total"), fetches
 
 
+def _has_idling(rev: str) -> bool:
+    """Whether revision `rev`'s config knows `verification.transaction_log_idle_after_s`."""
+    found = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), "grep", "-q",
+                            "transaction_log_idle_after_s", rev, "--", "src/txnguard/proxy/config.py"], check=False)
+    return found.returncode == 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--producers", default="1,4,16", help="concurrent transactional producers per step")
@@ -106,9 +113,11 @@ def main() -> None:
             settings: dict[str, object] = {"mode": "gateway", "upstream": cluster.bootstrap_servers,
                                            "listen": f"127.0.0.1:{port}", "admin": f"127.0.0.1:{admin_port}",
                                            "log_level": "warning"}
-            if rev is None and not args.idle:
+            if not args.idle and (rev is None or _has_idling(rev)):
                 # No write asks this gateway's log (no client goes through it): it would idle after 30 s. This
-                # bench sizes the long poll, so it long-polls throughout (a revision before idling always does).
+                # bench sizes the long poll, so it long-polls throughout (a revision before idling always does,
+                # and its config would refuse the setting). Both gateways alike: an A/B of a long poll against an
+                # idle follower measures nothing.
                 settings["verification"] = {"transaction_log_idle_after_s": None}
             config.write_text(json.dumps(settings))
             proxy = ProxyProcess(["--config", str(config)], tmp / f"gateway-{len(gateways)}.log", env=env)

@@ -71,6 +71,7 @@ class LogPartition(NamedTuple):
 
 
 _NULL_RECORDS = (None, None)  # a partition's read and failure when its answer has no record set
+_new = tuple.__new__
 
 
 class LogAnswer(NamedTuple):
@@ -136,7 +137,8 @@ def _native_read(read: tuple[list[Any], tuple[int, int, int, int], int | None, l
                  failure: tuple[bool, int] | None) -> tuple[PartitionRead, DecodeFailed | None]:
     kept, counts, next_offset, ended = read
     records, error = from_native(kept, failure)
-    return PartitionRead(records, counts, next_offset, ended), error
+    # The NamedTuple from its fields without its generated __new__ (a Python call, per partition of every answer).
+    return _new(PartitionRead, (records, counts, next_offset, ended)), error
 
 
 def _python_read(partition: int, records: memoryview,

@@ -67,7 +67,7 @@ from txnguard.codecs.log_fetch import (
     Wanted,
 )
 from txnguard.codecs.topic_partition import TopicPartition
-from txnguard.codecs.transaction_log import TOPIC, PartitionRead
+from txnguard.codecs.transaction_log import TOPIC, Decoded, PartitionRead
 from txnguard.proxy import logs
 from txnguard.proxy.config import HostPort
 from txnguard.proxy.kafka_client import CLIENT_ID, BrokerConnection, BrokerConnections, UpstreamError
@@ -554,22 +554,25 @@ class LogFollower:
 
     def _read(self, partition: int, read: PartitionRead, failure: DecodeFailed | None) -> None:
         """A partition's records, decoded and reduced with the answer (`read_log_answer`: each id's last record, every
-        unreadable one), into the view; `failure`: what stopped their reading."""
-        position = self.view.positions.get(partition, 0)
-        self.view.apply_read(partition, read)
-        for applied, n in zip(Applied, read.counts, strict=True):
-            if n:
-                self._counted[applied].value += n
+        unreadable one), into the view; `failure`: what stopped their reading. Once per partition of every long
+        poll's answer: kept to a few steps when it carries a record or two."""
+        view = self.view
+        position = view.positions.get(partition, 0)
+        view.apply_read(partition, read)
+        state, tombstone, unknown, malformed = read.counts
+        counted = self._counters
+        if state:
+            counted[0].value += state
+        if tombstone:
+            counted[1].value += tombstone
+        if unknown or malformed:
+            counted[2].value += unknown
+            counted[3].value += malformed
+            self._unreadable(partition, read.kept)
         if self._ending:
             for txn_id in read.ended:
                 if txn_id in self._ending:
                     self._ended(txn_id)
-        for offset, kind, _, _ in read.kept:
-            applied = _APPLIED[kind]
-            if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
-                self._said.add((partition, applied))  # once per partition and kind: the metric counts them all
-                self.log.warning("transaction_log_record_unreadable", partition=partition, offset=offset,
-                                 outcome=applied.value, detail="its id is asked of the coordinator instead")
         if read.next_offset is not None:
             position = read.next_offset
             self._moved.add(partition)  # its offset in the fetch session moves (`FetchSession.next`)
@@ -577,6 +580,16 @@ class LogFollower:
             # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
             # the log's; so stop this partition here and say so (writes of its ids go to the next source).
             self._say_problem(f"{TOPIC}-{partition} at offset {position}: {failure}")
+
+    def _unreadable(self, partition: int, kept: list[Decoded]) -> None:
+        """Records of `partition` this reader could not read: said once per partition and kind (the metric counts
+        them all)."""
+        for offset, kind, _, _ in kept:
+            applied = _APPLIED[kind]
+            if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
+                self._said.add((partition, applied))
+                self.log.warning("transaction_log_record_unreadable", partition=partition, offset=offset,
+                                 outcome=applied.value, detail="its id is asked of the coordinator instead")
 
     def when_ended(self, txn_id: str, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` (soon, on this loop) once a record read says `txn_id`'s transaction ended
@@ -769,5 +782,6 @@ class LogFollower:
         m.log_follower_ids.set_function(lambda: float(len(self.view)))
         m.log_follower_idle.set_function(lambda: 1.0 if self._idle() else 0.0)
         # Plain counters, read when /metrics is: a round counts a Fetch and its records without a lock or a call.
-        self._counted = {a: m.log_follower_records.labels(a.value) for a in Applied}
+        # By codecs/transaction_log.py's index of each kind, as a read counts them.
+        self._counters = tuple(m.log_follower_records.labels(a.value) for a in _APPLIED)
         self._fetches = m.log_follower_fetches.labels()

@@ -45,9 +45,12 @@ class Applied(enum.Enum):
     UNKNOWN = "unknown_version"  # a version or status this reader does not know: the id's entry dropped
     MALFORMED = "malformed"    # bytes that do not decode: likewise
 
+    __hash__ = object.__hash__  # identity, as equality is: Enum's own is a Python call, and these key `counts`
+
 
 # By codecs/transaction_log.py's index of each (STATE, TOMBSTONE, UNKNOWN, MALFORMED).
-_APPLIED = (Applied.STATE, Applied.TOMBSTONE, Applied.UNKNOWN, Applied.MALFORMED)
+_APPLIED = _STATE, _TOMBSTONE, _UNKNOWN, _MALFORMED = (Applied.STATE, Applied.TOMBSTONE, Applied.UNKNOWN,
+                                                      Applied.MALFORMED)
 
 
 class Logged(NamedTuple):
@@ -117,8 +120,12 @@ class TransactionLogView:
             return
         self.positions[partition] = read.next_offset
         counts = self.counts
-        for applied, n in zip(_APPLIED, read.counts, strict=True):
-            counts[applied] += n
+        state, tombstone, unknown, malformed = read.counts
+        counts[_STATE] += state
+        if tombstone or unknown or malformed:
+            counts[_TOMBSTONE] += tombstone
+            counts[_UNKNOWN] += unknown
+            counts[_MALFORMED] += malformed
         keep = self._keep
         for offset, _, txn_id, value in read.kept:
             if txn_id is not None:
