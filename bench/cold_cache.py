@@ -38,6 +38,7 @@ from txnguard.policies.policy import policy_from_config
 from txnguard.proxy.config import HostPort, ProxyConfig
 from txnguard.proxy.guard import SystemClock, TransactionGuard
 from txnguard.proxy.metrics import ProxyMetrics
+from txnguard.verification.in_doubt import PythonEndTxnLedger
 from txnguard.verification.inventory import ConnectionInventory
 from txnguard.verification.registry import PythonRegistry
 
@@ -70,13 +71,16 @@ def _nothing(conn: Connection, frame: bytes) -> int:
     return len(frame)
 
 
-def run(transactions: int, evict: bytearray | None, python_registry: bool = False) -> list[float]:
+def run(transactions: int, evict: bytearray | None, python_registry: bool = False,
+        python_ledger: bool = False) -> list[float]:
     """Thread CPU seconds of each of the six calls of a transaction, summed over `transactions`; the seventh: the
     measuring's own cost, a call that does nothing timed the same way (`time.thread_time` is a system call)."""
     metrics = ProxyMetrics()
     guard = TransactionGuard(ProxyConfig(upstream=(HostPort("127.0.0.1", 9),)), metrics, policy_from_config({}), None)
     if python_registry:  # the registry where the native module is missing, in place of the native one
         guard.registry = guard.rules.registry = PythonRegistry(guard.registry.limits)
+    if python_ledger:  # the EndTxn ledger where the native module is missing, in place of the native one
+        guard.in_doubt = guard.rules.in_doubt = PythonEndTxnLedger(guard.in_doubt.limits, guard._in_doubt_ended)
     now = int(time.time() * 1000)
     guard.registry.init_producer_id(TXN, PID, EPOCH, 60_000, now)
     guard.registry.added(TXN, PID, EPOCH, now, partitions={(TOPIC, 0)})  # the first write passes locally too
@@ -118,14 +122,18 @@ def main() -> None:
     ap.add_argument("--evict-mib", type=int, default=16)
     ap.add_argument("--python-registry", action="store_true",
                     help="the Python registry (verification/registry.py's PythonRegistry) instead of the native one")
+    ap.add_argument("--python-ledger", action="store_true",
+                    help="the Python EndTxn ledger (verification/in_doubt.py's PythonEndTxnLedger) instead of the "
+                         "native one")
     args = ap.parse_args()
     evict = bytearray(args.evict_mib << 20)
     results: dict[str, list[list[float]]] = {"warm": [], "cold": []}
     for _ in range(args.rounds):  # the two kinds alternate, so drift on the machine hits both
-        results["warm"].append(run(args.transactions, None, args.python_registry))
-        results["cold"].append(run(args.transactions, evict, args.python_registry))
+        results["warm"].append(run(args.transactions, None, args.python_registry, args.python_ledger))
+        results["cold"].append(run(args.transactions, evict, args.python_registry, args.python_ledger))
     print(f"one-record transactions through the core's fast path ({'Python' if args.python_registry else 'native'} "
-          f"registry), {args.transactions} x {args.rounds} rounds, "
+          f"registry, {'Python' if args.python_ledger else 'native'} EndTxn ledger), {args.transactions} x "
+          f"{args.rounds} rounds, "
           f"thread CPU per call (us), median of rounds; cold: {args.evict_mib} MiB written before each call")
     per_txn = {}
     for kind, rounds in results.items():

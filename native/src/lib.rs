@@ -13,9 +13,11 @@ pub mod bytes;
 pub mod compact;
 pub mod endpoints;
 pub mod fetch;
+pub mod in_doubt;
 pub mod lifecycle;
 pub mod log_records;
 pub mod produce;
+pub mod py_in_doubt;
 pub mod py_registry;
 pub mod registry;
 pub mod transaction_log;
@@ -289,6 +291,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fetch_request, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
     m.add_class::<py_registry::RegistryCore>()?;
+    m.add_class::<py_in_doubt::EndTxnLedgerCore>()?;
+    m.add_class::<py_in_doubt::SentEndTxn>()?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

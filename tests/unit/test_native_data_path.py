@@ -137,10 +137,12 @@ sys.modules["txnguard._native"] = None  # as an install built without cargo: the
 from txnguard.codecs import native
 from txnguard.connection.core import Connection
 from txnguard.proxy import server
+from txnguard.verification import in_doubt, registry
 sys.path.insert(0, "tests/unit")
 from connection_playbook import Playbook
 print(json.dumps({"available": native.AVAILABLE, "missing": native.MISSING,
-                  "fast": Playbook().conn._fast, "note": server.NATIVE_MISSING_NOTE}))
+                  "fast": Playbook().conn._fast, "note": server.NATIVE_MISSING_NOTE,
+                  "state": [registry.Registry.__name__, in_doubt.EndTxnLedger.__name__, in_doubt.SentEndTxn.__name__]}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -148,3 +150,5 @@ print(json.dumps({"available": native.AVAILABLE, "missing": native.MISSING,
     assert seen["available"] is False and "txnguard._native" in seen["missing"]
     assert seen["fast"] is False  # the relay reads nothing in place: the general path (kio) takes every frame
     assert "general path" in seen["note"]
+    # The state the rules read is the Python one's (the native one's oracle in the property tests).
+    assert seen["state"] == ["PythonRegistry", "PythonEndTxnLedger", "PythonSentEndTxn"]

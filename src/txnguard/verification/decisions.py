@@ -332,19 +332,18 @@ class TransactionRules:
                          now_ms: int) -> bool:
         """Learn from a life-cycle answer; True when it refuses the whole request with
         CONCURRENT_TRANSACTIONS (the core may then ask again itself: verification/concurrent.py)."""
+        # The EndTxn in doubt last: it is whichever ledger's token (native or Python) the rules were given.
         match request:
             case None:
-                return False
-            case SentEndTxn():
-                # Any answer, error or not: the coordinator has processed it and it can no longer land later.
-                if self.in_doubt is not None:
-                    self.in_doubt.answered(request)
                 return False
             case InitProducerIdSeen() | AddPartitionsSeen() | AddOffsetsSeen():
                 resp = _txn_response(body, key, version)
                 return resp is not None and self._learn(request, resp, now_ms)
             case _:
-                assert_never(request)
+                # Any answer, error or not: the coordinator has processed it and it can no longer land later.
+                if self.in_doubt is not None:
+                    self.in_doubt.answered(request)
+                return False
 
     def observe_response_in_place(self, key: int, version: int, request: Observed | None, data: bytes | memoryview,
                                   start: int, stop: int, now_ms: int, absorbable: bool) -> bool:
@@ -419,7 +418,8 @@ class TransactionRules:
 
     def end_txn_orphaned(self, observed: Observed, now_ms: int) -> None:
         """A forwarded EndTxn whose connection closed unanswered: its outcome will never be seen (it stays in doubt)."""
-        if self.in_doubt is not None and isinstance(observed, SentEndTxn):
+        if self.in_doubt is not None and not isinstance(observed, (InitProducerIdSeen, AddPartitionsSeen,
+                                                                   AddOffsetsSeen)):
             self.in_doubt.orphaned(observed, now_ms)
 
     def _end_txn_sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,

@@ -34,6 +34,11 @@ which is what it does whenever the client leaves.) Otherwise the producer moving
 so (`expire`): the defence is bounded, not absolute.
 
 Pure: time arrives as `now_ms`; the shell (proxy/guard.py) waits and asks the coordinator.
+
+Two implementations of one ledger: `NativeEndTxnLedger` (the state in Rust, native/src/in_doubt.rs) where the
+native module is installed, and `PythonEndTxnLedger` beside it, the fallback without the module and the oracle it
+is tested against over generated histories (tests/property/test_native_in_doubt.py). `EndTxnLedger` and
+`SentEndTxn` name the ones this install runs.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from txnguard.codecs import native
 
 
 class Ending(enum.Enum):
@@ -72,7 +80,7 @@ class InDoubtLimits:
 
 
 @dataclass(eq=False, slots=True)
-class SentEndTxn:
+class PythonSentEndTxn:
     """One forwarded EndTxn (the token its connection keeps until the answer)."""
 
     transactional_id: str
@@ -87,13 +95,13 @@ class SentEndTxn:
 
 
 @dataclass
-class EndTxnLedger:
+class PythonEndTxnLedger:
     """Every forwarded EndTxn still unanswered, by transactional id (bounded: answers and `max_ms`)."""
 
     limits: InDoubtLimits = field(default_factory=InDoubtLimits)
     # Told when a transactional id has one EndTxn fewer in doubt, and how (the shell wakes its holds).
     on_change: Callable[[str, Ending], None] | None = None
-    _open: dict[str, list[SentEndTxn]] = field(default_factory=dict)
+    _open: dict[str, list[PythonSentEndTxn]] = field(default_factory=dict)
     endings: dict[Ending, int] = field(default_factory=lambda: dict.fromkeys(Ending, 0))
     _marks: int = 0
 
@@ -106,16 +114,16 @@ class EndTxnLedger:
         return sum(len(v) for v in self._open.values())
 
     def sent(self, txn_id: str, producer_id: int, epoch: int, committed: bool, connection_id: int,
-             now_ms: int) -> SentEndTxn:
-        s = SentEndTxn(txn_id, producer_id, epoch, committed, connection_id, now_ms, sent_mark=self.mark())
+             now_ms: int) -> PythonSentEndTxn:
+        s = PythonSentEndTxn(txn_id, producer_id, epoch, committed, connection_id, now_ms, sent_mark=self.mark())
         self._open.setdefault(txn_id, []).append(s)
         return s
 
-    def answered(self, s: SentEndTxn) -> None:
+    def answered(self, s: PythonSentEndTxn) -> None:
         self._end(s, _ANSWERED)
         self.answered_after(s.transactional_id, s.producer_id, s.producer_epoch, s.sent_mark)
 
-    def orphaned(self, s: SentEndTxn, now_ms: int) -> None:
+    def orphaned(self, s: PythonSentEndTxn, now_ms: int) -> None:
         """Its connection closed unanswered: it stays in doubt (the broker may have read it)."""
         if s.orphaned_ms is None:
             s.orphaned_ms = now_ms
@@ -138,7 +146,7 @@ class EndTxnLedger:
         return len(stale)
 
     def blocking(self, txn_id: str, producer_id: int, epoch: int, connection_id: int,
-                 now_ms: int) -> SentEndTxn | None:
+                 now_ms: int) -> PythonSentEndTxn | None:
         """The earliest EndTxn in doubt that could land in a transaction (producer_id, epoch) is about to open."""
         for s in self._open.get(txn_id, ()):
             if (s.producer_id, s.producer_epoch) != (producer_id, epoch):
@@ -150,17 +158,17 @@ class EndTxnLedger:
             return s
         return None
 
-    def in_doubt(self, txn_id: str) -> list[SentEndTxn]:
+    def in_doubt(self, txn_id: str) -> list[PythonSentEndTxn]:
         return list(self._open.get(txn_id, ()))
 
-    def expire(self, now_ms: int) -> list[SentEndTxn]:
+    def expire(self, now_ms: int) -> list[PythonSentEndTxn]:
         """EndTxns unanswered for max_ms: no longer held for; returned so the shell can say so."""
         gone = [s for ss in self._open.values() for s in ss if now_ms - s.sent_ms >= self.limits.max_ms]
         for s in gone:
             self._end(s, Ending.EXPIRED)
         return gone
 
-    def _end(self, s: SentEndTxn, ending: Ending) -> None:
+    def _end(self, s: PythonSentEndTxn, ending: Ending) -> None:
         ss = self._open.get(s.transactional_id)
         if ss is None or s not in ss:
             return
@@ -170,3 +178,40 @@ class EndTxnLedger:
         self.endings[ending] += 1
         if self.on_change is not None:
             self.on_change(s.transactional_id, ending)
+
+
+if native.AVAILABLE:
+    from txnguard._native import EndTxnLedgerCore
+    from txnguard._native import SentEndTxn as NativeSentEndTxn
+
+    _ENDINGS = (Ending.ANSWERED, Ending.FENCED, Ending.CLOSED, Ending.EXPIRED)  # by native/src/in_doubt.rs's order
+
+    class NativeEndTxnLedger(EndTxnLedgerCore):
+        """The ledger in Rust (native/src/in_doubt.rs), with `PythonEndTxnLedger`'s methods and answers: an
+        EndTxn, its answer and a request's question of it are one call each. Its `SentEndTxn` objects are the
+        native module's, with the same fields."""
+
+        limits: InDoubtLimits
+
+        def __new__(cls, limits: InDoubtLimits | None = None,
+                    on_change: Callable[[str, Ending], None] | None = None) -> NativeEndTxnLedger:
+            limits = limits or InDoubtLimits()
+            self = super().__new__(cls, limits.max_ms, on_change, _ENDINGS)
+            self.limits = limits
+            return self
+
+        @property
+        def endings(self) -> dict[Ending, int]:
+            """How many EndTxns stopped being in doubt, by how (read when /metrics is)."""
+            return dict(zip(_ENDINGS, self.ending_counts(), strict=True))
+
+
+# The ledger this install runs, and the token it hands out: the native ones where the module is there. mypy sees
+# the Python ones' interfaces, which the native ones keep (tests/property/test_native_in_doubt.py).
+if TYPE_CHECKING:
+    EndTxnLedger = PythonEndTxnLedger
+    SentEndTxn = PythonSentEndTxn
+elif native.AVAILABLE:
+    EndTxnLedger, SentEndTxn = NativeEndTxnLedger, NativeSentEndTxn
+else:
+    EndTxnLedger, SentEndTxn = PythonEndTxnLedger, PythonSentEndTxn
