@@ -74,11 +74,10 @@ from txnguard.proxy.kafka_client import CLIENT_ID, BrokerConnection, BrokerConne
 from txnguard.proxy.metrics import ProxyMetrics
 from txnguard.proxy.tasks import cancel_and_wait
 from txnguard.verification.access import missing_acl
-from txnguard.verification.transaction_log_view import Applied, TransactionLogView
+from txnguard.verification.transaction_log_view import APPLIED_BY_KIND, Applied, TransactionLogView
 from txnguard.verification.verdicts import Verdict
 
 _STATE, _TOMBSTONE = Applied.STATE, Applied.TOMBSTONE
-_APPLIED = tuple(Applied)  # by codecs/transaction_log.py's index of each kind
 # How a stretch of long polls ended (`_poll`), for `_follow`: go round again, or every partition answered an error.
 _AGAIN, _ALL_FAILED = "again", "all failed"
 
@@ -585,7 +584,7 @@ class LogFollower:
         """Records of `partition` this reader could not read: said once per partition and kind (the metric counts
         them all)."""
         for offset, kind, _, _ in kept:
-            applied = _APPLIED[kind]
+            applied = APPLIED_BY_KIND[kind]
             if applied is not _STATE and applied is not _TOMBSTONE and (partition, applied) not in self._said:
                 self._said.add((partition, applied))
                 self.log.warning("transaction_log_record_unreadable", partition=partition, offset=offset,
@@ -783,5 +782,5 @@ class LogFollower:
         m.log_follower_idle.set_function(lambda: 1.0 if self._idle() else 0.0)
         # Plain counters, read when /metrics is: a round counts a Fetch and its records without a lock or a call.
         # By codecs/transaction_log.py's index of each kind, as a read counts them.
-        self._counters = tuple(m.log_follower_records.labels(a.value) for a in _APPLIED)
+        self._counters = tuple(m.log_follower_records.labels(a.value) for a in APPLIED_BY_KIND)
         self._fetches = m.log_follower_fetches.labels()

@@ -49,8 +49,8 @@ class Applied(enum.Enum):
 
 
 # By codecs/transaction_log.py's index of each (STATE, TOMBSTONE, UNKNOWN, MALFORMED).
-_APPLIED = _STATE, _TOMBSTONE, _UNKNOWN, _MALFORMED = (Applied.STATE, Applied.TOMBSTONE, Applied.UNKNOWN,
-                                                      Applied.MALFORMED)
+APPLIED_BY_KIND = _STATE, _TOMBSTONE, _UNKNOWN, _MALFORMED = (Applied.STATE, Applied.TOMBSTONE, Applied.UNKNOWN,
+                                                             Applied.MALFORMED)
 
 
 class Logged(NamedTuple):
@@ -103,7 +103,7 @@ class TransactionLogView:
         decode names no id."""
         offset, kind, txn_id, value = record
         self.positions[partition] = offset + 1
-        applied = _APPLIED[kind]
+        applied = APPLIED_BY_KIND[kind]
         self.counts[applied] += 1
         if txn_id is not None:
             self._keep(txn_id, value, partition, offset)
