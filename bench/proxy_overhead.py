@@ -163,6 +163,7 @@ class Settings:
     parts: tuple[str, ...] = DEFAULT_PARTS
     profile_cmd: str | None = None  # attached to the proxy around each proxied saturation run of round 0
     compare_rev: str | None = None  # "ab": a second proxy of this git revision, alternating with the first
+    ab_kind: str = "saturation"     # "ab": what alternates, "saturation" (produce) or "loops" (each family's)
     floor: bool = True              # saturation, txn, loops: a bare relay arm beside direct and proxy
     peer: bool = True               # saturation, txn, loops: a Kroxylicious arm
     arms: tuple[str, ...] = ()      # saturation, txn, loops: extra txnguard arms, of EXTRA_ARMS
@@ -1610,7 +1611,8 @@ def peer_table(result: dict[str, Any]) -> str | None:
 
 
 def ab_phase(b: Bench, s: Settings) -> dict[str, Any]:
-    """ProducerPerformance at saturation through this proxy and through one of `s.compare_rev`, alternating.
+    """ProducerPerformance at saturation (or, `ab_kind` "loops", each family's one-record transaction loop) through
+    this proxy and through one of `s.compare_rev`, alternating.
 
     Both proxies front the same broker in the same run, so the machine's load (on a shared
     machine it moves the CPU per MiB by tens of percent between runs minutes apart) falls on both
@@ -1624,27 +1626,34 @@ def ab_phase(b: Bench, s: Settings) -> dict[str, Any]:
         other = ProxyProcess(["--upstream", b.direct_bootstrap, "--listen", f"{HOST}:{listen}",
                               "--admin", admin, "--mode", "gateway"], Path(d) / "compare.log", env=env)
         sides = {"this": b, "compare": Bench(b.cluster, other, listen, admin, b.stamp)}
-        say(f"\n[ab] this proxy vs {source['source']} ({source['commit'][:12]}): ProducerPerformance --throughput -1, "
-            f"{s.sat_mib:g} MiB per run, record sizes {', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds")
         runs: list[dict[str, Any]] = []
         try:
             other.start(wait_port=(HOST, listen))
             wait_ready(admin, listen + 2)
-            for size in s.record_sizes:
-                records = max(1000, int(s.sat_mib * MIB / size))
-                for name in sides:  # untimed warm-up of each
-                    sat_produce_run(sides[name], "proxy", size, max(500, int(records * SAT_WARMUP_SHARE)))
-                for i in range(s.rounds):
-                    for name in (("this", "compare") if i % 2 == 0 else ("compare", "this")):
-                        run = sat_produce_run(sides[name], "proxy", size, records)
-                        run["problems"] += _route_problems(run, run["payload_mib"])
-                        runs.append({**run, "rev": name, "round": i})
-                        say(_sat_line("produce", f"round {i} {name:7}", run))
+            if s.ab_kind == "loops":
+                say(f"\n[ab] this proxy vs {source['source']} ({source['commit'][:12]}): one-record transaction "
+                    f"loops of {s.loop_transactions}, families {', '.join(s.families)}, {s.rounds} rounds")
+                runs = _ab_loops(sides, s)
+            else:
+                say(f"\n[ab] this proxy vs {source['source']} ({source['commit'][:12]}): ProducerPerformance "
+                    f"--throughput -1, {s.sat_mib:g} MiB per run, record sizes "
+                    f"{', '.join(str(x) for x in s.record_sizes)} B, {s.rounds} rounds")
+                runs = _ab_saturation(sides, s)
         finally:
             if other.proc is not None and other.proc.poll() is None:
                 other.terminate(timeout=30)
-    out: dict[str, Any] = {"compare": source, "runs": runs, "sizes": {}}
-    for size in s.record_sizes:
+    out: dict[str, Any] = {"compare": source, "runs": runs, "sizes": {}, "families": {}}
+    if s.ab_kind == "loops":
+        for family in s.families:
+            out["families"][family] = {name: {k: float(statistics.median(
+                r[k] for r in runs if r["rev"] == name and r["family"] == family))
+                for k in ("proxy_cpu_ms_per_txn", "per_second", "host_busy_pct")} for name in sides}
+            out["families"][family]["pairs"] = [
+                (next(r for r in runs if r["rev"] == "compare" and r["family"] == family and r["round"] == i)
+                 ["proxy_cpu_ms_per_txn"],
+                 next(r for r in runs if r["rev"] == "this" and r["family"] == family and r["round"] == i)
+                 ["proxy_cpu_ms_per_txn"]) for i in range(s.rounds)]
+    for size in s.record_sizes if s.ab_kind != "loops" else ():
         med = {name: {k: float(statistics.median(r[k] for r in runs if r["rev"] == name and r["record_size"] == size))
                       for k in ("proxy_cpu_ms_per_mib", "proxy_cpu_us_per_request", "proxy_user_s", "proxy_sys_s",
                                 "mb_per_sec", "host_busy_pct")} for name in sides}
@@ -1653,9 +1662,52 @@ def ab_phase(b: Bench, s: Settings) -> dict[str, Any]:
     return out
 
 
+def _ab_saturation(sides: dict[str, Bench], s: Settings) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    for size in s.record_sizes:
+        records = max(1000, int(s.sat_mib * MIB / size))
+        for name in sides:  # untimed warm-up of each
+            sat_produce_run(sides[name], "proxy", size, max(500, int(records * SAT_WARMUP_SHARE)))
+        for i in range(s.rounds):
+            for name in (("this", "compare") if i % 2 == 0 else ("compare", "this")):
+                run = sat_produce_run(sides[name], "proxy", size, records)
+                run["problems"] += _route_problems(run, run["payload_mib"])
+                runs.append({**run, "rev": name, "round": i})
+                say(_sat_line("produce", f"round {i} {name:7}", run))
+    return runs
+
+
+def _ab_loops(sides: dict[str, Bench], s: Settings) -> list[dict[str, Any]]:
+    """Each family's loop through either proxy in turn, the order swapped every round; a fresh topic a run."""
+    runs: list[dict[str, Any]] = []
+    for family in s.families:
+        for name in sides:  # untimed warm-up of each
+            bench = sides[name]
+            loop_run(bench, "proxy", family, bench.topic("ab-loop", name), max(50, s.loop_transactions // 4))
+        for i in range(s.rounds):
+            for name in (("this", "compare") if i % 2 == 0 else ("compare", "this")):
+                bench = sides[name]
+                run = loop_run(bench, "proxy", family, bench.topic("ab-loop", name), s.loop_transactions)
+                runs.append({**run, "rev": name, "round": i})
+                say(f"  {family:16} round {i} {name:7}: {run['per_second']:7.1f} txn/s  proxy CPU "
+                    f"{run['proxy_cpu_s']:.2f} s ({run['proxy_cpu_ms_per_txn']:.3f} ms/txn)  host busy "
+                    f"{run['host_busy_pct']:.0f}%")
+    return runs
+
+
 def ab_rows(ab: dict[str, Any]) -> list[Row]:
     rev = ab["compare"]["commit"][:7]
     rows = []
+    for family, med in ab.get("families", {}).items():
+        c, t = med["compare"], med["this"]
+        lower = sum(this < compare for compare, this in med["pairs"])
+        rows += [
+            Row(f"{family} loop: proxy CPU per transaction (ms), {rev} | this", c["proxy_cpu_ms_per_txn"],
+                t["proxy_cpu_ms_per_txn"], t["proxy_cpu_ms_per_txn"] / max(c["proxy_cpu_ms_per_txn"], 1e-9),
+                "ratio", f"lower in {lower} of {len(med['pairs'])} rounds", None),
+            Row(f"{family} loop: transactions a second through each, {rev} | this", c["per_second"],
+                t["per_second"], t["per_second"] / max(c["per_second"], 1e-9), "ratio", "", None),
+        ]
     for size, med in ab["sizes"].items():
         n, c, t = _size_name(int(size)), med["compare"], med["this"]
         rows += [
@@ -2112,6 +2164,9 @@ def main() -> int:
     parser.add_argument("--proxy-rev", default=None,
                         help="run the proxy of this git revision (git archive into the temporary folder, its native "
                              "module built from its native/ crate) instead of the working tree's src/")
+    parser.add_argument("--ab-kind", choices=("saturation", "loops"), default="saturation",
+                        help="for --only ab: alternate produce at saturation (default) or each family's one-record "
+                             "transaction loop (--families, --loop-transactions, --rounds apply)")
     parser.add_argument("--compare-rev", default=None,
                         help="for --only ab: the git revision whose proxy runs beside this one (e.g. the previous "
                              "commit); --records, --rounds and --sat-mib apply")
@@ -2130,7 +2185,7 @@ def main() -> int:
         base, rate=args.rate, parts=parts, record_sizes=tuple(int(x) for x in args.records.split(",") if x.strip()),
         rounds=args.rounds if args.rounds is not None else base.rounds,
         sat_mib=args.sat_mib if args.sat_mib is not None else base.sat_mib, profile_cmd=args.profile_cmd,
-        compare_rev=args.compare_rev, floor=not args.no_floor, peer=not args.no_peer,
+        compare_rev=args.compare_rev, ab_kind=args.ab_kind, floor=not args.no_floor, peer=not args.no_peer,
         arms=tuple(side for side, on in ((GENERAL, args.general_path), (AUDIT_ON, args.audit_on),
                                          (FOLLOWER_LIVE, args.follower_live)) if on),
         txn_records=args.txn_records if args.txn_records is not None else base.txn_records,
