@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from connection_playbook import (
     T0,
     Playbook,
@@ -27,8 +28,10 @@ from connection_playbook import (
     to_client,
 )
 
-from txnguard.codecs import lifecycle_scan, native
+from txnguard.codecs import lifecycle_scan, log_fetch, native
+from txnguard.codecs.errors import CodecError, DecodeFailed
 from txnguard.connection.commands import Close, SendToBroker
+from txnguard.testing.fetch_answers import fetch_answer
 from txnguard.verification import decisions
 
 
@@ -128,6 +131,17 @@ def test_a_panic_in_the_registry_on_the_general_path_closes_only_that_connection
     # from it ─▶ the connection closes with its reason
     assert pb.broker_answers(answer[:7]) == []
     _closed_alone(pb, other, pb.broker_answers(answer[7:]), "response")
+
+
+def test_a_panic_reading_the_transaction_logs_answer_is_an_answer_the_follower_cannot_read(monkeypatch) -> None:
+    # broker ─▶ a Fetch answer of __transaction_state ─▶ the native reader panics ─▶ DecodeFailed, a CodecError:
+    # the follower's loops catch it (say the problem, drop the connection, read again after a backoff), where
+    # the panic itself would have escaped into the event loop and left the round's waiter unanswered.
+    monkeypatch.setattr(native, "read_log_answer", _panics)
+    answer = fetch_answer(7, [])
+    with pytest.raises(DecodeFailed, match="panicked: index out of bounds") as raised:
+        log_fetch.read_log_answer(memoryview(answer), {})
+    assert isinstance(raised.value, CodecError)
 
 
 def test_without_the_native_module_every_frame_takes_the_general_path() -> None:

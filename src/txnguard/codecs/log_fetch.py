@@ -119,7 +119,13 @@ def read_log_answer(body: memoryview, positions: Mapping[int, int]) -> LogAnswer
     kio decodes the answer and the Python reader its records (`python_decoded`, `latest`). Raises `DecodeFailed`
     (kio's verdict) for an answer that cannot be read."""
     if native.AVAILABLE:
-        found = native.read_log_answer(body, 0, len(body), positions)
+        try:
+            found = native.read_log_answer(body, 0, len(body), positions)
+        except native.PanicException as e:
+            # A bug in native code, never the answer's fault: the follower handles it as an answer it cannot read
+            # (it says so, drops the connection and reads again after a backoff) instead of the panic escaping into
+            # the event loop with the round's waiter left unanswered.
+            raise DecodeFailed(f"the native reader of the transaction log's answer panicked: {e}") from e
         if found is not None:
             error, session_id, parts = found
             return LogAnswer(error, session_id, [
