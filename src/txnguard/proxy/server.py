@@ -477,10 +477,20 @@ class Proxy:
     async def _timer_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            now = time.monotonic()
-            # Never reached: the age counts from the start, so a proxy that never saw its cluster ages too.
-            self.metrics.metadata_age.set(now - (self.last_metadata_ok or self.started_at))
-            for s in list(self.sessions):
-                s.check_timers()
-            self.guard.housekeeping()
+            try:
+                self._tick()
+            except (Exception, native.PanicException) as e:  # noqa: BLE001 - a bug: said, and the next tick runs
+                # Without this, one failing tick ended the loop for good: no session's timers, no expiry, no
+                # ledger recording by the timer until a restart. A panic in the native registry or EndTxn
+                # ledger (their expiry runs here) is a bug like any other.
+                self.log.error("timer_tick_failed", error=repr(e), reason="a bug: this tick's work was cut short")
+
+    def _tick(self) -> None:
+        """Once a second: the metadata's age, every session's timers, the guard's housekeeping."""
+        now = time.monotonic()
+        # Never reached: the age counts from the start, so a proxy that never saw its cluster ages too.
+        self.metrics.metadata_age.set(now - (self.last_metadata_ok or self.started_at))
+        for s in list(self.sessions):
+            s.check_timers()
+        self.guard.housekeeping()
 
