@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from txnguard.codecs import schemas
+from txnguard.codecs import native, schemas
 from txnguard.connection import commands as c
 from txnguard.connection.core import Cluster, Connection, Settings
 from txnguard.proxy import logs
@@ -402,7 +402,9 @@ class Session:
             answer: Answer = await self.guard.answer(command.question, self.upstream_address)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - any failure to find out closes, with its reason
+        # Any failure to find out closes, with its reason: a panic in the native state a question reads (the
+        # registry, the EndTxn ledger a hold waits on) too, which would otherwise leave the request unanswered.
+        except (Exception, native.PanicException) as e:  # noqa: BLE001
             if self.closed:
                 return
             self.log.error("verification_error", error=repr(e))

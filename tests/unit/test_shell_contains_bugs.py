@@ -1,4 +1,7 @@
-"""The proxy's once-a-second timer survives a tick that fails: the failure is said, and the next tick runs.
+"""The asyncio shell survives a bug in what it calls: a failing timer tick is said and the next runs; a panic while a
+question is answered closes only that connection, with its reason.
+
+The timer:
 
     tick 1 ─▶ the guard's housekeeping panics (native code: the registry's or the EndTxn ledger's expiry)
            ─▶ "timer_tick_failed" logged, the loop goes on
@@ -53,3 +56,23 @@ def test_a_tick_that_fails_is_said_and_the_next_tick_runs() -> None:
     assert calls == ["timers", "housekeeping"] * 3
     [(event, fields)] = proxy.log.errors
     assert event == "timer_tick_failed" and "index out of bounds" in fields["error"]
+
+
+def test_a_panic_while_a_question_is_answered_closes_that_connection_with_its_reason() -> None:
+    # core ─▶ Ask ─▶ the guard's answer reads native state, which panics ─▶ the core is told the verification
+    # failed (it answers or closes with the reason), not a task dying with the held request never answered.
+    from txnguard.proxy.session import Session
+
+    async def answer(question: Any, upstream: Any) -> Any:
+        raise native.PanicException("index out of bounds")
+
+    told: list[tuple[int, str, str]] = []
+    session: Any = SimpleNamespace(
+        guard=SimpleNamespace(answer=answer), upstream_address=None, closed=False, log=_Log(),
+        core=SimpleNamespace(verification_failed=lambda check_id, reason, detail: told.append((check_id, reason,
+                                                                                                detail)) or []),
+        _execute=lambda commands: None)
+    run(Session._answer(session, SimpleNamespace(question=None, check_id=7)))
+    assert told == [(7, "verification_error", "PanicException('index out of bounds')")]
+    [(event, fields)] = session.log.errors
+    assert event == "verification_error" and "index out of bounds" in fields["error"]
