@@ -133,7 +133,7 @@ def test_a_panic_in_the_registry_on_the_general_path_closes_only_that_connection
     _closed_alone(pb, other, pb.broker_answers(answer[7:]), "response")
 
 
-def test_a_panic_reading_the_transaction_logs_answer_is_an_answer_the_follower_cannot_read(monkeypatch) -> None:
+def test_a_panic_in_the_followers_native_reader_or_packer_is_a_codec_error_its_loops_handle(monkeypatch) -> None:
     # broker ─▶ a Fetch answer of __transaction_state ─▶ the native reader panics ─▶ DecodeFailed, a CodecError:
     # the follower's loops catch it (say the problem, drop the connection, read again after a backoff), where
     # the panic itself would have escaped into the event loop and left the round's waiter unanswered.
@@ -142,6 +142,11 @@ def test_a_panic_reading_the_transaction_logs_answer_is_an_answer_the_follower_c
     with pytest.raises(DecodeFailed, match="panicked: index out of bounds") as raised:
         log_fetch.read_log_answer(memoryview(answer), {})
     assert isinstance(raised.value, CodecError)
+    # The same for its request's packer: a CodecError before anything is sent (no waiter left behind).
+    monkeypatch.setattr(native, "fetch_request", _panics)
+    with pytest.raises(CodecError, match="panicked: index out of bounds"):
+        log_fetch.fetch_request(1, "txnguard", "__transaction_state", [], max_wait_ms=500, min_bytes=1,
+                                max_bytes=1 << 20)
 
 
 def test_without_the_native_module_every_frame_takes_the_general_path() -> None:

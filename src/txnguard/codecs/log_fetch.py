@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from txnguard.codecs import native, schemas
 from txnguard.codecs.api_keys import ApiKey
-from txnguard.codecs.errors import DecodeFailed
+from txnguard.codecs.errors import CodecError, DecodeFailed
 from txnguard.codecs.transaction_log import PartitionRead, from_native, latest, python_decoded
 
 VERSION = 12
@@ -87,8 +87,11 @@ def fetch_request(correlation_id: int, client_id: str, topic: str, partitions: S
     id and epoch are given (`FetchSession.next`). Packed by the native module (native/src/fetch.rs), by `packed`
     without it."""
     if native.AVAILABLE:
-        frame: bytes = native.fetch_request(correlation_id, client_id, topic, partitions, max_wait_ms, min_bytes,
-                                            max_bytes, session_id, session_epoch)
+        try:
+            frame: bytes = native.fetch_request(correlation_id, client_id, topic, partitions, max_wait_ms, min_bytes,
+                                                max_bytes, session_id, session_epoch)
+        except native.PanicException as e:  # a bug: a CodecError the follower's loops handle (`read_log_answer`)
+            raise CodecError(f"the native packer of the transaction log's Fetch panicked: {e}") from e
         return frame
     return packed(correlation_id, client_id, topic, partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
                   max_bytes=max_bytes, session_id=session_id, session_epoch=session_epoch)
