@@ -116,6 +116,8 @@ test-integration: setup
 # The native crate's own tests (its readers on hand-built frames), linked against the venv's Python.
 native-test: $(STAMP)
 	PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo test --release --quiet --manifest-path native/Cargo.toml
+	PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy --release --quiet --all-targets --manifest-path native/Cargo.toml \
+		-- -D warnings
 
 test: setup lint native-test image
 	$(BIN)/pytest tests -q -p no:cacheprovider --durations=40 -n 2 --dist loadfile --no-loadscope-reorder

@@ -210,7 +210,10 @@ mod tests {
         }
     }
 
-    fn batch(base: i64, records: &[(Option<&[u8]>, Option<&[u8]>)]) -> Vec<u8> {
+    /// A record's key and value, each null or bytes.
+    type KeyValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+    fn batch(base: i64, records: &[KeyValue<'_>]) -> Vec<u8> {
         let mut body = Vec::new();
         for (i, (k, v)) in records.iter().enumerate() {
             let mut r = vec![0u8];
