@@ -1648,11 +1648,8 @@ def ab_phase(b: Bench, s: Settings) -> dict[str, Any]:
             out["families"][family] = {name: {k: float(statistics.median(
                 r[k] for r in runs if r["rev"] == name and r["family"] == family))
                 for k in ("proxy_cpu_ms_per_txn", "per_second", "host_busy_pct")} for name in sides}
-            out["families"][family]["pairs"] = [
-                (next(r for r in runs if r["rev"] == "compare" and r["family"] == family and r["round"] == i)
-                 ["proxy_cpu_ms_per_txn"],
-                 next(r for r in runs if r["rev"] == "this" and r["family"] == family and r["round"] == i)
-                 ["proxy_cpu_ms_per_txn"]) for i in range(s.rounds)]
+            cpu = {(r["rev"], r["round"]): r["proxy_cpu_ms_per_txn"] for r in runs if r["family"] == family}
+            out["families"][family]["pairs"] = [(cpu["compare", i], cpu["this", i]) for i in range(s.rounds)]
     for size in s.record_sizes if s.ab_kind != "loops" else ():
         med = {name: {k: float(statistics.median(r[k] for r in runs if r["rev"] == name and r["record_size"] == size))
                       for k in ("proxy_cpu_ms_per_mib", "proxy_cpu_us_per_request", "proxy_user_s", "proxy_sys_s",

@@ -58,12 +58,13 @@ pub struct EndTxnLedgerCore {
 }
 
 impl EndTxnLedgerCore {
-    /// Forget what ended and tell `on_change`, in order.
+    /// Forget what ended and tell `on_change`, in order (each EndTxn's own id object: no string built per call).
     fn tell(&mut self, py: Python<'_>, ended: Ended) -> PyResult<usize> {
         let n = ended.len();
-        for (txn_id, token, how) in ended {
-            self.tokens.remove(&token);
+        for (_, token, how) in ended {
+            let Some(s) = self.tokens.remove(&token) else { continue };
             if let Some(on_change) = &self.on_change {
+                let txn_id = s.borrow(py).transactional_id.clone_ref(py);
                 on_change.call1(py, (txn_id, self.endings[how as usize].clone_ref(py)))?;
             }
         }
@@ -106,9 +107,8 @@ impl EndTxnLedgerCore {
     }
 
     fn answered(&mut self, py: Python<'_>, s: PyRef<'_, SentEndTxn>) -> PyResult<()> {
-        let txn_id = s.transactional_id.bind(py).to_str()?.to_owned();
-        let ended = self.inner.answered(&txn_id, s.token, s.producer_id, s.producer_epoch, s.sent_mark);
-        drop(s);
+        let name = s.transactional_id.bind(py);
+        let ended = self.inner.answered(name.to_str()?, s.token, s.producer_id, s.producer_epoch, s.sent_mark);
         self.tell(py, ended).map(|_| ())
     }
 
@@ -117,8 +117,8 @@ impl EndTxnLedgerCore {
             let mark = self.inner.mark();
             s.orphaned_ms = Some(now_ms);
             s.orphaned_mark = Some(mark);
-            let txn_id = s.transactional_id.bind(py).to_str()?.to_owned();
-            self.inner.orphaned(&txn_id, s.token, now_ms, mark);
+            let name = s.transactional_id.clone_ref(py);
+            self.inner.orphaned(name.bind(py).to_str()?, s.token, now_ms, mark);
         }
         Ok(())
     }

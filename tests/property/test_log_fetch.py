@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.response import FetchResponse
 from kio.static.primitive import Records
 
-from txnguard.codecs import native, schemas
+from txnguard.codecs import log_fetch, native, schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import DecodeFailed
 from txnguard.codecs.log_fetch import Wanted, fetch_request, packed, read_log_answer
@@ -25,7 +25,6 @@ from txnguard.codecs.transaction_log import (
     TOMBSTONE,
     PartitionRead,
     TxnLogValue,
-    from_native,
     latest,
     python_decoded,
 )
@@ -74,9 +73,9 @@ def _native(frame: bytes, start: int = 0, stop: int | None = None,
 
 def _native_read(read: tuple[list[Any], tuple[int, int, int, int], int | None, list[str]],
                  failure: tuple[bool, int] | None) -> tuple[object, object]:
-    kept, counts, next_offset, ended = read
-    records, error = from_native(kept, failure)
-    return PartitionRead(records, counts, next_offset, ended), None if error is None else type(error)
+    """The native read as the wrapper hands it on (codecs/log_fetch.py), its failure by type (messages differ)."""
+    partition_read, error = log_fetch._native_read(read, failure)
+    return partition_read, None if error is None else type(error)
 
 
 @SETTINGS

@@ -555,9 +555,7 @@ class LogFollower:
         """A partition's records, decoded and reduced with the answer (`read_log_answer`: each id's last record, every
         unreadable one), into the view; `failure`: what stopped their reading. Once per partition of every long
         poll's answer: kept to a few steps when it carries a record or two."""
-        view = self.view
-        position = view.positions.get(partition, 0)
-        view.apply_read(partition, read)
+        self.view.apply_read(partition, read)
         state, tombstone, unknown, malformed = read.counts
         counted = self._counters
         if state:
@@ -573,12 +571,11 @@ class LogFollower:
                 if txn_id in self._ending:
                     self._ended(txn_id)
         if read.next_offset is not None:
-            position = read.next_offset
             self._moved.add(partition)  # its offset in the fetch session moves (`FetchSession.next`)
         if failure is not None:
             # A batch this reader cannot open: its records are unread. Skipping would decide on states older than
             # the log's; so stop this partition here and say so (writes of its ids go to the next source).
-            self._say_problem(f"{TOPIC}-{partition} at offset {position}: {failure}")
+            self._say_problem(f"{TOPIC}-{partition} at offset {self.view.positions.get(partition, 0)}: {failure}")
 
     def _unreadable(self, partition: int, kept: list[Decoded]) -> None:
         """Records of `partition` this reader could not read: said once per partition and kind (the metric counts
