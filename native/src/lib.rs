@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod log_records;
 pub mod produce;
 pub mod py_in_doubt;
+pub mod py_observe;
 pub mod py_registry;
 pub mod registry;
 pub mod transaction_log;
@@ -98,6 +99,42 @@ fn read_txn_request(py: Python<'_>, data: &Bound<'_, PyAny>, start: usize, stop:
             (transactional_id, producer_id, producer_epoch, committed).into_pyobject(py)?,
     };
     Ok(Some(object.into_any().unbind()))
+}
+
+/// `observe_request(data, start, stop, key, version, now_ms, connection_id, registry, ledger, hold, absorb)`: a
+/// life-cycle request read in place and observed by the native registry and ledger in the same call
+/// (py_observe.rs: verification/decisions.py's `observe_request_in_place` from its read on); None for the general
+/// path (not readable in place, or held by the EndTxn defence).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn observe_request(py: Python<'_>, data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16, version: i16,
+                   now_ms: i64, connection_id: i64, registry: &Bound<'_, py_registry::RegistryCore>,
+                   ledger: Option<&Bound<'_, py_in_doubt::EndTxnLedgerCore>>, hold: bool, absorb: bool)
+    -> PyResult<py_observe::Observed> {
+    let found = in_place!(data, |b| lifecycle::read_txn_request(b, start, stop, key, version));
+    let Some(request) = found else { return Ok(None) };
+    py_observe::observe_request(py, request, now_ms, connection_id, registry, ledger, hold, absorb)
+}
+
+/// `observe_response(data, start, stop, key, version, request, now_ms, absorbable, registry, ledger)`: a life-cycle
+/// answer (from its correlation id in `data[start:stop]`) to `request` (what `observe_request` saw it as) learned
+/// from by the native registry and ledger in the same call; False for the general path (py_observe.rs: decisions.py's
+/// `observe_response_in_place`). An EndTxn's answer is not read: any answer ends its doubt.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn observe_response(py: Python<'_>, data: &Bound<'_, PyAny>, start: usize, stop: usize, key: i16, version: i16,
+                    request: &Bound<'_, PyAny>, now_ms: i64, absorbable: bool,
+                    registry: &Bound<'_, py_registry::RegistryCore>,
+                    ledger: Option<&Bound<'_, py_in_doubt::EndTxnLedgerCore>>) -> PyResult<bool> {
+    if request.is_none() {
+        return Ok(true);
+    }
+    if let Ok(token) = request.cast::<py_in_doubt::SentEndTxn>() {
+        py_observe::end_txn_answered(py, Some(token), ledger)?;
+        return Ok(true);
+    }
+    let found = in_place!(data, |b| lifecycle::read_txn_response(b, start, stop, key, version));
+    py_observe::observe_answer(py, key, request, found, now_ms, absorbable, registry, ledger)
 }
 
 /// (error code, producer id, producer epoch, accepted [(topic, partition)], all concurrent)
@@ -290,6 +327,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_log_answer, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_request, m)?)?;
     m.add_function(wrap_pyfunction!(set_known_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(observe_request, m)?)?;
+    m.add_function(wrap_pyfunction!(observe_response, m)?)?;
+    m.add_function(wrap_pyfunction!(py_observe::observe_setup, m)?)?;
     m.add_class::<py_registry::RegistryCore>()?;
     m.add_class::<py_in_doubt::EndTxnLedgerCore>()?;
     m.add_class::<py_in_doubt::SentEndTxn>()?;

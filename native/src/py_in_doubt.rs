@@ -96,7 +96,7 @@ impl EndTxnLedgerCore {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn sent(&mut self, py: Python<'_>, txn_id: Bound<'_, PyString>, producer_id: i64, epoch: i16, committed: bool,
+    pub(crate) fn sent(&mut self, py: Python<'_>, txn_id: Bound<'_, PyString>, producer_id: i64, epoch: i16, committed: bool,
             connection_id: i64, now_ms: i64) -> PyResult<Py<SentEndTxn>> {
         let (token, sent_mark) = self.inner.sent(txn_id.to_str()?, producer_id, epoch, connection_id, now_ms);
         let s = Py::new(py, SentEndTxn { transactional_id: txn_id.unbind(), producer_id, producer_epoch: epoch,
@@ -106,7 +106,7 @@ impl EndTxnLedgerCore {
         Ok(s)
     }
 
-    fn answered(&mut self, py: Python<'_>, s: PyRef<'_, SentEndTxn>) -> PyResult<()> {
+    pub(crate) fn answered(&mut self, py: Python<'_>, s: PyRef<'_, SentEndTxn>) -> PyResult<()> {
         let name = s.transactional_id.bind(py);
         let ended = self.inner.answered(name.to_str()?, s.token, s.producer_id, s.producer_epoch, s.sent_mark);
         self.tell(py, ended).map(|_| ())
@@ -129,12 +129,12 @@ impl EndTxnLedgerCore {
         self.tell(py, ended)
     }
 
-    fn fenced(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i16) -> PyResult<usize> {
+    pub(crate) fn fenced(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i16) -> PyResult<usize> {
         let ended = self.inner.fenced(txn_id, producer_id, epoch);
         self.tell(py, ended)
     }
 
-    fn blocking(&self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i16, connection_id: i64, now_ms: i64)
+    pub(crate) fn blocking(&self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i16, connection_id: i64, now_ms: i64)
         -> Option<Py<SentEndTxn>> {
         let token = self.inner.blocking(txn_id, producer_id, epoch, connection_id, now_ms)?;
         self.tokens.get(&token).map(|s| s.clone_ref(py))

@@ -43,6 +43,16 @@ fn partitions_of(items: Option<&Bound<'_, PyAny>>, into: &mut Partitions) -> PyR
 }
 
 impl RegistryCore {
+    /// `added` with the partitions as read (py_observe.rs: an answer read natively), not as Python tuples.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn added_pairs(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64,
+                              pairs: &[(String, i32)], group: Option<&str>) -> PyResult<()> {
+        let mut seen = Vec::new();
+        self.inner.added(txn_id, producer_id, epoch, now_ms, pairs.iter().map(|(t, p)| (t.as_str(), *p)), group,
+                         &mut seen);
+        self.tell(py, seen)
+    }
+
     /// Tell `seen` the ids the last call created, evicted or expired, in order.
     fn tell(&self, py: Python<'_>, ids: Vec<String>) -> PyResult<()> {
         if let Some(seen) = &self.seen {
@@ -119,7 +129,7 @@ impl RegistryCore {
         self.inner.ids().map(str::to_owned).collect()
     }
 
-    fn init_producer_id(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, timeout_ms: i64,
+    pub(crate) fn init_producer_id(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, timeout_ms: i64,
                         now_ms: i64) -> PyResult<()> {
         let mut seen = Vec::new();
         self.inner.init_producer_id(txn_id, producer_id, epoch, timeout_ms, now_ms, &mut seen);
@@ -145,7 +155,7 @@ impl RegistryCore {
         self.inner.request_timeout(txn_id, timeout_ms);
     }
 
-    fn end_txn(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64) -> PyResult<()> {
+    pub(crate) fn end_txn(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64) -> PyResult<()> {
         let mut seen = Vec::new();
         self.inner.end_txn(txn_id, producer_id, epoch, now_ms, &mut seen);
         self.tell(py, seen)

@@ -32,7 +32,7 @@ from txnguard.codecs import lifecycle_scan, log_fetch, native
 from txnguard.codecs.errors import CodecError, DecodeFailed
 from txnguard.connection.commands import Close, SendToBroker
 from txnguard.testing.fetch_answers import fetch_answer
-from txnguard.verification import decisions
+from txnguard.verification import decisions, registry
 
 
 def _identified(pb: Playbook) -> None:
@@ -100,9 +100,17 @@ def test_a_panic_in_the_native_reader_closes_only_that_connection(monkeypatch) -
     _closed_alone(pb, other, out, "request")
 
 
-def test_a_panic_reading_a_life_cycle_request_closes_only_that_connection(monkeypatch) -> None:
-    monkeypatch.setattr(lifecycle_scan, "_read_request", _panics)
+@pytest.mark.parametrize("where", ["the native observer", "the Python reader"])
+def test_a_panic_reading_a_life_cycle_request_closes_only_that_connection(monkeypatch, where: str) -> None:
+    # The native observer reads and observes in one call (the registry and the ledger native); with the Python
+    # registry the rules read with the native reader and observe in Python.
     pb, other = _two_connections()
+    if where == "the native observer":
+        assert pb.rules._native_state()
+        monkeypatch.setattr(decisions, "_native_observe_request", _panics)
+    else:
+        pb.rules.registry = registry.PythonRegistry()
+        monkeypatch.setattr(lifecycle_scan, "_read_request", _panics)
     before = heartbeat(1)
     # client ─▶ Heartbeat, AddPartitionsToTxn ─▶ the Heartbeat booked ─▶ the reader panics on the add ─▶ the
     # Heartbeat leaves, the add does not, the connection closes with its reason
@@ -111,10 +119,17 @@ def test_a_panic_reading_a_life_cycle_request_closes_only_that_connection(monkey
     _closed_alone(pb, other, out, "request")
 
 
-def test_a_panic_reading_a_life_cycle_answer_closes_only_that_connection(monkeypatch) -> None:
+@pytest.mark.parametrize("where", ["the native observer", "the Python reader"])
+def test_a_panic_reading_a_life_cycle_answer_closes_only_that_connection(monkeypatch, where: str) -> None:
     pb, other = _two_connections()
+    if where == "the Python reader":
+        pb.rules.registry = registry.PythonRegistry()
     pb.relays(heartbeat(1), add_partitions(2, [T0]))
-    monkeypatch.setattr(lifecycle_scan, "_read_response", _panics)
+    if where == "the native observer":
+        assert pb.rules._native_state()
+        monkeypatch.setattr(decisions, "_native_observe_response", _panics)
+    else:
+        monkeypatch.setattr(lifecycle_scan, "_read_response", _panics)
     # broker ─▶ Heartbeat's answer, AddPartitionsToTxn's answer ─▶ the first passes ─▶ the reader panics on the
     # second ─▶ it does not reach the client, the connection closes
     out = pb.broker_answers(heartbeat_response(1), add_partitions_response(2, [T0]))

@@ -115,6 +115,9 @@ def read_txn_response(body: bytes | memoryview, key: int, version: int, start: i
     return _ERROR_ANSWERS[error]  # an error code alone: built once (a frozen dataclass costs more than the read)
 
 
+if native.AVAILABLE:  # the native observers (native/src/py_observe.rs) build these records as read_txn_request does
+    native.observe_setup(InitProducerIdSeen, AddPartitionsSeen, AddOffsetsSeen, tuple.__new__)
+
 _ERROR_ANSWERS = {code: TxnResponse(code, all_concurrent=code == CONCURRENT_TRANSACTIONS) for code in _KNOWN_ERRORS}
 
 

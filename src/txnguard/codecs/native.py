@@ -79,3 +79,16 @@ read_log_answer: Any = getattr(_native, "read_log_answer", None)
 read_log_records: Any = getattr(_native, "read_log_records", None)
 read_batch_records: Any = getattr(_native, "read_batch_records", None)
 fetch_request: Any = getattr(_native, "fetch_request", None)
+
+# The rules of a life-cycle frame on the relay's fast path in one call each, the native registry and EndTxn ledger
+# asked directly (native/src/py_observe.rs; verification/decisions.py's `observe_request_in_place` and
+# `observe_response_in_place` call them when both are the native ones, else run the same rules in Python):
+# observe_request(data, start, stop, key, version, now_ms, connection_id, registry, ledger | None, hold, absorb)
+#   -> (what the request is seen as, whether its bytes are kept to ask again) | None;
+# observe_response(data, start, stop, key, version, request, now_ms, absorbable, registry, ledger | None) -> bool.
+observe_request: Any = getattr(_native, "observe_request", None)
+observe_setup: Any = getattr(_native, "observe_setup", None)
+observe_response: Any = getattr(_native, "observe_response", None)
+# The native state's classes, to tell it from the Python fallbacks' (a class nothing is an instance of without it).
+RegistryCore: type = getattr(_native, "RegistryCore", _NeverRaised)
+EndTxnLedgerCore: type = getattr(_native, "EndTxnLedgerCore", _NeverRaised)

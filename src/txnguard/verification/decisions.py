@@ -21,7 +21,7 @@ from typing import Any, Protocol, assert_never
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from txnguard.codecs import schemas
+from txnguard.codecs import native, schemas
 from txnguard.codecs.api_keys import ApiKey
 from txnguard.codecs.errors import BoundsExceeded, CodecError
 from txnguard.codecs.groups import CONSUMER_OFFSETS, offsets_partition_for
@@ -233,6 +233,10 @@ def _target(write: Write, tp: TopicPartition) -> str:
             assert_never(write)
 
 
+_native_observe_request, _native_observe_response = native.observe_request, native.observe_response
+_REGISTRY_CORE, _LEDGER_CORE = native.RegistryCore, native.EndTxnLedgerCore
+
+
 class TransactionRules:
     """KIP-890 part 1 decisions for every connection of one proxy (they share the registry)."""
 
@@ -300,6 +304,12 @@ class TransactionRules:
         now_ms = clock.wall_ms()
         if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
             return None, False
+        in_doubt = self.in_doubt
+        if self._native_state():  # the same rules in one native call (native/src/py_observe.rs)
+            seen: tuple[Observed | None, bool] | None = _native_observe_request(
+                data, start, stop, key, version, now_ms, connection_id, self.registry, in_doubt,
+                in_doubt is not None and in_doubt.limits.enabled, self.concurrent.enabled)
+            return seen
         req = read_txn_request(data, head, start, stop)
         if req is None:
             return None
@@ -308,6 +318,12 @@ class TransactionRules:
             return None
         observed = self._observed(req, now_ms, connection_id)
         return observed, self.absorbs(key, observed)
+
+    def _native_state(self) -> bool:
+        """Whether the registry and the EndTxn ledger (or its absence) are the native ones: then the fast path's
+        life-cycle rules run in one native call each, asking them directly. Asked per frame: tests swap them."""
+        in_doubt = self.in_doubt
+        return isinstance(self.registry, _REGISTRY_CORE) and (in_doubt is None or isinstance(in_doubt, _LEDGER_CORE))
 
     def absorbs(self, key: int, observed: Observed | None) -> bool:
         """Whether the core keeps an observed request's bytes to ask the coordinator again itself, should it
@@ -351,6 +367,10 @@ class TransactionRules:
         id, read where it lies): False leaves the answer to the general path untouched
         (not readable in place, or a whole-request CONCURRENT_TRANSACTIONS the core may ask again: `absorbable`);
         True: learned, with the same effects, and the answer goes to the client as it is."""
+        if self._native_state():  # the same rules in one native call (native/src/py_observe.rs)
+            learned: bool = _native_observe_response(data, start, stop, key, version, request, now_ms, absorbable,
+                                                     self.registry, self.in_doubt)
+            return learned
         if not isinstance(request, (InitProducerIdSeen, AddPartitionsSeen, AddOffsetsSeen)):  # a tuple: C-fast
             if request is not None and self.in_doubt is not None:  # an EndTxn's answer: no longer in doubt
                 self.in_doubt.answered(request)
