@@ -68,27 +68,18 @@ def _install() -> None:
     ns: Counter[str] = Counter()
 
     def timed(name: str | Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
-        if isinstance(name, str):
-            label = name
+        """`fn`, its on-CPU time and calls counted under `name` (or the label `name` gives its arguments)."""
+        fixed = name if isinstance(name, str) else None
+        namer = name if not isinstance(name, str) else None
 
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = tt()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    ns[label] += tt() - t0
-                    calls[label] += 1
-        else:
-            namer = name
-
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = tt()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    label = namer(*args)
-                    ns[label] += tt() - t0
-                    calls[label] += 1
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = tt()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                label = fixed if namer is None else namer(*args)
+                ns[label] += tt() - t0
+                calls[label] += 1
         return wrapper
 
     session.Session.from_client = timed("from_client", session.Session.from_client)  # type: ignore[method-assign]

@@ -96,8 +96,8 @@ impl EndTxnLedgerCore {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sent(&mut self, py: Python<'_>, txn_id: Bound<'_, PyString>, producer_id: i64, epoch: i16, committed: bool,
-            connection_id: i64, now_ms: i64) -> PyResult<Py<SentEndTxn>> {
+    pub(crate) fn sent(&mut self, py: Python<'_>, txn_id: Bound<'_, PyString>, producer_id: i64, epoch: i16,
+                       committed: bool, connection_id: i64, now_ms: i64) -> PyResult<Py<SentEndTxn>> {
         let (token, sent_mark) = self.inner.sent(txn_id.to_str()?, producer_id, epoch, connection_id, now_ms);
         let s = Py::new(py, SentEndTxn { transactional_id: txn_id.unbind(), producer_id, producer_epoch: epoch,
                                          committed, connection_id, sent_ms: now_ms, orphaned_ms: None, sent_mark,
@@ -134,7 +134,8 @@ impl EndTxnLedgerCore {
         self.tell(py, ended)
     }
 
-    pub(crate) fn blocking(&self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i16, connection_id: i64, now_ms: i64)
+    pub(crate) fn blocking(&self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i16, connection_id: i64,
+                           now_ms: i64)
         -> Option<Py<SentEndTxn>> {
         let token = self.inner.blocking(txn_id, producer_id, epoch, connection_id, now_ms)?;
         self.tokens.get(&token).map(|s| s.clone_ref(py))

@@ -1,8 +1,8 @@
 //! The rules of a life-cycle frame on the relay's fast path, in one native call each: the request or answer read
 //! in place (lifecycle.rs), then what verification/decisions.py's `observe_request_in_place` and
 //! `observe_response_in_place` do with it, asked of the native registry and EndTxn ledger directly, with no Python
-//! call in between. Live, each Python step of those rules cost several microseconds on a cold cache (bench/cpu_split.py);
-//! the registry and the ledger were already native, so only the steps between them move here.
+//! call in between. Live, each Python step of those rules cost several microseconds on a cold cache
+//! (bench/cpu_split.py); the registry and the ledger were already native, so only the steps between them move here.
 //!
 //! The rules stay those of decisions.py, step for step (the Python methods are the fallback where the registry or
 //! the ledger is the Python one, and the oracle of tests/unit/test_connection_relay.py's equivalence tests, which

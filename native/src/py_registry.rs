@@ -129,8 +129,8 @@ impl RegistryCore {
         self.inner.ids().map(str::to_owned).collect()
     }
 
-    pub(crate) fn init_producer_id(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, timeout_ms: i64,
-                        now_ms: i64) -> PyResult<()> {
+    pub(crate) fn init_producer_id(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64,
+                                   timeout_ms: i64, now_ms: i64) -> PyResult<()> {
         let mut seen = Vec::new();
         self.inner.init_producer_id(txn_id, producer_id, epoch, timeout_ms, now_ms, &mut seen);
         self.tell(py, seen)
@@ -155,7 +155,8 @@ impl RegistryCore {
         self.inner.request_timeout(txn_id, timeout_ms);
     }
 
-    pub(crate) fn end_txn(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64) -> PyResult<()> {
+    pub(crate) fn end_txn(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64)
+        -> PyResult<()> {
         let mut seen = Vec::new();
         self.inner.end_txn(txn_id, producer_id, epoch, now_ms, &mut seen);
         self.tell(py, seen)
