@@ -121,8 +121,7 @@ def launch() -> int:
     _install()
     from txnguard.cli import main
 
-    sys.argv = [sys.argv[0], *sys.argv[1:]]  # `run <flags>`: txnguard's own command line
-    return main()
+    return main()  # sys.argv[1:] is `run <flags>`: txnguard's own command line
 
 
 # -- the bench (outside) -------------------------------------------------------------------------------------

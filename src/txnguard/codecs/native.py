@@ -89,6 +89,12 @@ fetch_request: Any = getattr(_native, "fetch_request", None)
 observe_request: Any = getattr(_native, "observe_request", None)
 observe_setup: Any = getattr(_native, "observe_setup", None)
 observe_response: Any = getattr(_native, "observe_response", None)
-# The native state's classes, to tell it from the Python fallbacks' (a class nothing is an instance of without it).
-RegistryCore: type = getattr(_native, "RegistryCore", _NeverRaised)
-EndTxnLedgerCore: type = getattr(_native, "EndTxnLedgerCore", _NeverRaised)
+
+
+class _NoNativeState:
+    """Stands for the native state's classes where there is no native module: nothing is an instance of it."""
+
+
+# The native state's classes, to tell it from the Python fallbacks'.
+RegistryCore: type = getattr(_native, "RegistryCore", _NoNativeState)
+EndTxnLedgerCore: type = getattr(_native, "EndTxnLedgerCore", _NoNativeState)

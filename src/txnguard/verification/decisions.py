@@ -304,8 +304,8 @@ class TransactionRules:
         now_ms = clock.wall_ms()
         if key == ADD_PARTITIONS and version > LAST_CLIENT_ADD_PARTITIONS_VERSION:
             return None, False
-        in_doubt = self.in_doubt
         if self._native_state():  # the same rules in one native call (native/src/py_observe.rs)
+            in_doubt = self.in_doubt
             seen: tuple[Observed | None, bool] | None = _native_observe_request(
                 data, start, stop, key, version, now_ms, connection_id, self.registry, in_doubt,
                 in_doubt is not None and in_doubt.limits.enabled, self.concurrent.enabled)
