@@ -130,7 +130,7 @@ fn observe_response(py: Python<'_>, data: &Bound<'_, PyAny>, start: usize, stop:
         return Ok(true);
     }
     if let Ok(token) = request.cast::<py_in_doubt::SentEndTxn>() {
-        py_observe::end_txn_answered(py, Some(token), ledger)?;
+        py_observe::end_txn_answered(py, token, ledger)?;
         return Ok(true);
     }
     let found = in_place!(data, |b| lifecycle::read_txn_response(b, start, stop, key, version));

@@ -111,8 +111,11 @@ pub fn observe_answer(py: Python<'_>, key: i16, request: &Bound<'_, PyAny>, answ
     }
     let fields = request.cast::<PyTuple>()?;
     let txn_id = fields.get_borrowed_item(0)?;
-    let producer_id: i64 = fields.get_borrowed_item(1)?.extract()?;
-    let epoch: i64 = fields.get_borrowed_item(2)?.extract()?;
+    // The request's producer, for what AddPartitionsToTxn / AddOffsetsToTxn add (an InitProducerId's comes in its
+    // answer).
+    let producer = || -> PyResult<(i64, i64)> {
+        Ok((fields.get_borrowed_item(1)?.extract()?, fields.get_borrowed_item(2)?.extract()?))
+    };
     match key {
         INIT_PRODUCER_ID => {
             // Only a transactional producer's (an id, not empty) answer without error names its producer.
@@ -131,8 +134,9 @@ pub fn observe_answer(py: Python<'_>, key: i16, request: &Bound<'_, PyAny>, answ
             // What counts as added: the partitions the answer accepted.
             if !answer.accepted.is_empty() {
                 let txn_id = txn_id.cast::<PyString>()?;
-                registry.borrow_mut().added_pairs(py, txn_id.to_str()?, producer_id, epoch, now_ms, &answer.accepted,
-                                                  None)?;
+                let (producer_id, epoch) = producer()?;
+                let accepted = answer.accepted.iter().map(|(t, p)| (t.as_str(), *p));
+                registry.borrow_mut().added_pairs(py, txn_id.to_str()?, producer_id, epoch, now_ms, accepted, None)?;
             }
         }
         ADD_OFFSETS => {
@@ -140,7 +144,8 @@ pub fn observe_answer(py: Python<'_>, key: i16, request: &Bound<'_, PyAny>, answ
                 let txn_id = txn_id.cast::<PyString>()?;
                 let group = fields.get_borrowed_item(3)?;
                 let group = group.cast::<PyString>()?;
-                registry.borrow_mut().added_pairs(py, txn_id.to_str()?, producer_id, epoch, now_ms, &[],
+                let (producer_id, epoch) = producer()?;
+                registry.borrow_mut().added_pairs(py, txn_id.to_str()?, producer_id, epoch, now_ms, std::iter::empty(),
                                                   Some(group.to_str()?))?;
             }
         }
@@ -150,10 +155,10 @@ pub fn observe_answer(py: Python<'_>, key: i16, request: &Bound<'_, PyAny>, answ
 }
 
 /// An EndTxn's answer, any: the coordinator has processed it, so it can no longer land later (`token`: its entry
-/// in the ledger, or None without the defence).
-pub fn end_txn_answered(py: Python<'_>, token: Option<&Bound<'_, SentEndTxn>>,
-                        ledger: Option<&Bound<'_, EndTxnLedgerCore>>) -> PyResult<()> {
-    if let (Some(token), Some(l)) = (token, ledger) {
+/// in the ledger).
+pub fn end_txn_answered(py: Python<'_>, token: &Bound<'_, SentEndTxn>, ledger: Option<&Bound<'_, EndTxnLedgerCore>>)
+    -> PyResult<()> {
+    if let Some(l) = ledger {
         l.borrow_mut().answered(py, token.borrow())?;
     }
     Ok(())

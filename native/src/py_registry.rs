@@ -43,13 +43,14 @@ fn partitions_of(items: Option<&Bound<'_, PyAny>>, into: &mut Partitions) -> PyR
 }
 
 impl RegistryCore {
-    /// `added` with the partitions as read (py_observe.rs: an answer read natively), not as Python tuples.
+    /// `added` with the partitions as (topic, partition) pairs of text: the Python method's once converted, or an
+    /// answer read natively (py_observe.rs).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn added_pairs(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64, now_ms: i64,
-                              pairs: &[(String, i32)], group: Option<&str>) -> PyResult<()> {
+    pub(crate) fn added_pairs<'a>(&mut self, py: Python<'_>, txn_id: &str, producer_id: i64, epoch: i64,
+                                  now_ms: i64, pairs: impl Iterator<Item = (&'a str, i32)>, group: Option<&str>)
+        -> PyResult<()> {
         let mut seen = Vec::new();
-        self.inner.added(txn_id, producer_id, epoch, now_ms, pairs.iter().map(|(t, p)| (t.as_str(), *p)), group,
-                         &mut seen);
+        self.inner.added(txn_id, producer_id, epoch, now_ms, pairs, group, &mut seen);
         self.tell(py, seen)
     }
 
@@ -146,9 +147,7 @@ impl RegistryCore {
                 pairs.push(topic_partition(&item?)?);
             }
         }
-        let mut seen = Vec::new();
-        self.inner.added(txn_id, producer_id, epoch, now_ms, pairs.iter().map(|(t, p)| (&**t, *p)), group, &mut seen);
-        self.tell(py, seen)
+        self.added_pairs(py, txn_id, producer_id, epoch, now_ms, pairs.iter().map(|(t, p)| (&**t, *p)), group)
     }
 
     fn request_timeout(&mut self, txn_id: &str, timeout_ms: i64) {
