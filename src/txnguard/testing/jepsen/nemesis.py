@@ -90,6 +90,11 @@ class NemesisConfig:
     # Whose EndTxns hold-endtxn holds (None: every mode's; one mode's to see what the fault does to it alone).
     hold_modes: Sequence[str] | None = None
 
+    @property
+    def windows(self) -> int:
+        """How many windows the rotation runs: as many whole periods as fit in duration_s, at least one."""
+        return max(1, int((self.duration_s + 0.5) // self.period_s))
+
 
 @dataclass
 class Nemesis:
@@ -118,14 +123,14 @@ class Nemesis:
         are started with PR_SET_PDEATHSIG (die with the parent *thread*), so a nemesis thread that ended
         would take them down with it."""
         # Windows of period_s each from their own start: a slow heal (a broker's restart) delays the next
-        # window rather than eating it. The rotation stops once another full window would pass duration_s.
-        started = time.monotonic()
-        i = 0
+        # window rather than eating it. The number of windows is planned up front (duration_s / period_s), not
+        # read off the clock as the run goes: on a loaded machine slow heals would otherwise drop the last kinds.
+        windows = self.cfg.windows
         try:
-            while not self._stop.is_set() and time.monotonic() - started + self.cfg.period_s <= \
-                    self.cfg.duration_s + 0.5:
+            for i in range(windows):
+                if self._stop.is_set():
+                    break
                 self._window(self.cfg.kinds[i % len(self.cfg.kinds)], time.monotonic() + self.cfg.period_s)
-                i += 1
         finally:
             self.heal()
 
