@@ -110,12 +110,12 @@ def test_a_partition_an_incremental_answer_leaves_out_is_still_at_its_watermark(
     f.caught_up_at = {0: 1.0, 1: 1.0, 2: 1.0}
     f._behind = {2}
     answer = LogAnswer(0, 41, [LogPartition(0, 0, 0, 0, None, None)])
-    reached, failed = f._apply(answer, [0, 1, 2], complete=False)
+    reached, failed = f._apply(answer, leader, [0, 1, 2], complete=False)
     assert (reached, failed) == ({0, 1}, set())
     assert f.caught_up_at[1] > 1.0 and f.caught_up_at[2] == 1.0
     # The same answer taken as complete (a full Fetch) says nothing of partition 1.
     f.caught_up_at[1] = 1.0
-    assert f._apply(answer, [0, 1, 2])[0] == {0}
+    assert f._apply(answer, leader, [0, 1, 2])[0] == {0}
 
 
 def test_a_partition_behind_only_until_its_epoch_started_is_at_its_end_without_news() -> None:
@@ -136,10 +136,10 @@ def test_a_partition_behind_only_until_its_epoch_started_is_at_its_end_without_n
     f.high_watermarks[2] = 10
     f._behind = {2}
     empty = LogAnswer(0, 41, [])
-    assert f._apply(empty, [2], complete=False)[0] == set()  # the epoch not started: still behind
+    assert f._apply(empty, leader, [2], complete=False)[0] == set()  # the epoch not started: still behind
     f._epoch_checked[2] = 4
     f._epochs_unchecked.discard(2)
-    assert f._apply(empty, [2], complete=False)[0] == {2}
+    assert f._apply(empty, leader, [2], complete=False)[0] == {2}
     assert f.partition_usable(2)
 
 

@@ -7,6 +7,8 @@ per idle read, never in a loop (proxy/log_follower.py, "Idle").
     an idle loop resting for idle_read_s ─▶ a write asks the log: the rest ends at once
     an idle loop ─Fetch (max wait 0)─▶ leader, at the end ─▶ rests idle_read_s ─▶ Fetch ...
     an idle loop ─Fetch─▶ leader: below the end, nothing read (a batch it cannot open) ─▶ rests all the same
+    the leader moves ─▶ a write: the log read to its end from the new leader first, even with its long poll live;
+    an answer of the old leader (late) does not count, one of the new leader does
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from txnguard.testing.fetch_answers import FetchesAsBytes
 from txnguard.verification.transaction_log_view import TransactionLogView
 
 LEADER = HostPort("127.0.0.1", 9092)
+NEW_LEADER = HostPort("127.0.0.1", 9093)
 WRITE: TopicPartition = ("orders", 0)
 
 
@@ -81,6 +84,44 @@ def test_a_follower_that_never_idles_passes_at_once_as_before() -> None:
     v = verdict(f)
 
     assert v is not None and v.passed and leader.fetches == 0
+
+
+def test_after_its_leader_moved_a_partition_passes_nothing_at_once_until_the_new_leader_listed_it() -> None:
+    # Never idle, and the new leader's long poll live (for the partitions it led before): before the fix, the write
+    # passed at once on the view the old leader's last answer left, which may miss records it had acknowledged.
+    async def scenario() -> tuple[int, bool, int, bool]:
+        f, leader = follower_holding_app_ongoing(idle_after_s=None)
+        partition = f.view.partition_of("app")
+        assert partition is not None
+        f.leaders = {partition: NEW_LEADER}  # the old leader died: Metadata names the new one
+        f._live.add(NEW_LEADER)
+        first = (await f.verdicts("app", 7, 0, [WRITE], 1.0)).get(WRITE)
+        fetches_first = leader.fetches
+        second = (await f.verdicts("app", 7, 0, [WRITE], 1.0)).get(WRITE)
+        await f.close()
+        return fetches_first, first is not None and first.passed, leader.fetches, \
+            second is not None and second.passed
+
+    fetches_first, first_passed, fetches_after, second_passed = asyncio.run(scenario())
+
+    assert (fetches_first, first_passed) == (1, True)  # read to its end from the new leader, then the verdict
+    assert (fetches_after, second_passed) == (1, True)  # listed by the new leader: at once again, no Fetch
+
+
+def test_only_an_answer_of_the_new_leader_ends_the_wait() -> None:
+    from txnguard.codecs.log_fetch import LogAnswer, LogPartition
+
+    f, _ = follower_holding_app_ongoing(idle_after_s=None)
+    partition = f.view.partition_of("app")
+    assert partition is not None
+    f.leaders = {partition: NEW_LEADER}
+    position = f.view.positions.get(partition, 0)
+    answer = LogAnswer(0, 0, [LogPartition(partition, 0, position, 0, None, None)])
+
+    f._apply(answer, LEADER, [partition])  # the old leader's answer, arriving late
+    assert not f._passes_at_once(partition)
+    f._apply(answer, NEW_LEADER, [partition])
+    assert f._passes_at_once(partition)
 
 
 def test_without_a_live_long_poll_the_log_is_read_to_its_end_first() -> None:

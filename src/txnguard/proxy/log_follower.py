@@ -19,6 +19,11 @@ own connections, without a consumer group (plain Fetch at offsets it keeps itsel
   had acknowledged would be missing from a view "read to its end" (a false refusal, seen when the copier's
   __transaction_state partition moved). A new leader's own watermark counts once ListOffsets
   answers it is past the start of its epoch (KIP-207): until then it may lag what the old leader acknowledged.
+  A partition whose leader moved passes nothing at once on the view until an answer of its new leader has
+  listed it (`_unread_from_leader`): the new leader's long poll may be live for the partitions it led before,
+  while the view of this one is where the old leader's last answer left it (records the old leader had
+  acknowledged may be missing: an Ongoing that is over would pass a late write). Such a write has the log read to
+  its end first (`sync`), as any write the log does not pass at once.
 
 Idle. A long poll costs a Fetch round or two per transaction of the cluster, whether or not any write needs the
 log: a gateway whose clients' writes all pass on what it saw itself (their AddPartitionsToTxn came through it)
@@ -109,6 +114,8 @@ class LogFollower:
         self.idle_after_s, self.idle_read_s = idle_after_s, idle_read_s
         self._asked_at = time.monotonic()
         self._live: set[HostPort] = set()  # leaders whose long poll answered and goes on: their partitions pass at once
+        # Partitions whose leader moved, not yet listed by an answer of the new leader: never passed at once.
+        self._unread_from_leader: set[int] = set()
         self._wakes: dict[HostPort, asyncio.Event] = {}  # an idle leader loop's rest ends early when a write asks
         self._polls = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
         self._syncs = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
@@ -159,6 +166,8 @@ class LogFollower:
     @leaders.setter
     def leaders(self, leaders: dict[int, HostPort]) -> None:
         if leaders != self._leaders:
+            old = self._leaders
+            self._unread_from_leader.update(p for p, a in leaders.items() if p in old and old[p] != a)
             self._leaders = leaders
             self._plan()
 
@@ -348,7 +357,10 @@ class LogFollower:
 
     def _passes_at_once(self, partition: int) -> bool:
         """Whether the view may pass a write of `partition` before reading the log to its end: while its leader's
-        long poll is live (always, when the follower never idles)."""
+        long poll is live (always, when the follower never idles), unless its leader moved and the new one has not
+        listed it yet (see the module)."""
+        if partition in self._unread_from_leader:
+            return False
         return self.idle_after_s is None or self.leaders.get(partition) in self._live
 
     def _poll(self, conn: BrokerConnection, address: HostPort, plan: int, partitions: list[int],
@@ -381,7 +393,7 @@ class LogFollower:
                 if answer.error_code in SESSION_ERRORS:
                     stretch.set_result(_AGAIN)  # the broker dropped the session (evicted, restarted): full at once
                     return
-                _, failed = self._apply(answer, partitions, complete=full)
+                _, failed = self._apply(answer, address, partitions, complete=full)
                 if failed.issuperset(partitions):
                     stretch.set_result(_ALL_FAILED)
                 elif (self._closed or plan != self._plan_version or wait_ms != self.max_wait_ms
@@ -450,11 +462,12 @@ class LogFollower:
                     self._metadata_stale.set()
         return all(self._epoch_started(p) for p in partitions)
 
-    def _apply(self, answer: LogAnswer, asked: Iterable[int], *, complete: bool = True) -> tuple[set[int], set[int]]:
-        """One Fetch answer into the view: (the partitions it read to the high watermark it reported, those that
-        answered an error other than an offset out of range; all it `asked` for on a top-level error). An answer
-        not `complete` (incremental, in a fetch session) leaves out the partitions with no news: one that was at
-        its high watermark still is."""
+    def _apply(self, answer: LogAnswer, source: HostPort, asked: Iterable[int], *,
+               complete: bool = True) -> tuple[set[int], set[int]]:
+        """One Fetch answer of `source` into the view: (the partitions it read to the high watermark it reported,
+        those that answered an error other than an offset out of range; all it `asked` for on a top-level error).
+        An answer not `complete` (incremental, in a fetch session) leaves out the partitions with no news: one that
+        was at its high watermark still is."""
         now = time.monotonic()
         reached: set[int] = set()
         failed: set[int] = set()
@@ -463,6 +476,7 @@ class LogFollower:
             self._say_problem(f"Fetch of {TOPIC} answered {error}")
             return reached, set(asked)
         read_one = False
+        unread = self._unread_from_leader
         for part in parts:
             p, code = part.partition, part.error_code
             if code != ErrorCode.none:
@@ -470,6 +484,8 @@ class LogFollower:
                     failed.add(p)
                 continue
             read_one = True
+            if unread and p in unread and self._leaders.get(p) == source:
+                unread.discard(p)  # its new leader's answer: the view may pass its writes at once again
             if part.read is not None:
                 self._read(p, part.read, part.failure)
             hw = part.high_watermark
@@ -669,7 +685,7 @@ class LogFollower:
                 started = await self._epochs_started(conn, sorted(pending), left)
                 asked = sorted(pending)
                 answer = await self._fetch(conn, asked, 0, left)
-                done, failed = self._apply(answer, asked)
+                done, failed = self._apply(answer, address, asked)
                 reached |= done & pending
                 # A partition that moved on is asked again, as one whose new leader's watermark is not past its
                 # epoch's start yet; one that did neither (an unreadable batch) is not.
