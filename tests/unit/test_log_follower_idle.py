@@ -108,6 +108,16 @@ def test_after_its_leader_moved_a_partition_passes_nothing_at_once_until_the_new
     assert (fetches_after, second_passed) == (1, True)  # listed by the new leader: at once again, no Fetch
 
 
+def test_a_partition_without_a_leader_for_a_while_waits_for_its_next_leader_too() -> None:
+    f, _ = follower_holding_app_ongoing(idle_after_s=None)
+    partition = f.view.partition_of("app")
+    assert partition is not None
+    f.leaders = {}  # Metadata names no leader for it (an election under way)
+    f.leaders = {partition: NEW_LEADER}
+
+    assert not f._passes_at_once(partition)
+
+
 def test_only_an_answer_of_the_new_leader_ends_the_wait() -> None:
     from txnguard.codecs.log_fetch import LogAnswer, LogPartition
 

@@ -167,7 +167,8 @@ class LogFollower:
     def leaders(self, leaders: dict[int, HostPort]) -> None:
         if leaders != self._leaders:
             old = self._leaders
-            self._unread_from_leader.update(p for p, a in leaders.items() if p in old and old[p] != a)
+            # Moved, or without a leader for now (Metadata leaves it out): the next leader's answer must list it.
+            self._unread_from_leader.update(p for p, a in old.items() if leaders.get(p) != a)
             self._leaders = leaders
             self._plan()
 
