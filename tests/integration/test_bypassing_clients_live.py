@@ -94,12 +94,12 @@ def test_the_gateway_counts_and_the_report_lists_the_client_that_bypasses_it(
     # A round of records after both are complete in the log: the direct id unseen, the proxied one seen. Each id's
     # latest record, so that a round written while the direct transaction was still PrepareCommit (it lists every
     # id too) does not count: the report reads each id's latest state.
-    def listed() -> dict[str, tuple[bool, str]]:
-        return {r["transactional_id"]: (r["seen_by_proxy"], r["coordinator_state"]) for r in log_records(audit)}
-    wait_until(lambda: {txn_id: seen for txn_id, (seen, _) in listed().items()}
-               == {**dict.fromkeys(bypassing, False), proxied.transactional_id: True}
-               and listed()[direct.transactional_id][1] == "CompleteCommit", 30,
-               "a round listing every id, the direct one complete")
+    def listed_with_the_direct_one_complete() -> bool:
+        latest = {r["transactional_id"]: r for r in log_records(audit)}  # one read of the file per try
+        return ({txn_id: r["seen_by_proxy"] for txn_id, r in latest.items()}
+                == {**dict.fromkeys(bypassing, False), proxied.transactional_id: True}
+                and latest[direct.transactional_id]["coordinator_state"] == "CompleteCommit")
+    wait_until(listed_with_the_direct_one_complete, 30, "a round listing every id, the direct one complete")
 
     # The report's ingest of the audit file, then the table: the direct client, and not the proxied one.
     proxy.stop()

@@ -58,6 +58,7 @@ def follower_holding_app_ongoing(idle_after_s: float | None) -> tuple[LogFollowe
     f._syncs = leader  # type: ignore[assignment]
     f.leaders = {partition: LEADER}
     f.caught_up_at = {partition: 0.0}
+    f._listed_by[partition] = LEADER  # the leader's last answer listed it, as the read that caught it up did
     return f, leader
 
 

@@ -19,9 +19,9 @@ own connections, without a consumer group (plain Fetch at offsets it keeps itsel
   had acknowledged would be missing from a view "read to its end" (a false refusal, seen when the copier's
   __transaction_state partition moved). A new leader's own watermark counts once ListOffsets
   answers it is past the start of its epoch (KIP-207): until then it may lag what the old leader acknowledged.
-  A partition whose leader moved passes nothing at once on the view until an answer of its new leader has
-  listed it (`_unread_from_leader`): the new leader's long poll may be live for the partitions it led before,
-  while the view of this one is where the old leader's last answer left it (records the old leader had
+  A partition passes nothing at once on the view unless the last answer that listed it came from its leader as
+  Metadata names it now (`_listed_by`): after a move, the new leader's long poll may be live for the partitions it
+  led before, while the view of this one is where the old leader's last answer left it (records the old leader had
   acknowledged may be missing: an Ongoing that is over would pass a late write). Such a write has the log read to
   its end first (`sync`), as any write the log does not pass at once.
 
@@ -114,8 +114,9 @@ class LogFollower:
         self.idle_after_s, self.idle_read_s = idle_after_s, idle_read_s
         self._asked_at = time.monotonic()
         self._live: set[HostPort] = set()  # leaders whose long poll answered and goes on: their partitions pass at once
-        # Partitions whose leader moved, not yet listed by an answer of the new leader: never passed at once.
-        self._unread_from_leader: set[int] = set()
+        # partition -> the leader whose answer last listed it (no error): its writes pass at once only if that is
+        # its leader now (a partition whose leader moved waits for an answer of the new one)
+        self._listed_by: dict[int, HostPort] = {}
         self._wakes: dict[HostPort, asyncio.Event] = {}  # an idle leader loop's rest ends early when a write asks
         self._polls = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
         self._syncs = BrokerConnections(ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, auth=auth)
@@ -166,9 +167,6 @@ class LogFollower:
     @leaders.setter
     def leaders(self, leaders: dict[int, HostPort]) -> None:
         if leaders != self._leaders:
-            old = self._leaders
-            # Moved, or without a leader for now (Metadata leaves it out): the next leader's answer must list it.
-            self._unread_from_leader.update(p for p, a in old.items() if leaders.get(p) != a)
             self._leaders = leaders
             self._plan()
 
@@ -358,11 +356,12 @@ class LogFollower:
 
     def _passes_at_once(self, partition: int) -> bool:
         """Whether the view may pass a write of `partition` before reading the log to its end: while its leader's
-        long poll is live (always, when the follower never idles), unless its leader moved and the new one has not
-        listed it yet (see the module)."""
-        if partition in self._unread_from_leader:
+        long poll is live (always, when the follower never idles), and the last answer that listed it was that
+        leader's (see the module)."""
+        leader = self._leaders.get(partition)
+        if leader is None or self._listed_by.get(partition) != leader:
             return False
-        return self.idle_after_s is None or self.leaders.get(partition) in self._live
+        return self.idle_after_s is None or leader in self._live
 
     def _poll(self, conn: BrokerConnection, address: HostPort, plan: int, partitions: list[int],
               session: FetchSession, wait_ms: int) -> asyncio.Future[object]:
@@ -477,7 +476,7 @@ class LogFollower:
             self._say_problem(f"Fetch of {TOPIC} answered {error}")
             return reached, set(asked)
         read_one = False
-        unread = self._unread_from_leader
+        listed_by = self._listed_by
         for part in parts:
             p, code = part.partition, part.error_code
             if code != ErrorCode.none:
@@ -485,8 +484,7 @@ class LogFollower:
                     failed.add(p)
                 continue
             read_one = True
-            if unread and p in unread and self._leaders.get(p) == source:
-                unread.discard(p)  # its new leader's answer: the view may pass its writes at once again
+            listed_by[p] = source
             if part.read is not None:
                 self._read(p, part.read, part.failure)
             hw = part.high_watermark
