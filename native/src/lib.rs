@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod book;
 pub mod bytes;
 pub mod compact;
 pub mod endpoints;
@@ -21,6 +22,7 @@ pub mod py_in_doubt;
 pub mod py_observe;
 pub mod py_registry;
 pub mod registry;
+pub mod traffic;
 pub mod transaction_log;
 
 use pyo3::buffer::PyBuffer;
@@ -126,15 +128,9 @@ fn observe_response(py: Python<'_>, data: &Bound<'_, PyAny>, start: usize, stop:
                     request: &Bound<'_, PyAny>, now_ms: i64, absorbable: bool,
                     registry: &Bound<'_, py_registry::RegistryCore>,
                     ledger: Option<&Bound<'_, py_in_doubt::EndTxnLedgerCore>>) -> PyResult<bool> {
-    if request.is_none() {
-        return Ok(true);
-    }
-    if let Ok(token) = request.cast::<py_in_doubt::SentEndTxn>() {
-        py_observe::end_txn_answered(py, token, ledger)?;
-        return Ok(true);
-    }
-    let found = in_place!(data, |b| lifecycle::read_txn_response(b, start, stop, key, version));
-    py_observe::observe_answer(py, key, request, found, now_ms, absorbable, registry, ledger)
+    let found = in_place!(data, |b| Some(py_observe::observe_response_in(py, b, start, stop, key, version, request,
+                                                                       now_ms, absorbable, registry, ledger)));
+    found.unwrap_or(Ok(false))
 }
 
 /// (error code, producer id, producer epoch, accepted [(topic, partition)], all concurrent)
@@ -331,6 +327,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(observe_response, m)?)?;
     m.add_function(wrap_pyfunction!(py_observe::observe_setup, m)?)?;
     m.add_class::<py_registry::RegistryCore>()?;
+    m.add_class::<traffic::Traffic>()?;
+    m.add_class::<book::Book>()?;
     m.add_class::<py_in_doubt::EndTxnLedgerCore>()?;
     m.add_class::<py_in_doubt::SentEndTxn>()?;
     m.add("PanicException", m.py().get_type::<PanicException>())?;

@@ -15,7 +15,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyTuple};
 
-use crate::lifecycle::{TxnRequest, TxnResponse};
+use crate::bytes::Bytes;
+use crate::lifecycle::{self, TxnRequest, TxnResponse};
 use crate::py_in_doubt::{EndTxnLedgerCore, SentEndTxn};
 use crate::py_registry::RegistryCore;
 
@@ -162,4 +163,23 @@ pub fn end_txn_answered(py: Python<'_>, token: &Bound<'_, SentEndTxn>, ledger: O
         l.borrow_mut().answered(py, token.borrow())?;
     }
     Ok(())
+}
+
+/// `observe_response_in_place` of a life-cycle answer in `b[start..stop]` (from its correlation id) to `request`
+/// (what `observe_request` saw it as): False for the general path. An EndTxn's answer is not read: any answer ends
+/// its doubt. The relay's book (book.rs) and `observe_response` (lib.rs) both answer through this.
+#[allow(clippy::too_many_arguments)]
+pub fn observe_response_in<B: Bytes + ?Sized>(py: Python<'_>, b: &B, start: usize, stop: usize, key: i16, version: i16,
+                                              request: &Bound<'_, PyAny>, now_ms: i64, absorbable: bool,
+                                              registry: &Bound<'_, RegistryCore>,
+                                              ledger: Option<&Bound<'_, EndTxnLedgerCore>>) -> PyResult<bool> {
+    if request.is_none() {
+        return Ok(true);
+    }
+    if let Ok(token) = request.cast::<SentEndTxn>() {
+        end_txn_answered(py, token, ledger)?;
+        return Ok(true);
+    }
+    let found = lifecycle::read_txn_response(b, start, stop, key, version);
+    observe_answer(py, key, request, found, now_ms, absorbable, registry, ledger)
 }

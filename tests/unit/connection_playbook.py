@@ -33,7 +33,7 @@ from txnguard.connection.commands import (
     SendToClient,
 )
 from txnguard.connection.core import Connection, Settings
-from txnguard.connection.traffic import Traffic
+from txnguard.connection.traffic import make_traffic
 from txnguard.policies.policy import policy_from_config
 from txnguard.testing.raw import build_batch
 from txnguard.verification.concurrent import ConcurrentRetry
@@ -401,7 +401,7 @@ class Playbook:
         self.cluster = FakeCluster()
         self.registry = Registry()
         self.rules = TransactionRules(self.registry, policy_from_config(policy or {}), concurrent=concurrent)
-        self.traffic = Traffic()
+        self.traffic = make_traffic()
         self.conn = Connection(
             Settings(connection_id=1, listener="bootstrap", max_frame_bytes=max_frame_bytes,
                      pre_auth_max_frame_bytes=pre_auth_max_frame_bytes, max_in_flight=max_in_flight,

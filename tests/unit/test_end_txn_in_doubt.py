@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import pytest
 from connection_playbook import (
     EPOCH,
     PID,
@@ -51,7 +52,7 @@ from txnguard.connection.commands import (
     Side,
 )
 from txnguard.connection.core import Connection, Settings
-from txnguard.connection.traffic import Traffic
+from txnguard.connection.traffic import make_traffic
 from txnguard.policies.policy import policy_from_config
 from txnguard.verification.checks import AwaitEndTxn, EndTxnSettled, EndTxnStillInDoubt
 from txnguard.verification.decisions import TransactionRules
@@ -98,7 +99,7 @@ class Proxy:
         conn = Connection(Settings(connection_id=len(self.connections) + 1, listener="broker-1",
                                    max_frame_bytes=100 << 20, pre_auth_max_frame_bytes=None, max_in_flight=100,
                                    partial_frame_timeout_s=30.0, idle_timeout_s=600.0),
-                          self.rules, FakeCluster(), self.clock, Traffic())
+                          self.rules, FakeCluster(), self.clock, make_traffic())
         track(conn)  # every command it emits must be asserted (connection_playbook.py)
         self.connections.append(conn)
         return conn
@@ -231,9 +232,15 @@ def test_with_the_defence_off_nothing_is_held_and_a_leaving_client_closes_at_onc
 # -- a client that leaves with its EndTxn unanswered ---------------------------------------------------------
 
 
-def test_a_client_that_leaves_with_an_end_txn_unanswered_leaves_the_broker_side_until_the_answer():
+@pytest.mark.parametrize("read", ["the first", "a later"])
+def test_a_client_that_leaves_with_an_end_txn_unanswered_leaves_the_broker_side_until_the_answer(read: str) -> None:
+    # The first read of a connection takes the general path (it names the client); a later one the fast path,
+    # which books the EndTxn in the native book.
     proxy = Proxy()
     conn = proxy.connection()
+    if read == "a later":
+        relays(conn, heartbeat(0))
+        delivers(conn, heartbeat_response(0))
     relays(conn, heartbeat(1), end_txn(2))
     assert conn.client_gone() == [] and conn.lingering      # no Close: the broker may still process it
     delivers(conn, heartbeat_response(1))                   # no Close yet: the EndTxn is still to come

@@ -98,3 +98,11 @@ class _NoNativeState:
 # The native state's classes, to tell it from the Python fallbacks'.
 RegistryCore: type = getattr(_native, "RegistryCore", _NoNativeState)
 EndTxnLedgerCore: type = getattr(_native, "EndTxnLedgerCore", _NoNativeState)
+
+# The relay's book and the traffic arrays (native/src/book.rs, traffic.rs; connection/relay.py and traffic.py use
+# them where AVAILABLE): new_traffic(rtt bounds) -> Traffic; new_book(traffic) -> Book, whose
+# push(correlation id, key, version, action, sent at[, evidence, evidence at, observed, request]) books a request
+# the fast path forwarded, responses(conn, data, now) -> bytes booked passes the answers that need no reading,
+# spill() -> every entry as a tuple, oldest first, taken out.
+new_traffic: Any = getattr(_native, "Traffic", None)
+new_book: Any = getattr(_native, "Book", None)

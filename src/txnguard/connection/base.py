@@ -2,8 +2,9 @@
 
 `ConnectionBase` holds the state of one client connection and its broker connection: the frame splitter
 and the response reader, the in-order queue of requests awaiting responses (`_order`, and `_forwarded`,
-the subset sent to the broker), the holds, the mode, who the client is. `Settings` and the shell's view of
-the cluster (`Cluster`) are what a connection is made with.
+the subset sent to the broker; with the native module, what the relay's fast path forwarded after them is
+in its native book until the general path needs it: `_spill`), the holds, the mode, who the client is.
+`Settings` and the shell's view of the cluster (`Cluster`) are what a connection is made with.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from txnguard.codecs import api_versions, native
 from txnguard.codecs.errors import CodecError
 from txnguard.codecs.framing import FrameSplitter
+from txnguard.connection.apis import ResponseAction
 from txnguard.connection.commands import (
     Close,
     Command,
@@ -29,12 +31,14 @@ from txnguard.connection.ledger import Ledger
 from txnguard.connection.modes import Event, Mode, next_mode
 from txnguard.connection.reader import ResponseReader
 from txnguard.connection.rules import Rules
-from txnguard.connection.traffic import Traffic
+from txnguard.connection.traffic import TrafficCounters, make_traffic
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.decisions import Clock, PendingCheck
 from txnguard.verification.inventory import ConnectionInventory
 
-_CLOSED, _LINGERING = Mode.CLOSED, Mode.LINGERING
+_CLOSED, _LINGERING, _RELAY, _HOLDING = Mode.CLOSED, Mode.LINGERING, Mode.RELAY, Mode.HOLDING
+# The book's action codes (native/src/book.rs), by value.
+BOOK_ACTIONS = (ResponseAction.PASS, ResponseAction.OBSERVE, ResponseAction.REWRITE_ADDRESSES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +77,13 @@ class ConnectionBase:
     (relay.py), and the events in."""
 
     def __init__(self, settings: Settings, rules: Rules, cluster: Cluster, clock: Clock,
-                 traffic: Traffic | None = None, inventory: ConnectionInventory | None = None) -> None:
+                 traffic: TrafficCounters | None = None, inventory: ConnectionInventory | None = None) -> None:
         self.settings = settings
         self.inventory = inventory  # what the client showed of itself, for the audit's connection record
         self.rules = rules
         self.cluster = cluster
         self.clock = clock
-        self.traffic = traffic or Traffic()
+        self.traffic = traffic or make_traffic()
         self.ledger = Ledger()  # what the shell records without commands (connection/ledger.py)
         self._info: ClientInfo | None = None
         limit = settings.pre_auth_max_frame_bytes or settings.max_frame_bytes
@@ -89,6 +93,8 @@ class ConnectionBase:
         self._panicked: str | None = None  # a native reader's panic: this connection closes (receive_from_client)
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
+        # What the fast path forwarded after those, in native memory (native/src/book.rs): None without the module.
+        self._book: Any = native.new_book(self.traffic) if native.AVAILABLE else None
         # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
         self.holds = Holds()
         self._paused: set[Pause] = set()
@@ -135,11 +141,27 @@ class ConnectionBase:
         return self.mode is _LINGERING
 
     def _to(self, event: Event) -> None:
-        self.mode = next_mode(self.mode, event)
+        self.mode = mode = next_mode(self.mode, event)
+        if mode is not _RELAY and mode is not _HOLDING:
+            self._spill()  # the fast paths run only in those: whatever reads the queue now reads it in Python
 
     @property
     def in_flight(self) -> int:
-        return len(self._order)
+        book = self._book
+        return len(self._order) + (len(book) if book is not None else 0)
+
+    def _spill(self) -> None:
+        """The book's entries onto the Python queues, in order: the general path is about to read or add to them.
+        The book holds only what was forwarded after every Python entry (native/src/book.rs says why)."""
+        book = self._book
+        if book is None or not len(book):
+            return
+        order, forwarded = self._order, self._forwarded
+        for correlation_id, key, version, action, sent_at, evidence, evidence_at, observed, request in book.spill():
+            entry = InFlight(correlation_id, key, version, BOOK_ACTIONS[action], sent_at)
+            entry.evidence, entry.evidence_at, entry.observed, entry.request = evidence, evidence_at, observed, request
+            order.append(entry)
+            forwarded.append(entry)
 
     # -- holds (connection/holds.py): later requests queue, reading the client pauses ------------------
 

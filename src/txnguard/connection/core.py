@@ -90,6 +90,7 @@ class Connection(RequestSide):
                 return out
             to_broker.append(memoryview(data)[:done])
             data = memoryview(data)[done:]
+        self._spill()  # the general path reads and adds to the queue
         try:
             frames = self.requests.feed(data)
         except CodecError as e:
@@ -132,6 +133,7 @@ class Connection(RequestSide):
                 self._after_responses(out, to_client)
                 return out
             data = memoryview(data)[done:]  # read as any buffer
+        self._spill()  # the general path pairs responses with the queue
         try:
             to_client += self.responses.read(data, self, out)
         except AddressUnavailable as e:  # not a broken frame: the proxy has no address of its own to give
@@ -168,6 +170,7 @@ class Connection(RequestSide):
             out.append(Ask(check_id, result.question))
             return out
         to_broker: list[Chunk] = []
+        self._spill()
         forward = self._apply(result, hold.entry, hold.expect_response, out)
         if self.mode is _CLOSED:
             return out
@@ -188,6 +191,7 @@ class Connection(RequestSide):
         hold.id = self.holds.next_id()  # this pause is over: its timer cannot fire twice
         entry.retries += 1
         entry.sent_at = self._now
+        self._spill()
         self._forwarded.append(entry)  # the broker answers in order: after whatever is already out
         return [SendToBroker([request])]
 
@@ -220,6 +224,7 @@ class Connection(RequestSide):
     def _orphan_end_txns(self) -> None:
         """Closing with EndTxns unanswered: their outcome will never be seen here (they stay in doubt)."""
         now = self.clock.wall_ms()
+        self._spill()
         for e in self._forwarded:
             if e.api_key == _END_TXN and e.observed is not None:
                 self.rules.end_txn_orphaned(e.observed, now)
@@ -245,6 +250,6 @@ class Connection(RequestSide):
             return [self._close("partial_frame_timeout",
                                 f"{self.requests.buffered} bytes of an incomplete frame for "
                                 f"{s.partial_frame_timeout_s}s", "warning", Direction.CLIENT_TO_BROKER)]
-        if not self._order and now - self.last_activity > s.idle_timeout_s:
+        if not self.in_flight and now - self.last_activity > s.idle_timeout_s:
             return [self._close("idle", f"no traffic for {s.idle_timeout_s}s")]
         return []

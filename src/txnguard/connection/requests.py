@@ -82,9 +82,7 @@ class RequestSide(ResponseSide):
     def _note_request(self, head: RequestHead, body: memoryview, size: int, out: list[Command]) -> None:
         """Count a request and learn who the client is (its header and first bytes are enough)."""
         key = head.api_key
-        t, slot = self.traffic, (key if 0 <= key < 127 else 127)
-        t.frames_in[slot] += 1
-        t.bytes_in[slot] += size
+        self.traffic.count_in(key, size)
         if self.inventory is not None:
             self.inventory.request(head, body)
         if self.client_id is None and key != _SASL_HANDSHAKE:

@@ -8,8 +8,6 @@ relay's fast path for responses (connection/relay.py) passes the ones that need 
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 from kio.schema.errors import ErrorCode
 
 from txnguard.codecs import addresses, api_versions, node_endpoints, schemas
@@ -31,7 +29,6 @@ from txnguard.connection.commands import (
 from txnguard.connection.holds import Pause
 from txnguard.connection.in_flight import InFlight
 from txnguard.connection.modes import Event, Mode
-from txnguard.connection.traffic import RTT_BUCKETS
 
 _PASS = ResponseAction.PASS
 _NOTHING: list[Chunk] = []  # no responses ready (never appended to)
@@ -51,17 +48,7 @@ class ResponseSide(ConnectionBase):
         entry = self._forwarded.popleft()
         if entry.correlation_id != correlation_id:
             raise ResponseOutOfOrder(f"response {correlation_id} arrived for request {entry.correlation_id}")
-        key = entry.api_key
-        t, slot = self.traffic, (key if 0 <= key < 127 else 127)
-        t.frames_out[slot] += 1
-        t.bytes_out[slot] += size + 4
-        # The round trip, in its bucket (per API key: the last slot takes keys above 126).
-        seconds = self._now - entry.sent_at
-        buckets = t.rtt_buckets[slot]
-        if buckets is None:
-            buckets = t.rtt_buckets[slot] = [0] * (len(RTT_BUCKETS) + 1)
-        buckets[bisect_left(RTT_BUCKETS, seconds)] += 1
-        t.rtt_sum[slot] += seconds
+        self.traffic.count_out(entry.api_key, size + 4, self._now - entry.sent_at)  # and its round trip
         if entry.evidence is not None:
             self.ledger.windows.append((entry.evidence, (self._now - entry.evidence_at) * 1000))
         self._answering = entry
@@ -238,6 +225,7 @@ class ResponseSide(ConnectionBase):
 
     def _end_txns_unanswered(self) -> bool:
         # An EndTxn entry observes its SentEndTxn while the defence is on (None when off).
+        self._spill()
         return any(e.api_key == _END_TXN and e.observed is not None for e in self._forwarded)
 
     def _linger_over(self, out: list[Command]) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from txnguard.connection.traffic import Traffic
+from txnguard.connection.traffic import make_traffic
 from txnguard.policies.outcomes import Outcome
 from txnguard.proxy.traffic_metrics import PlainCounter, PlainHistogram, TrafficCollector
 from txnguard.verification.access import known_rights
@@ -191,7 +191,7 @@ class ProxyMetrics:
             registry=r)
         self._software_open: dict[tuple[str, str, str], int] = {}
         # Every session's frame counts and round trips, in plain ints; exported at scrape time.
-        self.traffic = Traffic()
+        self.traffic = make_traffic()
         r.register(TrafficCollector(self.traffic))
         self.audit_records = Counter(
             "txnguard_audit_records", "Audit records for the audit topic, by outcome: published, dropped (queue "

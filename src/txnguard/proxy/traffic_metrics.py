@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from txnguard.codecs.schemas import api_name
-from txnguard.connection.traffic import KEYS, RTT_BUCKETS, Traffic
+from txnguard.connection.traffic import KEYS, RTT_BUCKETS, TrafficCounters
 
 C = TypeVar("C")  # a family's child: what `labels()` gives
 
@@ -21,7 +21,7 @@ BROKER_TO_CLIENT = "broker_to_client"
 
 
 class TrafficCollector(Collector):
-    def __init__(self, traffic: Traffic) -> None:
+    def __init__(self, traffic: TrafficCounters) -> None:
         self.traffic = traffic
 
     def collect(self) -> Iterator[Metric]:
@@ -40,15 +40,16 @@ class TrafficCollector(Collector):
         rtt = HistogramMetricFamily("txnguard_upstream_rtt_seconds",
                                     "From forwarding a request to its broker response, per API", labels=["api"])
         bounds = [*(str(b) for b in RTT_BUCKETS), "+Inf"]
+        rtt_buckets, rtt_sum = t.rtt_buckets, t.rtt_sum  # each read once: the native arrays' are copies
         for key in range(KEYS):
-            buckets = t.rtt_buckets[key]
+            buckets = rtt_buckets[key]
             if buckets is None:
                 continue
             cumulative, running = [], 0
             for bound, n in zip(bounds, buckets, strict=True):
                 running += n
                 cumulative.append((bound, running))
-            rtt.add_metric([_name(key)], cumulative, t.rtt_sum[key])
+            rtt.add_metric([_name(key)], cumulative, rtt_sum[key])
         yield frames
         yield sizes
         yield rtt
