@@ -37,8 +37,11 @@ from txnguard.verification.decisions import Clock, PendingCheck
 from txnguard.verification.inventory import ConnectionInventory
 
 _CLOSED, _LINGERING, _RELAY, _HOLDING = Mode.CLOSED, Mode.LINGERING, Mode.RELAY, Mode.HOLDING
-# The book's action codes (native/src/book.rs), by value.
+# The book's action codes (native/src/book.rs), by value; the plain ones (a request forwarded as it is whose answer
+# needs nothing but the entry's head) by their member.
 BOOK_ACTIONS = (ResponseAction.PASS, ResponseAction.OBSERVE, ResponseAction.REWRITE_ADDRESSES)
+BOOK_CODES = {action: code for code, action in enumerate(BOOK_ACTIONS)}
+_PLAIN_CODES = {action: BOOK_CODES[action] for action in (ResponseAction.PASS, ResponseAction.REWRITE_ADDRESSES)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,25 @@ class ConnectionBase:
     def in_flight(self) -> int:
         book = self._book
         return len(self._order) + (len(book) if book is not None else 0)
+
+    def _enqueue(self, entry: InFlight, forwarded: bool = True) -> None:
+        """Queue `entry` behind every request before it (the book's move onto the Python queue first); `forwarded`:
+        sent to the broker now, so its answer comes in this order."""
+        self._spill()
+        self._order.append(entry)
+        if forwarded:
+            self._forwarded.append(entry)
+
+    def _enqueue_plain(self, correlation_id: int, key: int, version: int, action: ResponseAction) -> None:
+        """A request the general path forwards as it is, whose answer needs nothing but the entry's head (PASS,
+        REWRITE_ADDRESSES): into the book while relaying with nothing waiting in the Python queue (its answer
+        then takes the native path), else queued as `_enqueue` does."""
+        book = self._book
+        code = _PLAIN_CODES.get(action)
+        if book is not None and code is not None and not self._order and self.mode is _RELAY:
+            book.push(correlation_id, key, version, code, self._now)
+            return
+        self._enqueue(InFlight(correlation_id, key, version, action, self._now))
 
     def _spill(self) -> None:
         """The book's entries onto the Python queues, in order: the general path is about to read or add to them.

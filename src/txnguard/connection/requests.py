@@ -73,7 +73,7 @@ class RequestSide(ResponseSide):
             return
         if to_broker:
             out.append(SendToBroker(to_broker))
-        if len(self._order) >= self.settings.max_in_flight:
+        if self.in_flight >= self.settings.max_in_flight:
             self._pause(Pause.MAX_IN_FLIGHT, out)
         to_client: list[Chunk] = []
         self._take_ready(to_client)
@@ -121,11 +121,9 @@ class RequestSide(ResponseSide):
             self.inventory.produce(head, body, not txn_id_null)
         if acks != 0:
             action = self._classify(body, head, out) or _PASS
-            entry = InFlight(head.correlation_id, head.api_key, head.api_version, action, self._now)
-            self._order.append(entry)
-            self._forwarded.append(entry)
+            self._enqueue_plain(head.correlation_id, head.api_key, head.api_version, action)
         out.append(SendToBroker(parts))
-        if len(self._order) >= self.settings.max_in_flight:
+        if self.in_flight >= self.settings.max_in_flight:
             self._pause(Pause.MAX_IN_FLIGHT, out)
 
     def _request(self, frame: memoryview, out: list[Command]) -> Chunk | None:
@@ -152,16 +150,17 @@ class RequestSide(ResponseSide):
         action = self._classify(body, head, out)
         if action is None:
             return None  # answered here
+        if action is not ResponseAction.OBSERVE:
+            self._enqueue_plain(correlation_id, key, version, action)
+            return frame
         entry = InFlight(correlation_id, key, version, action, self._now)
-        if action is ResponseAction.OBSERVE:
-            entry.observed = self.rules.observe_request(key, version, body, self.clock.wall_ms(),
-                                                        self.settings.connection_id)
-            if self.rules.absorbs(key, entry.observed):
-                entry.request = bytes(frame)  # a few hundred bytes, kept until the answer
-            if key in _OPENS_TRANSACTION and self._hold_for_end_txn(entry, frame, out):
-                return None  # held: forwarded (or answered) when the doubt ends
-        self._order.append(entry)
-        self._forwarded.append(entry)
+        entry.observed = self.rules.observe_request(key, version, body, self.clock.wall_ms(),
+                                                    self.settings.connection_id)
+        if self.rules.absorbs(key, entry.observed):
+            entry.request = bytes(frame)  # a few hundred bytes, kept until the answer
+        if key in _OPENS_TRANSACTION and self._hold_for_end_txn(entry, frame, out):
+            return None  # held: forwarded (or answered) when the doubt ends
+        self._enqueue(entry)
         return frame
 
     def _classify(self, body: memoryview, head: RequestHead, out: list[Command]) -> ResponseAction | None:
@@ -189,7 +188,7 @@ class RequestSide(ResponseSide):
         """A checked request: apply the decision now, or ask and hold the connection until the answer."""
         entry = InFlight(head.correlation_id, head.api_key, head.api_version, _PASS, self._now)
         if expect_response:
-            self._order.append(entry)
+            self._enqueue(entry, forwarded=False)  # forwarded once decided (`_apply`)
         if isinstance(result, Decision):
             return self._apply(result, entry, expect_response, out)
         self._wait_for(result, entry, expect_response, out)
@@ -240,7 +239,7 @@ class RequestSide(ResponseSide):
                                         self.client_info(), self.settings.connection_id, self.clock)
         if check is None:
             return False
-        self._order.append(entry)
+        self._enqueue(entry, forwarded=False)
         self._wait_for(check, entry, True, out)
         return True
 
@@ -271,5 +270,5 @@ class RequestSide(ResponseSide):
     def _answer(self, head: RequestHead, response: bytes, reason: str, out: list[Command]) -> None:
         entry = InFlight(head.correlation_id, head.api_key, head.api_version, _PASS, self._now)
         entry.response = [response]
-        self._order.append(entry)
+        self._enqueue(entry, forwarded=False)
         out.append(AnsweredLocally(head.api_key, head.api_version, head.correlation_id, reason))
