@@ -131,7 +131,7 @@ class Traffic:
     def rtt_sum(self) -> list[float]: ...
 
 # The relay's book (native/src/book.rs): entries the fast path forwarded, the response fast path over them.
-_Spilled = tuple[int, int, int, int, float, object | None, float, object | None, bytes | None]
+_Spilled = tuple[int, int, int, int, float, str | None, float, Any, bytes | None]
 
 class Book:
     def __new__(cls, traffic: Traffic, /) -> Self: ...

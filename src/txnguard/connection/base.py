@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txnguard.codecs import api_versions, native
 from txnguard.codecs.errors import CodecError
@@ -35,6 +35,9 @@ from txnguard.connection.traffic import TrafficCounters, make_traffic
 from txnguard.verification.audit import ClientInfo
 from txnguard.verification.decisions import Clock, PendingCheck
 from txnguard.verification.inventory import ConnectionInventory
+
+if TYPE_CHECKING:  # the module may be missing at run time (codecs/native.py); its stub is not
+    from txnguard._native import Book
 
 _CLOSED, _LINGERING, _RELAY, _HOLDING = Mode.CLOSED, Mode.LINGERING, Mode.RELAY, Mode.HOLDING
 # The book's action codes (native/src/book.rs), by value; the plain ones (a request forwarded as it is whose answer
@@ -97,7 +100,7 @@ class ConnectionBase:
         self._order: deque[InFlight] = deque()      # every request awaiting its response, in request order
         self._forwarded: deque[InFlight] = deque()  # the subset sent to the broker, to pair its responses
         # What the fast path forwarded after those, in native memory (native/src/book.rs): None without the module.
-        self._book: Any = native.new_book(self.traffic) if native.AVAILABLE else None
+        self._book: Book | None = native.new_book(self.traffic) if native.AVAILABLE else None
         # A verification, the EndTxn hold, an absorption: later requests queue behind them (connection/holds.py).
         self.holds = Holds()
         self._paused: set[Pause] = set()

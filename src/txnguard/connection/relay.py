@@ -31,19 +31,24 @@ recorded), read straight from the bytes.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from txnguard.codecs import addresses, native, schemas
 from txnguard.codecs.header import RequestHead, read_produce_head
 from txnguard.connection.apis import ACTION_BY_KEY, ApiKey, ResponseAction
-from txnguard.connection.base import ConnectionBase
+from txnguard.connection.base import BOOK_CODES, ConnectionBase
 from txnguard.connection.commands import Chunk
 from txnguard.connection.holds import Pause
 from txnguard.connection.modes import Mode
 from txnguard.verification.passed import UNCHECKED, PassedOffsets
 
+if TYPE_CHECKING:  # the module may be missing at run time (codecs/native.py); its stub is not
+    from txnguard._native import Book
+
 _REQUEST_HEAD = struct.Struct(">ihhi")  # length, api key, api version, correlation id
-# The book's action codes (native/src/book.rs; ConnectionBase's BOOK_ACTIONS names them).
-_PASS, _OBSERVE, _REWRITE_ADDRESSES = 0, 1, 2
+# The book's action codes (native/src/book.rs).
+_PASS, _OBSERVE, _REWRITE_ADDRESSES = (BOOK_CODES[action] for action in (
+    ResponseAction.PASS, ResponseAction.OBSERVE, ResponseAction.REWRITE_ADDRESSES))
 _PRODUCE, _TXN_OFFSET_COMMIT = ApiKey.PRODUCE.value, ApiKey.TXN_OFFSET_COMMIT.value
 # The life-cycle requests the relay's fast path observes itself (their answers too), read in place.
 _OBSERVED_FAST = frozenset(key for key, action in ACTION_BY_KEY.items() if action is ResponseAction.OBSERVE)
@@ -69,14 +74,14 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
     """The fast path for requests: book the whole frames at the start of `data` that need no reading; how many
     bytes (all of them: the read goes to the broker as it is; else `Connection.receive_from_client(data, relayed)`
     forwards them with the rest). Which frames qualify, and when nothing is taken: the module's docstring."""
-    requests = conn.requests
-    if conn.mode is not _RELAY or not conn._fast or conn.client_id is None or requests.through or requests.buffered:
+    requests, book = conn.requests, conn._book
+    if (conn.mode is not _RELAY or not conn._fast or book is None or conn.client_id is None or requests.through
+            or requests.buffered):
         return 0
     inventory = conn.inventory
     conn._now = conn.last_activity = now = conn.clock.perf()
     end, pos, limit = len(data), 0, requests.max_frame
-    count_in, book = conn.traffic.count_in, conn._book
-    push = book.push
+    count_in, push = conn.traffic.count_in, book.push
     room = conn.settings.max_in_flight - 1 - len(conn._order) - len(book)  # queue places before the limit
     try:
         while end - pos >= 14:
@@ -101,7 +106,7 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
                     break
                 action = _REWRITE_ADDRESSES if version >= _PRODUCE_ADDRESSES_FROM else _PASS
                 if acks is None:  # a transactional write: the rules pass it at once on local evidence, or not here
-                    if not _transactional_produce(conn, data, at, stop, version, correlation_id, action, now):
+                    if not _transactional_produce(conn, book, data, at, stop, version, correlation_id, action, now):
                         break
                 else:
                     if inventory is not None:
@@ -111,9 +116,9 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
                 break
             elif key in SLOW_KEYS:  # read in place by a helper of its kind, or the general path's
                 if key == _TXN_OFFSET_COMMIT:
-                    booked = _offset_commit(conn, data, pos, stop, version, correlation_id, now)
+                    booked = _offset_commit(conn, book, data, pos, stop, version, correlation_id, now)
                 elif key in _OBSERVED_FAST:
-                    booked = _life_cycle(conn, data, pos, stop, key, version, correlation_id, now)
+                    booked = _life_cycle(conn, book, data, pos, stop, key, version, correlation_id, now)
                 else:
                     break
                 if not booked:
@@ -131,8 +136,8 @@ def relay_requests(conn: ConnectionBase, data: Chunk) -> int:  # noqa: C901 - th
     return pos
 
 
-def _transactional_produce(conn: ConnectionBase, data: Chunk, at: int, stop: int, version: int, correlation_id: int,
-                           action: int, now: float) -> bool:
+def _transactional_produce(conn: ConnectionBase, book: Book, data: Chunk, at: int, stop: int, version: int,
+                           correlation_id: int, action: int, now: float) -> bool:
     """A transactional Produce (read in place from its transactional id at `at`) the rules pass at once on local
     evidence (`pass_produce_locally`: what its `Decided` would have recorded goes to the ledger), booked. False:
     the general path (no local evidence for a partition, the policy's mode off, a shape the in-place reader does
@@ -144,13 +149,12 @@ def _transactional_produce(conn: ConnectionBase, data: Chunk, at: int, stop: int
     if conn.inventory is not None:
         conn.inventory.transactional_write(version, passed.transactional_id)
     # `_value_`, the member's own attribute: `.value` is a descriptor call (a Python function on 3.11)
-    conn._book.push(correlation_id, _PRODUCE, version, action, now, passed.verdict.evidence._value_,
-                    passed.decided_at)
+    book.push(correlation_id, _PRODUCE, version, action, now, passed.verdict.evidence._value_, passed.decided_at)
     return True
 
 
-def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, version: int, correlation_id: int,
-                   now: float) -> bool:
+def _offset_commit(conn: ConnectionBase, book: Book, data: Chunk, pos: int, stop: int, version: int,
+                   correlation_id: int, now: float) -> bool:
     """A TxnOffsetCommit the rules pass at once on local evidence (`pass_offset_commit_locally`: what its
     `Decided` would have recorded goes to the ledger, in its place among the writes), or that the policy
     leaves unchecked (forwarded as it is, as the general path does), booked. False: the general path (no
@@ -165,17 +169,17 @@ def _offset_commit(conn: ConnectionBase, data: Chunk, pos: int, stop: int, versi
     if passed is not UNCHECKED:
         assert isinstance(passed, PassedOffsets)
         ledger.offsets.append(passed)
-        conn._book.push(correlation_id, _TXN_OFFSET_COMMIT, version, _PASS, now, passed.verdict.evidence._value_,
-                        passed.decided_at)
+        book.push(correlation_id, _TXN_OFFSET_COMMIT, version, _PASS, now, passed.verdict.evidence._value_,
+                  passed.decided_at)
     else:
-        conn._book.push(correlation_id, _TXN_OFFSET_COMMIT, version, _PASS, now)
+        book.push(correlation_id, _TXN_OFFSET_COMMIT, version, _PASS, now)
     if conn.inventory is not None:
         conn.inventory.request(head, data, pos + 4, stop)
     return True
 
 
-def _life_cycle(conn: ConnectionBase, data: Chunk, pos: int, stop: int, key: int, version: int, correlation_id: int,
-                now: float) -> bool:
+def _life_cycle(conn: ConnectionBase, book: Book, data: Chunk, pos: int, stop: int, key: int, version: int,
+                correlation_id: int, now: float) -> bool:
     """A life-cycle request read in place and observed as the general path would (what its answer teaches the
     registry, the EndTxn in doubt), booked. False: what the rules leave to the general path
     (`observe_request_in_place`: the coordinator-timeout check, the EndTxn defence's hold, a shape the
@@ -188,8 +192,8 @@ def _life_cycle(conn: ConnectionBase, data: Chunk, pos: int, stop: int, key: int
         conn.inventory.request(head, data, pos + 4, stop)
     observed, keep = seen
     # A kept request: a few hundred bytes, to ask again.
-    conn._book.push(correlation_id, key, version, _OBSERVE, now, None, 0.0, observed,
-                    bytes(memoryview(data)[pos:stop]) if keep else None)
+    book.push(correlation_id, key, version, _OBSERVE, now, None, 0.0, observed,
+              bytes(memoryview(data)[pos:stop]) if keep else None)
     return True
 
 
@@ -207,11 +211,10 @@ def relay_responses(conn: ConnectionBase, data: Chunk) -> int:
     mode: draining, lingering, a byte pipe next), while a response is read in part, or while the in-flight
     limit pauses the client (an answer resumes it).
     """
-    mode = conn.mode
-    if ((mode is not _RELAY and mode is not _HOLDING) or not conn._fast or conn._order or not conn.responses.idle
-            or (conn._paused and Pause.MAX_IN_FLIGHT in conn._paused)):
+    mode, book = conn.mode, conn._book
+    if ((mode is not _RELAY and mode is not _HOLDING) or not conn._fast or book is None or conn._order
+            or not conn.responses.idle or (conn._paused and Pause.MAX_IN_FLIGHT in conn._paused)):
         return 0
     conn._now = conn.last_activity = now = conn.clock.perf()
     # A panic sets conn._panicked (this connection closes) and answers what was booked before it.
-    done: int = conn._book.responses(conn, data, now)
-    return done
+    return book.responses(conn, data, now)
