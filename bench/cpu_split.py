@@ -21,7 +21,9 @@ Stages (inclusive: an outer stage's time includes the inner ones'):
   the bytes to the other side included;
 - `relay_requests` / `relay_responses`: the relay's fast path over that read (connection/relay.py);
 - `txn_produce`, `life_cycle[key]`, `offset_commit`: the fast path's in-place helpers for one frame;
-- `observe_response[key]`: a life-cycle answer read in place and learned from (the rules);
+- `observe_response[key]`: a life-cycle answer read in place and learned from by the rules in Python (only where
+  the registry or the EndTxn ledger is the Python one: the relay's native book learns from it with the native ones
+  inside `relay_responses`);
 - `general_requests` / `general_responses`: the connection core's general path for the rest of a read;
 - `execute`: the shell running the commands the general path returned;
 - `booked`: the guard's booking of what the fast path recorded.
@@ -93,7 +95,7 @@ def _install() -> None:
                                                 core.Connection.receive_from_broker)
     relay._transactional_produce = timed("txn_produce", relay._transactional_produce)
     relay._offset_commit = timed("offset_commit", relay._offset_commit)
-    relay._life_cycle = timed(lambda conn, data, pos, stop, key, *rest: f"life_cycle[{key}]", relay._life_cycle)
+    relay._life_cycle = timed(lambda conn, book, data, pos, stop, key, *rest: f"life_cycle[{key}]", relay._life_cycle)
     rules = decisions.TransactionRules
     rules.observe_response_in_place = timed(  # type: ignore[method-assign]
         lambda self, key, *rest: f"observe_response[{key}]", rules.observe_response_in_place)

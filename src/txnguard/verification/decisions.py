@@ -366,7 +366,9 @@ class TransactionRules:
         """`observe_response` for the relay's fast path, of the answer in `data[start:stop]` (from its correlation
         id, read where it lies): False leaves the answer to the general path untouched
         (not readable in place, or a whole-request CONCURRENT_TRANSACTIONS the core may ask again: `absorbable`);
-        True: learned, with the same effects, and the answer goes to the client as it is."""
+        True: learned, with the same effects, and the answer goes to the client as it is. The relay's native book
+        (native/src/book.rs) calls the native branch's function itself where the registry and the ledger are the
+        native ones, and this method otherwise; the property test of the native rules drives both branches here."""
         if self._native_state():  # the same rules in one native call (native/src/py_observe.rs)
             learned: bool = _native_observe_response(data, start, stop, key, version, request, now_ms, absorbable,
                                                      self.registry, self.in_doubt)
