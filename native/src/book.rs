@@ -143,8 +143,8 @@ fn be_i32<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<i32> {
 
 impl Book {
     /// The loop of `responses`: one response per turn; `pos` is where the booked ones end.
-    fn pass<B: Bytes + ?Sized>(&mut self, py: Python<'_>, conn: &Bound<'_, PyAny>, b: &B, data: &Bound<'_, PyAny>, now: f64, pos: &mut usize)
-        -> PyResult<()> {
+    fn pass<B: Bytes + ?Sized>(&mut self, py: Python<'_>, conn: &Bound<'_, PyAny>, b: &B, data: &Bound<'_, PyAny>,
+                               now: f64, pos: &mut usize) -> PyResult<()> {
         let end = b.size();
         let traffic = self.traffic.bind(py).clone();
         let mut windows: Option<Bound<'_, PyList>> = None;
