@@ -114,7 +114,7 @@ class TransactionLogView:
         record that could not be read), as `apply_decoded` applies each record: below the bound, the view then
         holds what applying every record one by one leaves (an id is kept by its last record), in the same order
         of change. At the bound it holds at least those ids (an id set and removed within one read pushes no other
-        out on its way), each with its latest state; the eviction count may differ
+        out on its way; the read's removals go first), each with its latest state; the eviction count may differ
         (tests/property/test_log_reads.py)."""
         if read.next_offset is None:
             return
@@ -126,9 +126,17 @@ class TransactionLogView:
             counts[_TOMBSTONE] += tombstone
             counts[_UNKNOWN] += unknown
             counts[_MALFORMED] += malformed
-        keep = self._keep
-        for offset, _, txn_id, value in read.kept:
-            if txn_id is not None:
+        keep, kept = self._keep, read.kept
+        # Removals first. Applied one by one, an id whose last record here removes it may have gone before later
+        # states came (its earlier tombstone reduced away); kept until its last record, it would hold a place at
+        # the bound and push out an id the one-by-one view keeps. Removals and sets of different ids commute, and
+        # an id's last record is its only one kept but for records not read, which remove it too: below the bound
+        # the view ends the same.
+        for offset, _, txn_id, value in kept:
+            if txn_id is not None and value is None:
+                keep(txn_id, value, partition, offset)
+        for offset, _, txn_id, value in kept:
+            if txn_id is not None and value is not None:
                 keep(txn_id, value, partition, offset)
 
     def _keep(self, txn_id: str, value: TxnLogValue | None, partition: int, offset: int) -> None:
