@@ -17,11 +17,19 @@ pub fn slot_of(key: i64) -> usize {
 #[pyclass(module = "txnguard._native")]
 pub struct Traffic {
     bounds: Vec<f64>, // the round trip buckets' upper bounds, seconds (connection/traffic.py's RTT_BUCKETS)
-    frames_in: Vec<u64>, // *_in: client to broker; *_out: broker to client; by slot
+    // *_in: client to broker; *_out: broker to client; by slot. Read as lists (copies) at scrape time.
+    #[pyo3(get)]
+    frames_in: Vec<u64>,
+    #[pyo3(get)]
     bytes_in: Vec<u64>,
+    #[pyo3(get)]
     frames_out: Vec<u64>,
+    #[pyo3(get)]
     bytes_out: Vec<u64>,
-    rtt: Vec<Option<Vec<u64>>>, // per slot: counts per bucket (the last is +Inf), not cumulative; None: none yet
+    // per slot: counts per bucket (the last is +Inf), not cumulative; None: none yet
+    #[pyo3(get)]
+    rtt_buckets: Vec<Option<Vec<u64>>>,
+    #[pyo3(get)]
     rtt_sum: Vec<f64>,
 }
 
@@ -37,7 +45,7 @@ impl Traffic {
         self.frames_out[slot] += 1;
         self.bytes_out[slot] += bytes;
         let bucket = self.bounds.partition_point(|&b| b < seconds); // bisect_left
-        let buckets = self.rtt[slot].get_or_insert_with(|| vec![0; self.bounds.len() + 1]);
+        let buckets = self.rtt_buckets[slot].get_or_insert_with(|| vec![0; self.bounds.len() + 1]);
         buckets[bucket] += 1;
         self.rtt_sum[slot] += seconds;
     }
@@ -49,7 +57,7 @@ impl Traffic {
     fn new(bounds: Vec<f64>) -> Self {
         Traffic {
             bounds, frames_in: vec![0; KEYS], bytes_in: vec![0; KEYS], frames_out: vec![0; KEYS],
-            bytes_out: vec![0; KEYS], rtt: vec![None; KEYS], rtt_sum: vec![0.0; KEYS],
+            bytes_out: vec![0; KEYS], rtt_buckets: vec![None; KEYS], rtt_sum: vec![0.0; KEYS],
         }
     }
 
@@ -62,36 +70,6 @@ impl Traffic {
     fn count_out(&mut self, key: i64, bytes: u64, seconds: f64) {
         self.count_out_slot(slot_of(key), bytes, seconds);
     }
-
-    #[getter]
-    fn frames_in(&self) -> Vec<u64> {
-        self.frames_in.clone()
-    }
-
-    #[getter]
-    fn bytes_in(&self) -> Vec<u64> {
-        self.bytes_in.clone()
-    }
-
-    #[getter]
-    fn frames_out(&self) -> Vec<u64> {
-        self.frames_out.clone()
-    }
-
-    #[getter]
-    fn bytes_out(&self) -> Vec<u64> {
-        self.bytes_out.clone()
-    }
-
-    #[getter]
-    fn rtt_buckets(&self) -> Vec<Option<Vec<u64>>> {
-        self.rtt.clone()
-    }
-
-    #[getter]
-    fn rtt_sum(&self) -> Vec<f64> {
-        self.rtt_sum.clone()
-    }
 }
 
 #[cfg(test)]
@@ -103,7 +81,7 @@ mod tests {
         let mut t = Traffic::new(vec![0.001, 0.01]);
         t.count_out_slot(3, 10, 0.001); // on a bound: that bucket (bisect_left)
         t.count_out_slot(3, 10, 0.5); // above all: +Inf
-        assert_eq!(t.rtt[3], Some(vec![1, 0, 1]));
+        assert_eq!(t.rtt_buckets[3], Some(vec![1, 0, 1]));
         assert_eq!((t.frames_out[3], t.bytes_out[3]), (2, 20));
         assert_eq!(slot_of(-1), KEYS - 1);
         assert_eq!(slot_of(200), KEYS - 1);
